@@ -1,0 +1,37 @@
+"""Building a server from parts: each domain server is one part, the suite is all of them on one server."""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from mcp.server import MCPServer
+
+from servers.core.jobs import JobKind
+from servers.core.mcp_layer import App, new_server, register_job_resources, register_job_tools
+from servers.core.resources import register_file_resources, register_prompts
+
+
+@dataclass(frozen=True)
+class ServerPart:
+    """One domain: its tools (registered by `register`), the job kinds it runs, whether it starts jobs."""
+
+    name: str
+    instructions: str
+    register: Callable[[MCPServer, App], None]
+    job_kinds: Sequence[JobKind] = field(default_factory=tuple)
+    starts_jobs: bool = False
+
+
+def build_server(name: str, instructions: str, parts: Sequence[ServerPart], app: App | None = None) -> MCPServer:
+    """One MCPServer carrying `parts`, the job tools once if any part starts jobs, the resources and prompts."""
+    app = app or App(owner=name)
+    server = new_server(name, instructions, app)
+    for part in parts:
+        for kind in part.job_kinds:
+            app.add_job_kind(kind)
+        part.register(server, app)
+    if any(part.starts_jobs for part in parts):
+        register_job_tools(server, app)
+        register_job_resources(server, app)
+    register_file_resources(server)
+    register_prompts(server)
+    return server

@@ -1,0 +1,212 @@
+"""What the job tools return: a job's view, chunks of its logs, rows of its metrics. Plain pydantic models
+and functions over the job folder; the MCP layer only wraps them."""
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from servers.core.errors import InputError, NotFoundError
+from servers.core.jobfiles import MAIN_PROCESS, JobFiles, read_json
+from servers.core.jobstore import JobRecord, JobState
+
+RESULT_INLINE_LIMIT = 256 * 1024  # bytes of result.json shown inline; larger results are read as a resource
+
+
+def iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+class Progress(BaseModel):
+    done: float = Field(description="Work done so far, in the unit of total")
+    total: float | None = Field(default=None, description="Work in all, when known")
+    message: str | None = None
+    updated_at: str | None = Field(default=None, description="When the job last reported progress (UTC)")
+
+
+class LogInfo(BaseModel):
+    process: str = Field(description="Name to pass to read_job_logs")
+    size_bytes: int
+
+
+class JobView(BaseModel):
+    """A job as the tools show it."""
+
+    job_id: str
+    kind: str
+    state: JobState = Field(description="QUEUED, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED or LOST")
+    finished: bool = Field(description="True once the state is final (SUCCEEDED, FAILED, CANCELLED, LOST)")
+    created_at: str | None
+    started_at: str | None = None
+    ended_at: str | None = None
+    elapsed_s: float | None = Field(default=None, description="Run time so far, or in all once ended")
+    timeout_s: float = Field(description="Wall-time limit; the job is ended when it runs past it")
+    exit_code: int | None = Field(default=None, description="Worker's exit status; negative means killed by signal")
+    reason: str | None = Field(default=None, description="Why it ended the way it did, or a note while it runs")
+    spec: dict[str, Any]
+    result: Any | None = Field(default=None, description="The job's result once it SUCCEEDED (inline when small)")
+    result_truncated: bool = Field(default=False, description="True if the result is too big to show inline")
+    progress: Progress | None = None
+    logs: list[LogInfo] = Field(default_factory=list)
+    metrics_bytes: int = Field(default=0, description="Size of the metrics file; read_job_metrics reads it")
+    resource_uri: str = Field(description="MCP resource with this view")
+    next_step: str = Field(description="What to call next")
+
+
+def read_progress(files: JobFiles) -> Progress | None:
+    data = read_json(files.progress)
+    if not isinstance(data, dict) or "done" not in data:
+        return None
+    stamp = data.get("time")
+    return Progress(
+        done=data["done"],
+        total=data.get("total"),
+        message=data.get("message"),
+        updated_at=iso(stamp) if isinstance(stamp, int | float) else None,
+    )
+
+
+def job_view(record: JobRecord) -> JobView:
+    files = JobFiles(record.job_dir)
+    finished = record.state.terminal
+    result: Any | None = None
+    truncated = False
+    if record.state == JobState.SUCCEEDED and files.result.exists():
+        if files.result.stat().st_size <= RESULT_INLINE_LIMIT:
+            result = read_json(files.result)
+        else:
+            truncated = True
+    elapsed = None
+    if record.started_at is not None:
+        elapsed = round((record.ended_at or time.time()) - record.started_at, 3)
+    logs = [LogInfo(process=p, size_bytes=files.log(p).stat().st_size) for p in files.processes()]
+    metrics_bytes = files.metrics.stat().st_size if files.metrics.exists() else 0
+    if finished:
+        next_step = (
+            "read_job_logs and read_job_metrics show what it left"
+            if record.state != JobState.SUCCEEDED
+            else "the result is above; read_job_metrics has the rows"
+        )
+    else:
+        next_step = f"wait_for_job(job_id={record.id!r}) until it finishes, or cancel_job to stop it"
+    return JobView(
+        job_id=record.id,
+        kind=record.kind,
+        state=record.state,
+        finished=finished,
+        created_at=iso(record.created_at),
+        started_at=iso(record.started_at),
+        ended_at=iso(record.ended_at),
+        elapsed_s=elapsed,
+        timeout_s=record.timeout_s,
+        exit_code=record.exit_code,
+        reason=record.reason,
+        spec=record.spec,
+        result=result,
+        result_truncated=truncated,
+        progress=read_progress(files),
+        logs=logs,
+        metrics_bytes=metrics_bytes,
+        resource_uri=f"infra://jobs/{record.id}",
+        next_step=next_step,
+    )
+
+
+class LogChunk(BaseModel):
+    job_id: str
+    process: str
+    offset: int = Field(description="Byte offset this chunk starts at")
+    next_offset: int = Field(description="Pass as offset to read on")
+    size_bytes: int = Field(description="Size of the log file now")
+    eof: bool = Field(description="True if the chunk reaches the end of the file as it is now")
+    job_finished: bool = Field(description="True once the job ended, so the log will not grow any more")
+    text: str
+
+
+def read_log_chunk(record: JobRecord, process: str | None, offset: int, limit_bytes: int) -> LogChunk:
+    files = JobFiles(record.job_dir)
+    name = process or MAIN_PROCESS
+    available = files.processes()
+    if name not in available:
+        listed = ", ".join(available) or "none yet"
+        raise NotFoundError(f"job {record.id!r} has no log for process {name!r}; its logs: {listed}")
+    path = files.log(name)
+    size = path.stat().st_size
+    if offset > size:
+        raise InputError(f"offset {offset} is past the end of the log ({size} bytes); use an offset in [0, {size}]")
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(limit_bytes)
+    end = offset + len(data)
+    if end < size:
+        data = _trim_partial_utf8(data)
+        end = offset + len(data)
+    return LogChunk(
+        job_id=record.id,
+        process=name,
+        offset=offset,
+        next_offset=end,
+        size_bytes=size,
+        eof=end >= size,
+        job_finished=record.state.terminal,
+        text=data.decode("utf-8", errors="replace"),
+    )
+
+
+def _trim_partial_utf8(data: bytes) -> bytes:
+    """Drop a UTF-8 sequence cut at the end of a chunk, so the next chunk starts on a character."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # not a continuation byte: the start of the last character
+            width = 1 if byte < 0x80 else 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4
+            return data if width <= back else data[:-back]
+    return data
+
+
+class MetricsPage(BaseModel):
+    job_id: str
+    rows: list[dict[str, Any]] = Field(description="One dict per metrics line: step, time and the values")
+    last_step: int | None = Field(description="Largest step among the rows returned; pass as since_step to read on")
+    truncated: bool = Field(description="True if more rows match than limit allowed")
+    skipped_lines: int = Field(description="Lines that were not valid JSON objects (e.g. one being written)")
+    job_finished: bool
+
+
+def read_metrics(record: JobRecord, keys: list[str] | None, since_step: int | None, limit: int) -> MetricsPage:
+    files = JobFiles(record.job_dir)
+    rows: list[dict[str, Any]] = []
+    skipped = 0
+    truncated = False
+    if files.metrics.exists():
+        with open(files.metrics) as f:
+            for line in f:
+                if not line.endswith("\n"):
+                    break  # a line still being written
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    skipped += 1
+                    continue
+                if not isinstance(row, dict):
+                    skipped += 1
+                    continue
+                step = row.get("step")
+                if since_step is not None and (not isinstance(step, int) or step <= since_step):
+                    continue
+                if keys:
+                    row = {k: v for k, v in row.items() if k in keys or k in ("step", "time")}
+                if len(rows) >= limit:
+                    truncated = True
+                    break
+                rows.append(row)
+    steps = [r["step"] for r in rows if isinstance(r.get("step"), int)]
+    return MetricsPage(
+        job_id=record.id,
+        rows=rows,
+        last_step=max(steps) if steps else None,
+        truncated=truncated,
+        skipped_lines=skipped,
+        job_finished=record.state.terminal,
+    )

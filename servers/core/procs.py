@@ -1,0 +1,121 @@
+"""Process identity and process-group termination, for a job engine whose jobs outlive their server.
+
+A pid alone does not identify a process: after the job ends the kernel may give its pid to another. So a
+process is named by (pid, start time), the start time read from /proc/<pid>/stat in clock ticks since
+boot, together with the boot id, since start times restart at every boot.
+"""
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+_PROC = Path("/proc")
+
+
+def boot_id() -> str:
+    """The kernel's id of the current boot, or "" where /proc does not say."""
+    try:
+        return (_PROC / "sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        raw = (_PROC / str(pid) / "stat").read_text()
+    except (OSError, ValueError):
+        return None
+    # The command name (field 2) is in parentheses and may itself hold spaces or ')'.
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time of `pid` in clock ticks since boot, or None if there is no such process."""
+    fields = _stat_fields(pid)
+    if fields is None or len(fields) < 20:
+        return None
+    return int(fields[19])  # field 22 of /proc/<pid>/stat; fields[0] is field 3 (state)
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    pid: int
+    start_time: int | None
+    boot: str
+
+    @classmethod
+    def of(cls, pid: int) -> "ProcessIdentity":
+        return cls(pid=pid, start_time=process_start_time(pid), boot=boot_id())
+
+    def is_alive(self) -> bool:
+        """True if this very process (not a later one with the same pid) exists and is not a zombie."""
+        if self.boot and self.boot != boot_id():
+            return False
+        fields = _stat_fields(self.pid)
+        if fields is None:
+            if _PROC.is_dir():
+                return False
+            return _signal_zero(self.pid)  # no /proc (macOS): the pid is all we can check
+        if fields[0] in ("Z", "X"):
+            return False
+        return self.start_time is None or int(fields[19]) == self.start_time
+
+
+def _signal_zero(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of process group `pgid` exists (zombies included)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to a process group; False if the group is already gone."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def terminate_group(
+    pgid: int, grace_s: float, *, poll_s: float = 0.05, reap: Callable[[], object] | None = None
+) -> str:
+    """End a whole process group: SIGTERM, up to `grace_s` for it to go, then SIGKILL.
+
+    `reap` is called while waiting (the group leader's parent must wait() for it, or it stays a zombie and
+    the group never empties). Returns "absent", "terminated" or "killed".
+    """
+    if not signal_group(pgid, signal.SIGTERM):
+        return "absent"
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if reap is not None:
+            reap()
+        if not group_alive(pgid):
+            return "terminated"
+        time.sleep(poll_s)
+    signal_group(pgid, signal.SIGKILL)
+    for _ in range(100):  # SIGKILL cannot be ignored; this only waits for the kernel to finish.
+        if reap is not None:
+            reap()
+        if not group_alive(pgid):
+            break
+        time.sleep(poll_s)
+    return "killed"

@@ -1,0 +1,125 @@
+"""Files under resources/ served as MCP resources, and markdown files under prompts/ served as prompts.
+
+Resources: every file, at infra://<path relative to resources/>, with a mime type from its extension.
+Prompts: markdown with YAML front matter naming the prompt and its arguments; the body is the message,
+with {argument} replaced by the value given (other braces are left alone).
+"""
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from mcp.server import MCPServer
+from mcp.server.mcpserver.prompts.base import Prompt, PromptArgument
+from mcp.server.mcpserver.resources import FileResource
+
+from servers.core.paths import prompts_dir, resources_dir
+
+URI_SCHEME = "infra"
+MIME_TYPES = {
+    ".json": "application/json",
+    ".jsonl": "application/jsonl",
+    ".md": "text/markdown",
+    ".csv": "text/csv",
+    ".txt": "text/plain",
+    ".log": "text/plain",
+    ".png": "image/png",
+    ".svg": "image/svg+xml",
+    ".yaml": "application/yaml",
+    ".yml": "application/yaml",
+}
+_FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n(.*)\Z", re.DOTALL)
+
+
+def data_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def register_file_resources(server: MCPServer, root: Path | None = None) -> None:
+    root = root or resources_dir()
+    for path in data_files(root):
+        relative = path.relative_to(root).as_posix()
+        mime = MIME_TYPES.get(path.suffix.lower(), "application/octet-stream")
+        server.add_resource(
+            FileResource(
+                uri=f"{URI_SCHEME}://{relative}",
+                name=relative,
+                mime_type=mime,
+                path=path.resolve(),
+                description=_describe(path),
+            )
+        )
+
+
+def _describe(path: Path) -> str:
+    """A file's description: the `description` field of a JSON document, else its first markdown heading."""
+    if path.suffix == ".json":
+        import json
+
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:
+            return path.name
+        if isinstance(data, dict) and isinstance(data.get("description"), str):
+            return data["description"]
+    if path.suffix == ".md":
+        for line in path.read_text().splitlines():
+            if line.startswith("#"):
+                return line.lstrip("# ").strip()
+    return path.name
+
+
+class PromptFile:
+    """One prompt file, parsed: name, title, description, arguments and the body template."""
+
+    def __init__(self, path: Path) -> None:
+        match = _FRONT_MATTER.match(path.read_text())
+        if not match:
+            raise ValueError(f"{path}: a prompt file starts with YAML front matter between '---' lines")
+        meta: dict[str, Any] = yaml.safe_load(match.group(1)) or {}
+        self.path = path
+        self.name: str = meta.get("name") or path.stem
+        self.title: str | None = meta.get("title")
+        self.description: str = meta.get("description") or ""
+        self.arguments = [
+            PromptArgument(name=a["name"], description=a.get("description"), required=bool(a.get("required", False)))
+            for a in meta.get("arguments") or []
+        ]
+        self.body = match.group(2).strip() + "\n"
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", self.name):
+            raise ValueError(f"{path}: prompt name {self.name!r} must be snake_case")
+
+    def render(self, values: dict[str, Any]) -> str:
+        known = {a.name for a in self.arguments}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown argument(s) {sorted(unknown)}; prompt {self.name} takes {sorted(known)}")
+
+        def substitute(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in known:
+                return match.group(0)
+            value = values.get(name)
+            return "(not given)" if value in (None, "") else str(value)
+
+        return re.sub(r"\{([a-z_][a-z0-9_]*)\}", substitute, self.body)
+
+
+def register_prompts(server: MCPServer, root: Path | None = None) -> None:
+    root = root or prompts_dir()
+    for path in sorted(root.glob("*.md")):
+        prompt_file = PromptFile(path)
+
+        def render(_prompt_file_: PromptFile = prompt_file, **values: Any) -> str:
+            return _prompt_file_.render(values)
+
+        server.add_prompt(
+            Prompt(
+                name=prompt_file.name,
+                title=prompt_file.title,
+                description=prompt_file.description,
+                arguments=prompt_file.arguments,
+                fn=render,
+            )
+        )

@@ -1,0 +1,154 @@
+"""The small process that runs one job: `python -m servers.core.supervisor JOB_DIR DB_PATH GRACE_S`.
+
+It lives in a session of its own, so it outlives the server that started it (a client may kill or
+restart its server at any time). It starts the worker in a further process group, enforces the wall-time
+limit, turns SIGTERM (a cancel) into ending the worker's whole group (SIGTERM, a grace period, SIGKILL),
+and records how the job ended: first in exit.json in the job folder, then in the database. A server that
+is not its parent, and so cannot wait() for it, learns the outcome from either.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from servers.core.jobfiles import JobFiles, atomic_write_json, read_json
+from servers.core.jobstore import JobState, JobStore
+from servers.core.procs import boot_id, group_alive, process_start_time, signal_group, terminate_group
+
+_DB_POLL_S = 1.0
+
+
+def child_command(module: str, *args: str) -> list[str]:
+    """argv that runs `module`'s main(args) with this package importable, installed or not."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    bootstrap = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import importlib; "
+        f"sys.exit(importlib.import_module({module!r}).main(sys.argv[2:]))"
+    )
+    return [sys.executable, "-c", bootstrap, package_root, *args]
+
+
+def describe_exit(returncode: int, error: dict | None) -> str:
+    """A reason a person can act on, from the worker's exit status and its error.json."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        hint = " (SIGKILL from outside is often the out-of-memory killer)" if name == "SIGKILL" else ""
+        return f"the worker was killed by {name}{hint}; see read_job_logs"
+    if error:
+        return f"{error.get('type', 'Error')}: {error.get('message', '')} (exit code {returncode})"
+    return f"the worker exited with code {returncode}; see read_job_logs"
+
+
+def main(argv: list[str]) -> int:
+    files = JobFiles(Path(argv[0]))
+    store = JobStore(Path(argv[1]))
+    grace_s = float(argv[2])
+    descriptor = read_json(files.descriptor) or {}
+    job_id = descriptor["id"]
+    timeout_s = float(descriptor["timeout_s"])
+
+    cancel = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: cancel.set())
+    signal.signal(signal.SIGINT, lambda *_: cancel.set())
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    def finish(state: JobState, exit_code: int | None, reason: str | None) -> int:
+        ended = time.time()
+        record = {"state": state.value, "exit_code": exit_code, "reason": reason, "ended_at": ended}
+        atomic_write_json(files.exit, record)
+        for attempt in range(20):  # the database may be busy; exit.json already holds the truth
+            try:
+                store.update(
+                    job_id, only_if_active=True, state=state, exit_code=exit_code, reason=reason, ended_at=ended
+                )
+                break
+            except Exception as exc:
+                print(f"supervisor: recording the end failed ({exc!r}), attempt {attempt + 1}", file=sys.stderr)
+                time.sleep(0.5)
+        print(f"supervisor: {job_id} ended {json.dumps(record)}", file=sys.stderr)
+        return 0
+
+    record = store.get(job_id)
+    if record is None:
+        print(f"supervisor: job {job_id} is not in {argv[1]}", file=sys.stderr)
+        return 2
+    if cancel.is_set() or record.cancel_requested:
+        return finish(JobState.CANCELLED, None, "cancelled before it started")
+
+    files.logs_dir.mkdir(parents=True, exist_ok=True)
+    with open(files.log(), "ab") as log:
+        try:
+            worker = subprocess.Popen(
+                child_command("servers.core.worker", str(files.dir)),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: ending the job ends everything it started
+                cwd=files.dir,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "LLM_INFRA_MCP_JOB_ID": job_id},
+            )
+        except OSError as exc:
+            return finish(JobState.FAILED, None, f"could not start the worker: {exc}")
+    started = time.time()
+    store.update(
+        job_id,
+        only_if_active=True,
+        state=JobState.RUNNING,
+        started_at=started,
+        worker_pid=worker.pid,
+        worker_start=process_start_time(worker.pid),
+        boot_id=boot_id(),
+    )
+
+    deadline = time.monotonic() + timeout_s
+    next_db_check = time.monotonic() + _DB_POLL_S
+    outcome = "exited"
+    while (returncode := worker.poll()) is None:
+        if cancel.is_set():
+            outcome = "cancelled"
+            break
+        if time.monotonic() >= deadline:
+            outcome = "timed out"
+            break
+        if time.monotonic() >= next_db_check:  # a cancel recorded by a server that could not signal us
+            next_db_check = time.monotonic() + _DB_POLL_S
+            current = store.get(job_id)
+            if current is not None and current.cancel_requested:
+                outcome = "cancelled"
+                break
+        cancel.wait(0.05)
+
+    if outcome == "exited":
+        if group_alive(worker.pid):  # the worker is gone; leftovers in its group would run unsupervised
+            signal_group(worker.pid, signal.SIGKILL)
+        error = read_json(files.error)
+        if returncode == 0:
+            return finish(JobState.SUCCEEDED, 0, None)
+        return finish(
+            JobState.FAILED, returncode, describe_exit(returncode, error if isinstance(error, dict) else None)
+        )
+
+    how = terminate_group(worker.pid, grace_s, reap=worker.poll)
+    returncode = worker.wait()
+    ended_by = (
+        "ended with SIGTERM" if how != "killed" else f"did not stop within {grace_s:g} s of SIGTERM and was killed"
+    )
+    if outcome == "cancelled":
+        return finish(JobState.CANCELLED, returncode, f"cancelled on request; the process group {ended_by}")
+    return finish(
+        JobState.FAILED,
+        returncode,
+        f"timed out: it ran past its wall-time limit of {timeout_s:g} s; the process group {ended_by}",
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

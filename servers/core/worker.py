@@ -1,0 +1,46 @@
+"""The process that does a job's work: `python -m servers.core.worker JOB_DIR`.
+
+Started by the supervisor in a process group of its own, with stdout and stderr going to logs/main.log.
+It imports the job kind's work function named in job.json, calls it with the spec and a JobContext, and
+writes result.json on success or error.json (type and message of the exception) on failure.
+"""
+
+import importlib
+import sys
+import traceback
+from pathlib import Path
+
+from servers.core.jobfiles import JobContext, JobFiles, atomic_write_json, read_json
+
+
+def main(argv: list[str]) -> int:
+    files = JobFiles(Path(argv[0]))
+    descriptor = read_json(files.descriptor)
+    if not isinstance(descriptor, dict):
+        print(f"worker: cannot read {files.descriptor}", file=sys.stderr)
+        return 2
+    ctx = JobContext(descriptor["id"], descriptor["kind"], files)
+    module_name, _, function_name = descriptor["entry"].partition(":")
+    try:
+        work = getattr(importlib.import_module(module_name), function_name)
+        result = work(descriptor["spec"], ctx)
+        atomic_write_json(files.result, result if result is not None else {})
+        return 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code != 0:
+            atomic_write_json(files.error, {"type": "SystemExit", "message": f"the work exited with code {code}"})
+        else:
+            atomic_write_json(files.result, {})
+        return code
+    except BaseException as exc:  # everything else is the work failing; the traceback goes to the log
+        traceback.print_exc()
+        atomic_write_json(files.error, {"type": type(exc).__name__, "message": str(exc)[:4000]})
+        return 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

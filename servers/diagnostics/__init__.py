@@ -1,0 +1,1 @@
+"""GPU and cluster health: NVML, kernel logs, DCGM, collective probes, stragglers."""

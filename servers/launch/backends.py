@@ -1,0 +1,100 @@
+"""What launch engines this machine offers. Detection only: nothing is started and nothing heavy imported."""
+
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+LAUNCH_NOT_YET = "this version of the launch server does not launch on it yet"
+
+
+class BackendStatus(BaseModel):
+    name: str
+    detected: bool = Field(description="Whether what this engine needs is present on this machine")
+    detail: str = Field(description="What was found, or what is missing")
+    launch_supported: bool = Field(description="Whether this server version can launch jobs on it")
+    launch_note: str | None = None
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def detect_local() -> BackendStatus:
+    torch_version = _version("torch")
+    if torch_version is None or importlib.util.find_spec("torch") is None:
+        return BackendStatus(
+            name="local",
+            detected=False,
+            detail="torch is not installed, so torchrun is missing",
+            launch_supported=False,
+            launch_note=LAUNCH_NOT_YET,
+        )
+    torchrun = shutil.which("torchrun")
+    where = torchrun or "python -m torch.distributed.run"
+    return BackendStatus(
+        name="local",
+        detected=True,
+        detail=f"torch {torch_version}; torchrun: {where}",
+        launch_supported=False,
+        launch_note=LAUNCH_NOT_YET,
+    )
+
+
+def detect_slurm() -> BackendStatus:
+    commands = ["sbatch", "squeue", "scancel", "scontrol"]
+    missing = [c for c in commands if shutil.which(c) is None]
+    if missing:
+        return BackendStatus(
+            name="slurm",
+            detected=False,
+            detail=f"{', '.join(missing)} not found on PATH",
+            launch_supported=False,
+            launch_note=LAUNCH_NOT_YET,
+        )
+    return BackendStatus(
+        name="slurm",
+        detected=True,
+        detail=f"sbatch at {shutil.which('sbatch')}",
+        launch_supported=False,
+        launch_note=LAUNCH_NOT_YET,
+    )
+
+
+def detect_kubernetes() -> BackendStatus:
+    if importlib.util.find_spec("kubernetes") is None:
+        detail, found = "the kubernetes Python client is not installed (pip install kubernetes)", False
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        detail, found = "running inside a cluster (service account)", True
+    else:
+        config = Path(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0]).expanduser()
+        found = config.is_file()
+        detail = f"kubeconfig {config}" if found else f"no kubeconfig at {config} and not inside a cluster"
+    return BackendStatus(
+        name="kubernetes", detected=found, detail=detail, launch_supported=False, launch_note=LAUNCH_NOT_YET
+    )
+
+
+def detect_skypilot() -> BackendStatus:
+    version = _version("skypilot")
+    if version is None:
+        return BackendStatus(
+            name="skypilot",
+            detected=False,
+            detail="skypilot is not installed (pip install skypilot)",
+            launch_supported=False,
+            launch_note=LAUNCH_NOT_YET,
+        )
+    return BackendStatus(
+        name="skypilot", detected=True, detail=f"skypilot {version}", launch_supported=False, launch_note=LAUNCH_NOT_YET
+    )
+
+
+def detect_all() -> list[BackendStatus]:
+    return [detect_local(), detect_slurm(), detect_kubernetes(), detect_skypilot()]

@@ -1,0 +1,1 @@
+"""Compute-communication overlap for tensor parallelism: GEMM, collective and overlap benchmarks, and a cost model."""

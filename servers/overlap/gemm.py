@@ -1,0 +1,163 @@
+"""GEMM benchmark: the work function of the `gemm_benchmark` job kind, run in a worker process.
+
+torch is imported inside the function (never by the server). On a GPU: warm-up, CUDA events around each
+GEMM, optional L2 flush between iterations (outside the timed region), median and spread, TFLOP/s and the
+fraction of the catalog's dense peak. On CPU the same code runs with a wall clock, and the result says that
+such timings check the plumbing, not GPU performance.
+"""
+
+import statistics
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+GemmDtype = Literal["fp32", "bf16", "fp16", "fp8"]
+
+
+class GemmBenchmarkSpec(BaseModel):
+    m: int = Field(ge=1, le=131072, description="Rows of A and C")
+    n: int = Field(ge=1, le=131072, description="Columns of B and C")
+    k: int = Field(ge=1, le=131072, description="Inner dimension")
+    dtype: GemmDtype = Field(default="bf16", description="fp8 means e4m3 inputs with bf16 output (GPUs with sm_89+)")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto: cuda when present, else cpu")
+    warmup: int = Field(default=5, ge=0, le=1000, description="Untimed iterations first")
+    iters: int = Field(default=20, ge=1, le=10000, description="Timed iterations")
+    flush_l2: bool = Field(
+        default=False,
+        description="Overwrite a buffer larger than L2 before each iteration "
+        "(GPU only), so inputs come from HBM as in a real layer",
+    )
+
+
+class GemmBenchmarkResult(BaseModel):
+    m: int
+    n: int
+    k: int
+    dtype: GemmDtype
+    device: str
+    device_name: str
+    iters: int
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    p10_ms: float
+    p90_ms: float
+    tflops: float = Field(description="2*m*n*k / median time")
+    gpu_catalog_name: str | None = Field(description="Catalog entry matched to the device, if any")
+    peak_tflops: float | None = Field(description="The catalog's dense peak for this dtype")
+    fraction_of_peak: float | None
+    timing: str = Field(description="How the time was measured")
+    note: str | None = None
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    position = q * (len(sorted_values) - 1)
+    low = int(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
+
+
+def run_gemm_benchmark(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    import torch
+
+    spec = GemmBenchmarkSpec.model_validate(spec_data)
+    use_cuda = spec.device == "cuda" or (spec.device == "auto" and torch.cuda.is_available())
+    if use_cuda and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' was asked for but torch.cuda.is_available() is False on this machine")
+    device = torch.device("cuda" if use_cuda else "cpu")
+    device_name = torch.cuda.get_device_name(device) if use_cuda else "cpu"
+    torch.manual_seed(0)
+
+    if spec.dtype == "fp8":
+        if not use_cuda or torch.cuda.get_device_capability(device) < (8, 9):
+            raise RuntimeError("fp8 GEMM needs an NVIDIA GPU with FP8 tensor cores (compute capability 8.9 or newer)")
+        a = torch.randn(spec.m, spec.k, device=device).to(torch.float8_e4m3fn)
+        b = torch.randn(spec.n, spec.k, device=device).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm needs
+        one = torch.ones((), device=device)
+
+        def gemm() -> Any:
+            return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    else:
+        torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[spec.dtype]
+        a = torch.randn(spec.m, spec.k, device=device, dtype=torch_dtype)
+        b = torch.randn(spec.k, spec.n, device=device, dtype=torch_dtype)
+
+        def gemm() -> Any:
+            return torch.matmul(a, b)
+
+    flush = None
+    if spec.flush_l2 and use_cuda:
+        l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 * 2**20)
+        flush = torch.empty(2 * l2_bytes // 4, dtype=torch.float32, device=device)
+
+    total = spec.warmup + spec.iters
+    for i in range(spec.warmup):
+        gemm()
+        ctx.progress(i + 1, total, "warm-up")
+    if use_cuda:
+        torch.cuda.synchronize(device)
+
+    times_ms: list[float] = []
+    for i in range(spec.iters):
+        if flush is not None:
+            flush.zero_()
+        if use_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            gemm()
+            end.record()
+            end.synchronize()
+            elapsed = start.elapsed_time(end)
+        else:
+            t0 = time.perf_counter()
+            gemm()
+            elapsed = (time.perf_counter() - t0) * 1e3
+        times_ms.append(elapsed)
+        flops = 2.0 * spec.m * spec.n * spec.k
+        ctx.log_metrics(step=i, time_ms=round(elapsed, 6), tflops=round(flops / (elapsed * 1e-3) / 1e12, 6))
+        ctx.progress(spec.warmup + i + 1, total, f"iteration {i + 1}/{spec.iters}")
+
+    ordered = sorted(times_ms)
+    median = statistics.median(ordered)
+    tflops = 2.0 * spec.m * spec.n * spec.k / (median * 1e-3) / 1e12
+    catalog_name = peak = fraction = None
+    note = None
+    if use_cuda:
+        from servers.core.errors import InputError
+        from servers.core.gpus import find_gpu, peak_tflops
+
+        try:
+            gpu = find_gpu(device_name)
+            catalog_name = gpu.name
+            peak = peak_tflops(gpu, spec.dtype)
+            fraction = tflops / peak
+        except InputError as exc:
+            note = f"no catalog peak for {device_name} ({exc})"
+    else:
+        note = "measured on CPU: these timings check the plumbing, not GPU performance"
+    result = GemmBenchmarkResult(
+        m=spec.m,
+        n=spec.n,
+        k=spec.k,
+        dtype=spec.dtype,
+        device=str(device),
+        device_name=device_name,
+        iters=spec.iters,
+        median_ms=median,
+        min_ms=ordered[0],
+        max_ms=ordered[-1],
+        p10_ms=_percentile(ordered, 0.1),
+        p90_ms=_percentile(ordered, 0.9),
+        tflops=tflops,
+        gpu_catalog_name=catalog_name,
+        peak_tflops=peak,
+        fraction_of_peak=fraction,
+        timing="CUDA events per iteration" if use_cuda else "time.perf_counter per iteration",
+        note=note,
+    )
+    print(
+        f"gemm {spec.m}x{spec.n}x{spec.k} {spec.dtype} on {device_name}: median {median:.4f} ms, {tflops:.3f} TFLOP/s",
+        flush=True,
+    )
+    return result.model_dump(mode="json")
