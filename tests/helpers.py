@@ -1,0 +1,47 @@
+"""A test build of the suite: every real part plus test job kinds and a tool to start them.
+
+Also runnable as a stdio server (`python -m tests.helpers`), for the tests that kill and restart a server.
+"""
+
+from typing import Annotated, Any, Literal
+
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.types import CallToolResult
+from pydantic import Field
+
+from servers.core.assemble import ServerPart, build_server
+from servers.core.jobview import JobView
+from servers.core.mcp_layer import App, WaitS, agent_tool, run_job, summarize_job, tool_result
+from servers.suite import PARTS
+from tests.jobkinds import TEST_KINDS
+
+
+def register_test_tools(server: MCPServer, app: App) -> None:
+    @agent_tool(
+        server, title="Start a test job", read_only=False, destructive=False, idempotent=False, open_world=False
+    )
+    async def start_test_job(
+        ctx: Context,
+        kind: Literal["test_count", "test_fail", "test_sleep", "test_crash"],
+        spec: Annotated[dict[str, Any], Field(description="Spec for the test work function")],
+        wait_s: WaitS = 0,
+        timeout_s: Annotated[float | None, Field(gt=0, le=3600, description="Wall-time limit")] = None,
+    ) -> Annotated[CallToolResult, JobView]:
+        """Start one of the job-engine test kinds (count, fail, sleep, crash) with a spec; only in the test
+        build of the suite. Returns the job view after waiting up to wait_s."""
+        view = await run_job(app, kind, spec, wait_s=wait_s, ctx=ctx, timeout_s=timeout_s)
+        return tool_result(view, summarize_job(view))
+
+
+TEST_PART = ServerPart(
+    name="test", instructions="test jobs", register=register_test_tools, job_kinds=TEST_KINDS, starts_jobs=True
+)
+
+
+def create_test_suite(app: App | None = None) -> MCPServer:
+    return build_server("test-suite", "the suite plus test job kinds", [*PARTS, TEST_PART], app)
+
+
+if __name__ == "__main__":
+    create_test_suite().run()
