@@ -221,3 +221,17 @@ async def test_client_with_token_lists_tools(token_url: str) -> None:
 def test_server_env_carries_no_token() -> None:
     # The refusal test above relies on the environment not leaking a token from the developer's shell.
     assert "LLM_INFRA_MCP_HTTP_TOKEN" not in server_env(Path("/nonexistent"))
+
+
+@pytest.mark.parametrize("host", ["127.0.0.2", "[::1]", "::1", "localhost"])
+def test_dns_rebinding_protection_on_every_loopback_spelling(host: str) -> None:
+    from starlette.testclient import TestClient
+
+    from servers.core.transport import http_app
+
+    app = http_app(MCPServer("t"), host, None)
+    with TestClient(app, base_url="http://127.0.0.1:9") as http:
+        refused = http.post("/mcp", json=INITIALIZE, headers={**MCP_HEADERS, "Host": "evil.example.com"})
+        assert refused.status_code == 421
+        accepted = http.post("/mcp", json=INITIALIZE, headers={**MCP_HEADERS, "Host": "127.0.0.1:9"})
+        assert accepted.status_code == 200

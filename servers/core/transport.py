@@ -10,6 +10,7 @@ import json
 import logging
 
 from mcp.server import MCPServer
+from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
@@ -67,9 +68,19 @@ def http_app(server: MCPServer, host: str, token: str | None) -> ASGIApp:
             f"refusing to serve HTTP on {host} without a bearer token: any machine that reaches it could run jobs. "
             "Set LLM_INFRA_MCP_HTTP_TOKEN (or bind 127.0.0.1)"
         )
-    # On loopback the SDK turns DNS-rebinding protection on by itself (host passed through).
+    security = None
+    if is_loopback(host):
+        # DNS-rebinding protection: a web page must not reach a local server through a name it controls.
+        # Stated here rather than left to the SDK, which turns it on only for three spellings of loopback.
+        bound = host if ":" not in host or host.startswith("[") else f"[{host}]"
+        names = sorted({bound, "127.0.0.1", "localhost", "[::1]"})
+        security = TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=[f"{name}:*" for name in names],
+            allowed_origins=[f"http://{name}:*" for name in names],
+        )
     # Elsewhere clients use names we cannot know in advance; the bearer token is what protects the server.
-    app: ASGIApp = server.streamable_http_app(host=host)
+    app: ASGIApp = server.streamable_http_app(host=host, transport_security=security)
     return BearerTokenMiddleware(app, token) if token else app
 
 
