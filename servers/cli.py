@@ -59,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     commands.add_parser("settings", help="print every setting, its environment variable, default and current value")
+    commands.add_parser("docs", help="print README's generated sections (servers, tools, settings)")
     return parser
 
 
@@ -66,6 +67,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.command == "config":
         print(json.dumps(claude_config(args.servers or ["suite"]), indent=2))
+        return
+    if args.command == "docs":
+        from servers.docs import generated_sections
+
+        print(generated_sections())
         return
     if args.command == "settings":
         from servers.core.settings import Settings, settings_table

@@ -27,7 +27,7 @@ class Settings(BaseSettings):
 
     home: Path = Field(
         default_factory=default_home,
-        description="State directory: the job database, job folders (logs, metrics, results), the audit log.",
+        description="State directory: the job database and the job folders (logs, metrics, results).",
     )
     allowed_roots: Annotated[list[Path], NoDecode] = Field(
         default_factory=list,
@@ -43,11 +43,6 @@ class Settings(BaseSettings):
         ge=0.1,
         le=600,
         description="Seconds between SIGTERM and SIGKILL when a job is cancelled or times out.",
-    )
-    max_gpus_per_job: int = Field(default=8, ge=0, description="GPUs one job may use.")
-    max_concurrent_gpus: int = Field(default=8, ge=0, description="GPUs all running jobs may use together.")
-    confirm_above_gpu_hours: float = Field(
-        default=1.0, ge=0, description="Launches estimated above this many GPU-hours need the person's confirmation."
     )
     http_host: str = Field(default="127.0.0.1", description="Address the HTTP transport binds.")
     http_port: int = Field(default=8765, ge=1, le=65535, description="Port the HTTP transport binds.")
