@@ -2,7 +2,7 @@
 
 import os
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -61,8 +61,3 @@ async def suite_client(app: App, mode: str) -> AsyncIterator[Client]:
 
     async with Client(create_test_suite(app), mode=mode) as client:
         yield client
-
-
-@pytest.fixture
-def no_leftover_processes() -> Iterator[None]:
-    yield

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from servers.core.errors import InputError, NotFoundError, QuotaError
@@ -268,7 +267,3 @@ class JobEngine:
             note += f"; the worker's process group was {how}"
         self.store.update(job_id, only_if_active=True, state=JobState.CANCELLED, ended_at=time.time(), reason=note)
         return self._must_get(job_id)
-
-
-def job_dir_for(settings: Settings, job_id: str) -> Path:
-    return settings.jobs_dir / job_id
