@@ -51,3 +51,20 @@ TEST_KINDS = [
     JobKind("test_sleep", "tests.jobkinds:sleep", "sleep", 600),
     JobKind("test_crash", "tests.jobkinds:crash", "segfault", 60),
 ]
+
+
+def curve(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Log a ScaleRL-shaped pass-rate curve as metrics rows, as an RL training run would."""
+    import math
+
+    a, b, c_mid, r0 = 0.61, 1.92, 2542.0, 0.25
+    points = int(spec.get("points", 30))
+    for step in range(points):
+        compute = 100 * (50_000 / 100) ** (step / (points - 1))
+        value = r0 + (a - r0) / (1 + (c_mid / compute) ** b) + 0.004 * math.sin(7 * step)
+        ctx.log_metrics(step=step, gpu_hours=round(compute, 3), pass_rate=round(value, 5))
+        ctx.log_metrics(step=step, loss=1.0)  # rows without the curve's keys are skipped by the fitter
+    return {"points": points}
+
+
+TEST_KINDS.append(JobKind("test_curve", "tests.jobkinds:curve", "log an RL curve", 60))

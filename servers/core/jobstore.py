@@ -8,13 +8,14 @@ timeout, so they queue instead of failing.
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+from servers.core.db import BUSY_TIMEOUT_S, connect, initialise
 
 
 class JobState(str, Enum):
@@ -92,12 +93,11 @@ class JobPage(BaseModel):
 class JobStore:
     """Short-lived connections per operation: safe across threads and processes, cheap with WAL."""
 
-    def __init__(self, db_path: Path, *, busy_timeout_s: float = 30.0) -> None:
+    def __init__(self, db_path: Path, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
         self.db_path = db_path
         self._busy_timeout_s = busy_timeout_s
-        db_path.parent.mkdir(parents=True, exist_ok=True)
+        initialise(db_path, "")
         with self._connect() as conn:
-            conn.execute("PRAGMA journal_mode=WAL")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise RuntimeError(
@@ -107,15 +107,8 @@ class JobStore:
             conn.executescript(_SCHEMA)
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
-    @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        conn = sqlite3.connect(self.db_path, timeout=self._busy_timeout_s, isolation_level=None)
-        conn.row_factory = sqlite3.Row
-        try:
-            conn.execute("PRAGMA synchronous=NORMAL")
-            yield conn
-        finally:
-            conn.close()
+    def _connect(self) -> AbstractContextManager[sqlite3.Connection]:
+        return connect(self.db_path, busy_timeout_s=self._busy_timeout_s)
 
     @staticmethod
     def _record(row: sqlite3.Row) -> JobRecord:

@@ -87,8 +87,8 @@ class PromptFile:
             for a in meta.get("arguments") or []
         ]
         self.body = match.group(2).strip() + "\n"
-        if not re.fullmatch(r"[a-z][a-z0-9_]*", self.name):
-            raise ValueError(f"{path}: prompt name {self.name!r} must be snake_case")
+        if not re.fullmatch(r"[a-z][a-z0-9_-]*", self.name):
+            raise ValueError(f"{path}: prompt name {self.name!r} must be lowercase letters, digits, '_' or '-'")
 
     def render(self, values: dict[str, Any]) -> str:
         known = {a.name for a in self.arguments}

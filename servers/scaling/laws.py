@@ -114,6 +114,11 @@ def compute_optimal(compute_flops: float, params: dict[str, float]) -> ComputeOp
     )
 
 
-class ComputeOptimalTable(BaseModel):
-    parameters: dict[str, float]
-    allocations: list[ComputeOptimal]
+class Evaluation(BaseModel):
+    model: ModelName
+    parameters: dict[str, float] = Field(description="The parameters used (the published Chinchilla fit if none given)")
+    points: list[EvaluatedPoint]
+    asymptote: float = Field(
+        description="Value approached with unlimited compute: A (scalerl, power_law) or E "
+        "(chinchilla, the irreducible loss)"
+    )

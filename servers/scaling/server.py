@@ -1,39 +1,627 @@
-"""The scaling server: evaluate scaling-law forms (fitting and extrapolation come with the fitting module)."""
+"""The scaling server: fit, compare and extrapolate RL compute curves (ScaleRL's sigmoid, the power law) and
+pretraining laws (Chinchilla); predictions with bootstrap intervals; plots. Numerics live in the plain modules
+beside this one (imported when a tool runs, so the server starts without numpy or scipy)."""
 
-from typing import Annotated
+import base64
+from typing import Annotated, Any, Literal
 
 from mcp.server import MCPServer
-from mcp.types import CallToolResult
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ResourceError
+from mcp.types import CallToolResult, ImageContent
 from pydantic import BaseModel, Field
 
 from servers.core.assemble import ServerPart, build_server
-from servers.core.mcp_layer import App, agent_tool, tool_result
+from servers.core.errors import InputError
+from servers.core.jobs import JOB_ID_PATTERN
+from servers.core.mcp_layer import App, agent_tool, in_thread, tool_result
+from servers.core.paths import resolve_inside_roots
 from servers.scaling import laws
+from servers.scaling.data import Columns, DataPoint, Excluded, ModelName, points_from_rows, read_rows
+from servers.scaling.fitstore import FIT_ID_PATTERN, FitStore, StoredFit
+from servers.scaling.fitting import Comparison, ComputeForTarget, ParameterEstimate, PredictedValue
 
 NAME = "scaling"
 INSTRUCTIONS = (
-    "Scaling laws for LLM training: the ScaleRL sigmoid of RL reward against compute, the power law it is "
-    "compared with, and Chinchilla pretraining loss with compute-optimal allocation."
+    "Scaling laws for LLM training: fit ScaleRL's sigmoid of RL reward against compute (and the power law it is "
+    "compared with) or Chinchilla pretraining loss, with bootstrap intervals; predict, check extrapolation, compare "
+    "recipes, plot, and allocate compute. Fits are stored and readable as infra://fits/{fit_id}."
 )
 
+FitId = Annotated[str, Field(pattern=FIT_ID_PATTERN, max_length=40, description="A fit id from fit_scaling_law")]
+ComputeValue = Annotated[float, Field(gt=0, le=1e40, allow_inf_nan=False)]
 
-class ScalingEvaluation(BaseModel):
-    model: laws.ModelName
-    parameters: dict[str, float] = Field(description="The parameters used (the published Chinchilla fit if none given)")
-    points: list[laws.EvaluatedPoint]
-    asymptote: float = Field(
-        description="Value approached with unlimited compute: A (scalerl, power_law) or E "
-        "(chinchilla, the irreducible loss)"
+
+class DataSource(BaseModel):
+    """Where the data come from: exactly one of points, path, job_id."""
+
+    points: list[DataPoint] | None = Field(
+        default=None,
+        max_length=100_000,
+        description="Inline data: "
+        "[{compute, value, run?}] for scalerl/power_law, [{params, tokens, loss}] "
+        "for chinchilla",
+    )
+    path: Annotated[str, Field(max_length=4096)] | None = Field(
+        default=None, description="A CSV (with header) or JSONL file inside the allowed roots"
+    )
+    job_id: Annotated[str, Field(pattern=JOB_ID_PATTERN, max_length=96)] | None = Field(
+        default=None, description="A job whose metrics rows hold the data (columns name the keys)"
+    )
+    columns: Columns = Field(default_factory=Columns, description="Column (or metrics key) names in the file or job")
+
+
+def _fits(app: App) -> FitStore:
+    store = getattr(app, "_fit_store", None)
+    if store is None:
+        store = FitStore(app.settings)
+        app._fit_store = store  # type: ignore[attr-defined]
+    return store
+
+
+def load_points(app: App, model: ModelName, source: DataSource) -> tuple[list[DataPoint], str]:
+    given = [name for name in ("points", "path", "job_id") if getattr(source, name) is not None]
+    if len(given) != 1:
+        raise InputError(f"give exactly one of points, path or job_id (got {', '.join(given) or 'none'})")
+    if source.points is not None:
+        return source.points, "inline"
+    if source.path is not None:
+        path = resolve_inside_roots(source.path, app.settings.roots(), what="data file")
+        if not path.is_file():
+            raise InputError(f"data file {source.path!r} does not exist (resolved to {path})")
+        return points_from_rows(read_rows(path), model, source.columns, str(path)), f"file:{path}"
+    assert source.job_id is not None
+    record = app.engine.get(source.job_id)
+    metrics = app.engine.files(record).metrics
+    if not metrics.exists():
+        raise InputError(f"job {source.job_id!r} has logged no metrics yet")
+    return points_from_rows(read_rows(metrics), model, source.columns, f"job {source.job_id}"), f"job:{source.job_id}"
+
+
+class FitReport(BaseModel):
+    fit_id: str
+    label: str | None
+    model: str
+    method: str
+    compute_unit: str
+    parameters: dict[str, ParameterEstimate]
+    rmse: float = Field(description="Residual error of the fitted points, in the metric's units")
+    converged: bool
+    message: str
+    warnings: list[str]
+    points_used: int
+    points_excluded: int
+    excluded: list[Excluded] = Field(description="Which points were left out and why (first 200)")
+    bootstrap: int = Field(description="Bootstrap resamples that produced a fit")
+    duration_s: float
+    resource_uri: str
+
+
+def report(fit: StoredFit) -> FitReport:
+    o = fit.outcome
+    return FitReport(
+        fit_id=fit.id,
+        label=fit.label,
+        model=fit.model,
+        method=fit.method,
+        compute_unit=fit.compute_unit,
+        parameters=o.parameters,
+        rmse=o.rmse,
+        converged=o.converged,
+        message=o.message,
+        warnings=o.warnings,
+        points_used=o.points_used,
+        points_excluded=len(fit.excluded),
+        excluded=fit.excluded[:200],
+        bootstrap=o.bootstrap,
+        duration_s=o.duration_s,
+        resource_uri=fit.resource_uri,
     )
 
 
+def describe_parameters(parameters: dict[str, ParameterEstimate]) -> str:
+    parts = []
+    for name, p in parameters.items():
+        text = f"{name}={p.value:.4g}"
+        if p.fixed:
+            text += " (fixed)"
+        elif p.ci_low is not None and p.ci_high is not None:
+            text += f" [{p.ci_low:.4g}, {p.ci_high:.4g}]"
+        parts.append(text)
+    return ", ".join(parts)
+
+
+def first_value(points: list[DataPoint]) -> float:
+    """R0 by default: the value each run starts from (at its smallest compute, before any min_compute cut),
+    averaged over runs. The excluded early points still say where the curve starts."""
+    starts: dict[str, tuple[float, float]] = {}
+    for p in points:
+        if p.compute is None or p.value is None:
+            continue
+        run = p.run or ""
+        if run not in starts or p.compute < starts[run][0]:
+            starts[run] = (p.compute, p.value)
+    return sum(value for _, value in starts.values()) / len(starts)
+
+
+def run_fit(
+    app: App,
+    model: ModelName,
+    points: list[DataPoint],
+    *,
+    source: str,
+    label: str | None,
+    compute_unit: str,
+    min_compute: float | None,
+    max_compute: float | None,
+    r0: float | str,
+    y_max: float,
+    method: str,
+    bootstrap: int,
+    seed: int,
+) -> StoredFit:
+    """Validate, fit and store. Nothing is stored unless the whole fit succeeded."""
+    from servers.scaling.data import curve_data, loss_data
+
+    options: dict[str, Any] = {
+        "min_compute": min_compute,
+        "max_compute": max_compute,
+        "r0": r0,
+        "y_max": y_max,
+        "method": method,
+        "bootstrap": bootstrap,
+        "seed": seed,
+    }
+    if model == "chinchilla":
+        if method == "scalerl-grid":
+            raise InputError("method 'scalerl-grid' is the ScaleRL paper's procedure for scalerl fits; use 'robust'")
+        data = loss_data(points)
+        from servers.scaling.fit_chinchilla import fit_chinchilla
+
+        outcome = fit_chinchilla(data.params, data.tokens, data.loss, bootstrap=bootstrap, seed=seed)
+        excluded: list[Excluded] = []
+    else:
+        if method == "scalerl-grid" and model != "scalerl":
+            raise InputError("method 'scalerl-grid' applies to model 'scalerl' only; use 'robust' for power_law")
+        curve, excluded = curve_data(points, y_max=y_max, min_compute=min_compute, max_compute=max_compute, model=model)
+        from servers.scaling.fit_sigmoid import fit_sigmoid
+
+        outcome = fit_sigmoid(
+            curve.compute,
+            curve.value,
+            curve.run if any(curve.run) else None,
+            model=model,
+            method=method,
+            r0=first_value(points) if r0 == "first" else None if r0 == "free" else float(r0),
+            free_r0=r0 == "free",
+            y_max=y_max,
+            bootstrap=bootstrap,
+            seed=seed,
+        )
+    return _fits(app).add(
+        label=label,
+        compute_unit=compute_unit,
+        source=source,
+        options=options,
+        outcome=outcome,
+        points=points,
+        excluded=excluded,
+    )
+
+
+class Prediction(BaseModel):
+    fit_id: str
+    model: str
+    compute_unit: str
+    level: float
+    values: list[PredictedValue] = Field(description="Predicted value (or loss) per point, with intervals")
+    target: ComputeForTarget | None = Field(default=None, description="The compute needed to reach the target")
+
+
+class ModelCheck(BaseModel):
+    model: str
+    fit_id: str
+    parameters: dict[str, ParameterEstimate]
+    asymptote: float
+    mean_abs_error: float
+    max_abs_error: float
+    per_point: list[dict[str, float]] = Field(description="compute, observed, predicted, error (first 500)")
+    warnings: list[str]
+
+
+class ExtrapolationCheck(BaseModel):
+    split: float
+    compute_unit: str
+    fit_points: int
+    held_out_points: int
+    models: list[ModelCheck]
+    better_model: str
+    verdict: str
+
+
+class PlotInfo(BaseModel):
+    fit_ids: list[str]
+    width: int
+    height: int
+    png_bytes: int
+
+
+class Allocation(BaseModel):
+    fit_id: str | None = Field(description="The chinchilla fit used, or null for Hoffmann et al.'s published fit")
+    parameters: dict[str, float]
+    allocations: list[laws.ComputeOptimal]
+
+
+class FitList(BaseModel):
+    fits: list[FitReport]
+    total: int
+    next_offset: int | None
+
+
+class ComputeConversion(BaseModel):
+    gpu: str
+    dtype: str
+    peak_tflops: float
+    mfu: float
+    gpu_hours: float
+    flops: float
+    note: str
+
+
+R0Option = Annotated[
+    Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)] | Literal["first", "free"],
+    Field(
+        description="scalerl's starting value R0: a number to fix it, 'first' (default) to fix it at the value "
+        "observed at the smallest compute, 'free' to fit it"
+    ),
+]
+
+
 def register(server: MCPServer, app: App) -> None:
+    @agent_tool(
+        server, title="Fit a scaling law", read_only=False, destructive=False, idempotent=False, open_world=False
+    )
+    async def fit_scaling_law(
+        ctx: Context,
+        model: Annotated[
+            ModelName,
+            Field(
+                description="scalerl: R0 + (A-R0)/(1+(C_mid/C)^B) (ScaleRL); power_law: "
+                "A - D*C^-B; chinchilla: E + A/N^alpha + B/D^beta"
+            ),
+        ],
+        data: Annotated[DataSource, Field(description="The data: inline points, a file, or a job's metrics")],
+        label: Annotated[str | None, Field(max_length=128, description="A name for this fit, e.g. the recipe")] = None,
+        compute_unit: Annotated[
+            str,
+            Field(
+                max_length=32, pattern=r"^[A-Za-z0-9_./ -]+$", description="Unit of compute, e.g. gpu_hours or flops"
+            ),
+        ] = "gpu_hours",
+        min_compute: Annotated[
+            ComputeValue | None,
+            Field(
+                description="Exclude points below this compute (ScaleRL drops about the first epoch, ~1.5k GPU-hours)"
+            ),
+        ] = None,
+        max_compute: Annotated[
+            ComputeValue | None, Field(description="Fit only up to this compute (for extrapolation studies)")
+        ] = None,
+        r0: R0Option = "first",
+        y_max: Annotated[
+            float, Field(gt=0, le=1e6, description="Upper bound of the metric and of A (1.0 for a pass rate)")
+        ] = 1.0,
+        method: Annotated[
+            Literal["robust", "scalerl-grid"],
+            Field(
+                description="robust (default): variable "
+                "projection with a robust loss, never dependent on a start; scalerl-grid: the ScaleRL "
+                "paper's grid (A 0.450..0.800 by 0.005, C_mid 100..40000) for comparability"
+            ),
+        ] = "robust",
+        bootstrap: Annotated[
+            int, Field(ge=0, le=2000, description="Block-bootstrap resamples for intervals (0: none)")
+        ] = 200,
+        seed: Annotated[int, Field(ge=0, le=2**32 - 1, description="Seed of the bootstrap")] = 0,
+    ) -> Annotated[CallToolResult, FitReport]:
+        """Fit a scaling law to data and store the fit: each parameter with a 95% bootstrap interval, the residual
+        error, points used and excluded, and warnings an agent should act on (A on its bound, C_mid beyond the data
+        so A is weakly identified, too few points, no convergence). Typically under 2 s for a 75-point RL curve
+        with 200 resamples. Returns a fit_id for predict_scaling, compare_scaling_fits and plot_scaling_fit."""
+        points, source = await in_thread(load_points, app, model, data)
+        await ctx.report_progress(0, 1, f"fitting {model} to {len(points)} points")
+        fit = await in_thread(
+            run_fit,
+            app,
+            model,
+            points,
+            source=source,
+            label=label,
+            compute_unit=compute_unit,
+            min_compute=min_compute,
+            max_compute=max_compute,
+            r0=r0,
+            y_max=y_max,
+            method=method,
+            bootstrap=bootstrap,
+            seed=seed,
+        )
+        await ctx.report_progress(1, 1, "fitted")
+        result = report(fit)
+        text = (
+            f"{model} fit {fit.id}: {describe_parameters(result.parameters)}; rmse {result.rmse:.4g} on "
+            f"{result.points_used} points ({result.points_excluded} excluded)"
+        )
+        if result.warnings:
+            text += "\nwarnings:\n" + "\n".join(f"- {w}" for w in result.warnings)
+        return tool_result(result, text)
+
+    @agent_tool(
+        server, title="Predict from a fit", read_only=True, destructive=False, idempotent=True, open_world=False
+    )
+    async def predict_scaling(
+        fit_id: FitId,
+        compute: Annotated[
+            list[ComputeValue] | None,
+            Field(max_length=1000, description="Compute values to predict at (scalerl, power_law)"),
+        ] = None,
+        at: Annotated[
+            list[DataPoint] | None,
+            Field(max_length=1000, description="{params, tokens} to predict the loss at (chinchilla)"),
+        ] = None,
+        target: Annotated[
+            float | None,
+            Field(
+                allow_inf_nan=False,
+                ge=-1e6,
+                le=1e6,
+                description="A value (or loss) "
+                "to reach: returns the compute needed, or says the asymptote never gets there",
+            ),
+        ] = None,
+        level: Annotated[float, Field(ge=0.5, le=0.99, description="Coverage of the intervals")] = 0.95,
+    ) -> Annotated[CallToolResult, Prediction]:
+        """Predict from a stored fit: the value at given compute (or the loss at given model size and tokens), each
+        with the bootstrap interval of the curve and a prediction interval that adds the data's scatter, flagged
+        when extrapolated; and/or the compute needed to reach a target value, or a plain statement that the fitted
+        asymptote is below it. Instant."""
+        from servers.scaling import analysis
+
+        fit = await in_thread(_fits(app).get, fit_id)
+        if compute is None and at is None and target is None:
+            raise InputError("give compute (curves), at (chinchilla) and/or target")
+        values: list[PredictedValue] = []
+        if fit.model == "chinchilla":
+            if compute is not None:
+                raise InputError("a chinchilla fit predicts loss at {params, tokens}: use `at`, not `compute`")
+            if at is not None:
+                pairs = []
+                for i, p in enumerate(at):
+                    if p.params is None or p.tokens is None or p.params <= 0 or p.tokens <= 0:
+                        raise InputError(f"at[{i}] needs params > 0 and tokens > 0")
+                    pairs.append((p.params, p.tokens))
+                values = analysis.predict_loss(fit, pairs, level)
+        else:
+            if at is not None:
+                raise InputError(f"a {fit.model} fit predicts at compute values: use `compute`, not `at`")
+            if compute is not None:
+                values = analysis.predict_curve(fit, compute, level)
+        unit = "FLOPs" if fit.model == "chinchilla" else fit.compute_unit
+        reach = analysis.compute_for_target(fit, target, level, unit) if target is not None else None
+        result = Prediction(
+            fit_id=fit.id,
+            model=fit.model,
+            compute_unit=fit.compute_unit,
+            level=level,
+            values=values,
+            target=reach,
+        )
+        lines = []
+        for v in values[:12]:
+            where = f"C={v.compute:.4g}" if v.compute is not None else f"N={v.params:.3g}, D={v.tokens:.3g}"
+            band = f" [{v.ci_low:.4g}, {v.ci_high:.4g}]" if v.ci_low is not None else ""
+            lines.append(f"{where}: {v.value:.4g}{band}{' (extrapolated)' if v.extrapolated else ''}")
+        if reach is not None:
+            lines.append(f"target {target:g}: {reach.statement}")
+        return tool_result(result, "\n".join(lines))
+
+    @agent_tool(
+        server, title="Check extrapolation", read_only=False, destructive=False, idempotent=False, open_world=False
+    )
+    async def check_extrapolation(
+        ctx: Context,
+        data: Annotated[DataSource, Field(description="The curve: inline points, a file, or a job's metrics")],
+        models: Annotated[
+            list[Literal["scalerl", "power_law"]], Field(min_length=1, max_length=2, description="The forms to compare")
+        ] = ["scalerl", "power_law"],  # noqa: B006 - pydantic copies defaults
+        split: Annotated[
+            ComputeValue | None,
+            Field(description="Fit on compute <= split, predict the rest; default half of the largest compute"),
+        ] = None,
+        min_compute: Annotated[ComputeValue | None, Field(description="Exclude points below this compute")] = None,
+        compute_unit: Annotated[
+            str, Field(max_length=32, pattern=r"^[A-Za-z0-9_./ -]+$", description="Unit of compute")
+        ] = "gpu_hours",
+        r0: R0Option = "first",
+        y_max: Annotated[float, Field(gt=0, le=1e6, description="Upper bound of the metric")] = 1.0,
+        bootstrap: Annotated[int, Field(ge=0, le=2000, description="Bootstrap resamples per fit")] = 100,
+    ) -> Annotated[CallToolResult, ExtrapolationCheck]:
+        """ScaleRL's extrapolation protocol: fit each model on compute <= split (default half of the data's largest
+        compute), predict the held-out points beyond it, and report per-point, mean and max absolute error and which
+        model extrapolates better on this data (the power law tends to overshoot the asymptote). The fits are stored
+        (fit ids returned) for plotting. A few seconds."""
+        points, source = await in_thread(load_points, app, "scalerl", data)
+        computes = [p.compute for p in points if p.compute is not None]
+        if not computes:
+            raise InputError("the data have no compute values")
+        cut = split if split is not None else max(computes) / 2
+        held = [
+            p
+            for p in points
+            if p.compute is not None and p.compute > cut and (min_compute is None or p.compute >= min_compute)
+        ]
+        if not held:
+            raise InputError(f"no points lie beyond split={cut:g}; choose a smaller split")
+        checks = []
+        for k, model in enumerate(models):
+            await ctx.report_progress(k, len(models), f"fitting {model} on compute <= {cut:g}")
+            fit = await in_thread(
+                run_fit,
+                app,
+                model,
+                points,
+                source=source,
+                label=f"{model} up to {cut:g}",
+                compute_unit=compute_unit,
+                min_compute=min_compute,
+                max_compute=cut,
+                r0=r0,
+                y_max=y_max,
+                method="robust",
+                bootstrap=bootstrap,
+                seed=0,
+            )
+            import numpy as np
+
+            from servers.scaling.analysis import curve, point_params
+
+            x = np.array([p.compute for p in held])
+            observed = np.array([p.value for p in held])
+            predicted = curve(model, point_params(fit), x)
+            errors = predicted - observed
+            checks.append(
+                ModelCheck(
+                    model=model,
+                    fit_id=fit.id,
+                    parameters=fit.outcome.parameters,
+                    asymptote=fit.outcome.parameters["A"].value,
+                    mean_abs_error=float(np.mean(np.abs(errors))),
+                    max_abs_error=float(np.max(np.abs(errors))),
+                    per_point=[
+                        {"compute": float(c), "observed": float(o), "predicted": float(p), "error": float(e)}
+                        for c, o, p, e in list(zip(x, observed, predicted, errors, strict=True))[:500]
+                    ],
+                    warnings=fit.outcome.warnings,
+                )
+            )
+        best = min(checks, key=lambda c: c.mean_abs_error)
+        verdict = (
+            f"{best.model} extrapolates better beyond {cut:g} {compute_unit} (mean |error| "
+            + ", ".join(f"{c.model} {c.mean_abs_error:.4f}" for c in checks)
+            + ")"
+        )
+        overshoot = [c for c in checks if c.model == "power_law" and c.asymptote > y_max]
+        if overshoot:
+            verdict += (
+                f"; the power law's asymptote {overshoot[0].asymptote:.3g} exceeds the metric's maximum {y_max:g}"
+            )
+        result = ExtrapolationCheck(
+            split=cut,
+            compute_unit=compute_unit,
+            fit_points=sum(1 for c in computes if c <= cut and (min_compute is None or c >= min_compute)),
+            held_out_points=len(held),
+            models=checks,
+            better_model=best.model,
+            verdict=verdict,
+        )
+        return tool_result(result, verdict)
+
+    @agent_tool(
+        server, title="Compare scaling fits", read_only=True, destructive=False, idempotent=True, open_world=False
+    )
+    async def compare_scaling_fits(
+        fit_ids: Annotated[
+            list[FitId],
+            Field(min_length=2, max_length=8, description="Fits of the recipes to compare (same compute unit)"),
+        ],
+    ) -> Annotated[CallToolResult, Comparison]:
+        """Compare two or more RL recipes from their fits: which has the higher asymptote A and which is more
+        efficient (reaches half its gain with less compute), the bootstrap probability of each ordering, where the
+        fitted curves cross, and a plain-language verdict ("X wins beyond ~N GPU-hours"). Instant."""
+        from servers.scaling.analysis import compare
+
+        fits = [await in_thread(_fits(app).get, i) for i in fit_ids]
+        comparison = await in_thread(compare, fits)
+        return tool_result(comparison, comparison.verdict)
+
+    @agent_tool(server, title="Plot scaling fits", read_only=True, destructive=False, idempotent=True, open_world=False)
+    async def plot_scaling_fit(
+        fit_ids: Annotated[
+            list[FitId],
+            Field(min_length=1, max_length=6, description="Fits to draw on one plot (one chinchilla fit at a time)"),
+        ],
+        extrapolate_to: Annotated[
+            ComputeValue | None,
+            Field(description="Draw the curves out to this compute; the region beyond the fitted data is shaded"),
+        ] = None,
+        level: Annotated[float, Field(ge=0.5, le=0.99, description="Coverage of the bootstrap bands")] = 0.95,
+        width: Annotated[int, Field(ge=320, le=2400, description="Width in pixels")] = 900,
+        height: Annotated[int, Field(ge=240, le=1600, description="Height in pixels")] = 560,
+    ) -> Annotated[CallToolResult, PlotInfo]:
+        """Draw fits as a PNG image: the points (fitted filled, excluded hollow), the fitted curves with bootstrap
+        bands, the asymptotes, and the extrapolated region shaded, on a log compute axis; several recipes on one
+        plot. For a chinchilla fit: loss against 6ND with the compute-optimal frontier. About a second."""
+        from servers.scaling.plot import plot_chinchilla, plot_curves
+
+        fits = [await in_thread(_fits(app).get, i) for i in fit_ids]
+        if any(f.model == "chinchilla" for f in fits):
+            if len(fits) > 1:
+                raise InputError("plot one chinchilla fit at a time")
+            png = await in_thread(plot_chinchilla, fits[0], width, height)
+        else:
+            units = {f.compute_unit for f in fits}
+            if len(units) > 1:
+                raise InputError(f"the fits use different compute units {sorted(units)}; plot them separately")
+            png = await in_thread(plot_curves, fits, extrapolate_to, level, width, height)
+        info = PlotInfo(fit_ids=fit_ids, width=width, height=height, png_bytes=len(png))
+        image = ImageContent(type="image", data=base64.b64encode(png).decode(), mime_type="image/png")
+        return tool_result(info, f"plot of {', '.join(fit_ids)} ({len(png)} bytes PNG)", image)
+
+    @agent_tool(
+        server, title="Compute-optimal allocation", read_only=True, destructive=False, idempotent=True, open_world=False
+    )
+    async def compute_optimal_allocation(
+        compute_flops: Annotated[
+            list[ComputeValue],
+            Field(min_length=1, max_length=1000, description="Training budgets in FLOPs (C = 6 N D)"),
+        ],
+        fit_id: Annotated[
+            str | None,
+            Field(
+                pattern=FIT_ID_PATTERN,
+                max_length=40,
+                description="A chinchilla fit; default: Hoffmann et al.'s published fit",
+            ),
+        ] = None,
+    ) -> Annotated[CallToolResult, Allocation]:
+        """For each FLOP budget, the compute-optimal model size N_opt and token count D_opt (closed form for
+        C = 6ND) and the loss predicted there, from a chinchilla fit (default: the published Chinchilla fit, E 1.69,
+        A 406.4, B 410.7, alpha 0.34, beta 0.28). Instant."""
+        if fit_id is None:
+            params = dict(laws.CHINCHILLA_PUBLISHED)
+        else:
+            from servers.scaling.analysis import point_params
+
+            fit = await in_thread(_fits(app).get, fit_id)
+            if fit.model != "chinchilla":
+                raise InputError(
+                    f"fit {fit_id} is a {fit.model} fit; compute-optimal allocation needs a chinchilla fit"
+                )
+            params = point_params(fit)
+        rows = [laws.compute_optimal(c, params) for c in compute_flops]
+        lines = [
+            f"C={r.compute_flops:.3g} FLOPs: N={r.params:.3g}, D={r.tokens:.3g} ({r.tokens_per_param:.1f} "
+            f"tokens per parameter), loss {r.loss:.4f}"
+            for r in rows[:12]
+        ]
+        return tool_result(Allocation(fit_id=fit_id, parameters=params, allocations=rows), "\n".join(lines))
+
     @agent_tool(
         server, title="Evaluate a scaling law", read_only=True, destructive=False, idempotent=True, open_world=False
     )
     async def evaluate_scaling_law(
         model: Annotated[
-            laws.ModelName,
+            ModelName,
             Field(
                 description="scalerl: R0 + (A-R0)/(1+(C_mid/C)^B); power_law: "
                 "A - D*C^-B; chinchilla: E + A/N^alpha + B/D^beta"
@@ -48,58 +636,109 @@ def register(server: MCPServer, app: App) -> None:
             ),
         ],
         parameters: Annotated[
-            dict[str, float] | None,
+            dict[str, Annotated[float, Field(allow_inf_nan=False)]] | None,
             Field(
-                description="The law's parameters by name (scalerl: A, "
-                "B, C_mid, R0; power_law: A, B, D; chinchilla: E, A, B, alpha, beta). Chinchilla "
-                "defaults to Hoffmann et al.'s published fit"
+                max_length=8,
+                description="The law's parameters by name (scalerl: A, B, C_mid, "
+                "R0; power_law: A, B, D; chinchilla: E, A, B, alpha, beta). Chinchilla defaults "
+                "to Hoffmann et al.'s published fit",
             ),
         ] = None,
-    ) -> Annotated[CallToolResult, ScalingEvaluation]:
-        """Evaluate a scaling law with given parameters at given compute (or model size and tokens): e.g. what
-        pass rate a ScaleRL curve with A=0.61, B=1.92, C_mid=2542 GPU-hours predicts at 10k GPU-hours, or what
-        loss Chinchilla predicts for 70B parameters on 1.4T tokens. Instant; no fitting."""
+    ) -> Annotated[CallToolResult, laws.Evaluation]:
+        """Evaluate a scaling law with given parameters (no fitting) at given compute (or model size and tokens):
+        e.g. the pass rate a ScaleRL curve with A=0.61, B=1.92, C_mid=2542 GPU-hours predicts at 10k GPU-hours, or
+        the loss Chinchilla predicts for 70B parameters on 1.4T tokens. Instant."""
         if parameters is None:
             if model != "chinchilla":
-                raise laws.InputError(f"model {model!r} needs parameters: {', '.join(laws.PARAMETERS[model])}")
+                raise InputError(f"model {model!r} needs parameters: {', '.join(laws.PARAMETERS[model])}")
             parameters = dict(laws.CHINCHILLA_PUBLISHED)
         values = laws.evaluate(model, parameters, points)
-        asymptote = parameters["E"] if model == "chinchilla" else parameters["A"]
-        result = ScalingEvaluation(
-            model=model, parameters=laws.check_parameters(model, parameters), points=values, asymptote=asymptote
-        )
+        checked = laws.check_parameters(model, parameters)
+        asymptote = checked["E"] if model == "chinchilla" else checked["A"]
+        result = laws.Evaluation(model=model, parameters=checked, points=values, asymptote=asymptote)
         shown = ", ".join(f"{v.value:.4g}" for v in values[:8]) + (" ..." if len(values) > 8 else "")
         return tool_result(result, f"{model} at {len(values)} point(s): {shown}; asymptote {asymptote:.4g}")
 
+    @agent_tool(server, title="List scaling fits", read_only=True, destructive=False, idempotent=True, open_world=False)
+    async def list_scaling_fits(
+        limit: Annotated[int, Field(ge=1, le=100, description="Fits per page")] = 20,
+        offset: Annotated[int, Field(ge=0, le=1_000_000, description="Fits to skip (newest first)")] = 0,
+    ) -> Annotated[CallToolResult, FitList]:
+        """List stored scaling fits, newest first, with their parameters and warnings; pages with limit and offset.
+        Cheap. Use it to find fit ids from earlier sessions."""
+        fits, total = await in_thread(_fits(app).list_fits, limit=limit, offset=offset)
+        next_offset = offset + len(fits) if offset + len(fits) < total else None
+        lines = [f"{total} fit(s)"] + [
+            f"- {f.id} {f.label or ''} {f.model}: {describe_parameters(f.outcome.parameters)}" for f in fits
+        ]
+        return tool_result(
+            FitList(fits=[report(f) for f in fits], total=total, next_offset=next_offset), "\n".join(lines)
+        )
+
     @agent_tool(
         server,
-        title="Chinchilla compute-optimal allocation",
+        title="Convert GPU-hours and FLOPs",
         read_only=True,
         destructive=False,
         idempotent=True,
         open_world=False,
     )
-    async def compute_optimal_allocation(
-        compute_flops: Annotated[
-            list[Annotated[float, Field(gt=0, le=1e35)]],
-            Field(min_length=1, max_length=1000, description="Training budgets in FLOPs (C = 6 N D)"),
+    async def convert_compute_units(
+        value: Annotated[float, Field(gt=0, le=1e40, allow_inf_nan=False, description="The amount to convert")],
+        unit: Annotated[Literal["gpu_hours", "flops"], Field(description="Unit of value")],
+        gpu: Annotated[
+            str,
+            Field(
+                max_length=64,
+                description="GPU name from the catalog (infra://gpus.json), e.g. H100-SXM or 'NVIDIA H200'",
+            ),
         ],
-        parameters: Annotated[
-            dict[str, float] | None,
-            Field(description="Chinchilla parameters E, A, B, alpha, beta; default: Hoffmann et al.'s published fit"),
-        ] = None,
-    ) -> Annotated[CallToolResult, laws.ComputeOptimalTable]:
-        """For each FLOP budget, the Chinchilla compute-optimal model size and token count and the loss predicted
-        there, from a pretraining law's parameters (default: the published Chinchilla fit). Instant."""
-        params = parameters or dict(laws.CHINCHILLA_PUBLISHED)
-        rows = [laws.compute_optimal(c, params) for c in compute_flops]
-        table = laws.ComputeOptimalTable(parameters=laws.check_parameters("chinchilla", params), allocations=rows)
-        lines = [
-            f"C={r.compute_flops:.3g} FLOPs: N={r.params:.3g}, D={r.tokens:.3g} ({r.tokens_per_param:.1f} tokens "
-            f"per parameter), loss {r.loss:.4f}"
-            for r in rows[:10]
-        ]
-        return tool_result(table, "\n".join(lines))
+        dtype: Annotated[
+            Literal["bf16", "fp16", "fp8", "tf32", "fp32"], Field(description="Precision whose peak applies")
+        ] = "bf16",
+        mfu: Annotated[
+            float,
+            Field(
+                gt=0,
+                le=1,
+                description="Model FLOPs utilisation: the share of peak really "
+                "achieved (0.3-0.5 is typical for large training)",
+            ),
+        ] = 0.4,
+    ) -> Annotated[CallToolResult, ComputeConversion]:
+        """Convert training compute between GPU-hours and FLOPs for a GPU of the catalog: FLOPs = GPU-hours x 3600
+        x dense peak TFLOP/s x 1e12 x MFU. Use it to put RL curves (GPU-hours) and pretraining budgets (FLOPs) on
+        one axis. Instant."""
+        from servers.core.gpus import find_gpu, peak_tflops
+
+        spec = find_gpu(gpu)
+        peak = peak_tflops(spec, dtype)
+        per_hour = 3600 * peak * 1e12 * mfu
+        hours = value if unit == "gpu_hours" else value / per_hour
+        flops = value * per_hour if unit == "gpu_hours" else value
+        result = ComputeConversion(
+            gpu=spec.name,
+            dtype=dtype,
+            peak_tflops=peak,
+            mfu=mfu,
+            gpu_hours=hours,
+            flops=flops,
+            note=f"{spec.name} {dtype} dense peak {peak:g} TFLOP/s at MFU {mfu:g}",
+        )
+        return tool_result(result, f"{hours:.4g} GPU-hours on {spec.name} = {flops:.4g} FLOPs ({result.note})")
+
+    @server.resource(
+        "infra://fits/{fit_id}",
+        name="scaling_fit",
+        mime_type="application/json",
+        description="A stored scaling fit: parameters, intervals, bootstrap draws, data and options",
+    )
+    async def fit_resource(fit_id: str) -> str:
+        try:
+            fit = await in_thread(_fits(app).get, fit_id)
+        except InputError as exc:
+            raise ResourceError(str(exc)) from exc
+        return fit.model_dump_json(indent=1)
 
 
 PART = ServerPart(name=NAME, instructions=INSTRUCTIONS, register=register)

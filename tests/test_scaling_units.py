@@ -1,0 +1,120 @@
+"""Scaling helpers below the MCP layer: inverting curves, reading data files, the default R0, crossings."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from servers.core.errors import InputError
+from servers.scaling import analysis, laws
+from servers.scaling.data import Columns, DataPoint, points_from_rows, read_rows
+from servers.scaling.fitstore import StoredFit
+from servers.scaling.fitting import FitOutcome, ParameterEstimate
+from servers.scaling.server import first_value
+
+
+@given(
+    a=st.floats(0.3, 0.95),
+    b=st.floats(0.3, 4),
+    c_mid=st.floats(10, 1e5),
+    r0=st.floats(0.0, 0.25),
+    fraction=st.floats(0.02, 0.98),
+)
+@settings(max_examples=200, deadline=None)
+def test_compute_to_reach_inverts_the_scalerl_curve(
+    a: float, b: float, c_mid: float, r0: float, fraction: float
+) -> None:
+    params = {"A": a, "B": b, "C_mid": c_mid, "R0": r0}
+    target = r0 + fraction * (a - r0)
+    needed = analysis.compute_to_reach("scalerl", params, target)
+    assert needed is not None and needed > 0
+    assert laws.scalerl(needed, **params) == pytest.approx(target, abs=1e-9)
+    assert analysis.compute_to_reach("scalerl", params, a + 1e-6) is None
+    assert analysis.compute_to_reach("scalerl", params, r0 - 1e-6) == 0.0
+
+
+@given(a=st.floats(0.3, 2.0), b=st.floats(0.05, 2), d=st.floats(0.01, 100), gap=st.floats(1e-3, 0.9))
+@settings(max_examples=200, deadline=None)
+def test_compute_to_reach_inverts_the_power_law(a: float, b: float, d: float, gap: float) -> None:
+    params = {"A": a, "B": b, "D": d}
+    needed = analysis.compute_to_reach("power_law", params, a - gap)
+    assert needed is not None
+    if math.isfinite(needed) and needed < 1e300:
+        assert laws.power_law(needed, **params) == pytest.approx(a - gap, rel=1e-6, abs=1e-9)
+
+
+def test_chinchilla_target_along_the_compute_optimal_path() -> None:
+    params = laws.CHINCHILLA_PUBLISHED
+    flops = analysis.compute_to_reach("chinchilla", params, 2.0)
+    assert flops is not None and laws.compute_optimal(flops, params).loss == pytest.approx(2.0, rel=1e-6)
+    assert analysis.compute_to_reach("chinchilla", params, params["E"]) is None
+
+
+def test_reading_files(tmp_path: Path) -> None:
+    good = tmp_path / "a.jsonl"
+    good.write_text('{"compute": 1, "value": 0.2}\n\n{"compute": 2, "value": 0.3, "run": 7}\n')
+    points = points_from_rows(read_rows(good), "scalerl", Columns(), "a.jsonl")
+    assert [p.compute for p in points] == [1, 2] and points[1].run == "7"
+    bad = tmp_path / "b.jsonl"
+    bad.write_text('{"compute": 1}\nnot json\n')
+    with pytest.raises(InputError, match="line 2 is not JSON"):
+        read_rows(bad)
+    with pytest.raises(InputError, match=r"unsupported file type '\.parquet'"):
+        read_rows(tmp_path / "x.parquet")
+    negative = tmp_path / "c.csv"
+    negative.write_text("compute,value\n-3,0.2\n")
+    with pytest.raises(InputError, match="row 0: compute: Input should be greater than 0"):
+        points_from_rows(read_rows(negative), "scalerl", Columns(), "c.csv")
+    empty = tmp_path / "d.csv"
+    empty.write_text("")
+    with pytest.raises(InputError, match="no header row"):
+        read_rows(empty)
+
+
+def test_default_r0_is_where_each_run_starts() -> None:
+    points = [
+        DataPoint(compute=c, value=v, run=r)
+        for c, v, r in [(10, 0.2, "a"), (100, 0.4, "a"), (20, 0.3, "b"), (5, 0.26, "b")]
+    ]
+    assert first_value(points) == pytest.approx((0.2 + 0.26) / 2)
+
+
+def _fit(params: dict[str, float], rmse: float = 0.01) -> StoredFit:
+    outcome = FitOutcome(
+        model="scalerl",
+        method="robust",
+        parameters={k: ParameterEstimate(value=v) for k, v in params.items()},
+        rmse=rmse,
+        objective=0,
+        converged=True,
+        message="",
+        bootstrap=0,
+        points_used=10,
+        duration_s=0,
+    )
+    points = [DataPoint(compute=float(c), value=0.3) for c in np.geomspace(100, 10_000, 10)]
+    return StoredFit(
+        id="fit-1",
+        label=None,
+        model="scalerl",
+        method="robust",
+        compute_unit="gpu_hours",
+        created_at=0,
+        source="inline",
+        options={},
+        outcome=outcome,
+        points=points,
+        excluded=[],
+    )
+
+
+def test_crossings_skip_ties_near_the_start() -> None:
+    early = _fit({"A": 0.6, "B": 2.0, "C_mid": 1000, "R0": 0.25})
+    late = _fit({"A": 0.7, "B": 2.0, "C_mid": 5000, "R0": 0.252})  # starts 0.002 above: a tie, not a crossing
+    [cross] = analysis.crossings(early, late)
+    gap = laws.scalerl(cross, **analysis.point_params(early)) - laws.scalerl(cross, **analysis.point_params(late))
+    assert abs(gap) < 1e-9 and 1000 < cross < 100_000
+    assert analysis.crossings(early, _fit({"A": 0.5, "B": 2.0, "C_mid": 1000, "R0": 0.25})) == []
