@@ -208,6 +208,10 @@ async def test_chinchilla_fit_predict_allocate_and_plot(suite_client: Client) ->
 async def test_published_allocation_and_unit_conversion(suite_client: Client) -> None:
     alloc = await ok(suite_client, "compute_optimal_allocation", {"compute_flops": [5.76e23]})
     assert alloc["fit_id"] is None and alloc["parameters"]["alpha"] == 0.34
+    table = alloc["table"]
+    assert len(table) == 9 and table[0]["compute_flops"] == pytest.approx(5.76e22)
+    assert table[-1]["compute_flops"] == pytest.approx(5.76e24)
+    assert [r["params"] for r in table] == sorted(r["params"] for r in table)
     conv = await ok(
         suite_client,
         "convert_compute_units",
@@ -285,6 +289,19 @@ async def test_other_bad_inputs(suite_client: Client, tmp_path: Path) -> None:
         suite_client,
         "compute_optimal_allocation",
         {"compute_flops": [1e21], "fit_id": (await fit(suite_client, curve_points(), bootstrap=0))["fit_id"]},
+    )
+    few = await error(
+        suite_client, "fit_scaling_law", {"model": "chinchilla", "data": {"points": chinchilla_points(n=4)}}
+    )
+    assert "needs at least 5 points" in few
+    twice = chinchilla_points(n=8)
+    assert "same params and tokens" in await error(
+        suite_client, "fit_scaling_law", {"model": "chinchilla", "data": {"points": [*twice, twice[0]]}}
+    )
+    assert "scalerl-grid" in await error(
+        suite_client,
+        "fit_scaling_law",
+        {"model": "chinchilla", "method": "scalerl-grid", "data": {"points": chinchilla_points(n=8)}},
     )
     assert (await ok(suite_client, "list_scaling_fits", {}))["total"] == 1  # only the good fit above
 

@@ -249,7 +249,11 @@ class PlotInfo(BaseModel):
 class Allocation(BaseModel):
     fit_id: str | None = Field(description="The chinchilla fit used, or null for Hoffmann et al.'s published fit")
     parameters: dict[str, float]
-    allocations: list[laws.ComputeOptimal]
+    allocations: list[laws.ComputeOptimal] = Field(description="One row per budget asked for")
+    table: list[laws.ComputeOptimal] = Field(
+        description="The same over a range of budgets, from a tenth of the "
+        "smallest to ten times the largest (log-spaced), to show the trend"
+    )
 
 
 class FitList(BaseModel):
@@ -609,12 +613,15 @@ def register(server: MCPServer, app: App) -> None:
                 )
             params = point_params(fit)
         rows = [laws.compute_optimal(c, params) for c in compute_flops]
+        low, high = min(compute_flops) / 10, max(compute_flops) * 10
+        table = [laws.compute_optimal(low * (high / low) ** (i / 8), params) for i in range(9)]
         lines = [
             f"C={r.compute_flops:.3g} FLOPs: N={r.params:.3g}, D={r.tokens:.3g} ({r.tokens_per_param:.1f} "
             f"tokens per parameter), loss {r.loss:.4f}"
             for r in rows[:12]
         ]
-        return tool_result(Allocation(fit_id=fit_id, parameters=params, allocations=rows), "\n".join(lines))
+        result = Allocation(fit_id=fit_id, parameters=params, allocations=rows, table=table)
+        return tool_result(result, "\n".join(lines))
 
     @agent_tool(
         server, title="Evaluate a scaling law", read_only=True, destructive=False, idempotent=True, open_world=False
