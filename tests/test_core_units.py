@@ -132,8 +132,8 @@ async def test_resources_and_prompts_are_served(app: App) -> None:
         )
         assert resources["infra://jobs.md"].mime_type == "text/markdown"
         prompts = {p.name: p for p in (await client.list_prompts()).prompts}
-        assert [a.name for a in prompts["triage_gpu_node"].arguments] == ["node", "symptom"]
-        rendered = await client.get_prompt("triage_gpu_node", {"node": "gpu-9", "symptom": "Xid 79"})
+        assert [a.name for a in prompts["triage-gpu-node"].arguments] == ["node", "symptom"]
+        rendered = await client.get_prompt("triage-gpu-node", {"node": "gpu-9", "symptom": "Xid 79"})
         assert "gpu-9" in rendered.messages[0].content.text and "Xid 79" in rendered.messages[0].content.text
 
 

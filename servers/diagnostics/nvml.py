@@ -1,35 +1,16 @@
-"""Live GPU inventory from NVML (nvidia-ml-py). Plain module.
+"""Live GPU inventory and health snapshots from NVML (nvidia-ml-py). Plain module.
 
 Where no NVIDIA driver is loaded (a laptop, a CPU CI machine) the answer says so instead of raising.
-Fields NVML cannot report on a given GPU come back as None ("unknown"), never as zero.
+Fields NVML cannot report on a given GPU come back as None ("unknown"), never as zero: every query is guarded, so
+an unsupported one (NVML_ERROR_NOT_SUPPORTED, a function missing from older bindings or drivers) leaves its field
+unset.
 """
 
+import ctypes
 from typing import Any
 
-from pydantic import BaseModel, Field
-
-
-class GpuInfo(BaseModel):
-    index: int
-    name: str | None = None
-    uuid: str | None = None
-    pci_bus_id: str | None = None
-    serial: str | None = None
-    memory_total_mib: float | None = None
-    memory_used_mib: float | None = None
-    persistence_mode: bool | None = None
-    compute_capability: str | None = None
-
-
-class Inventory(BaseModel):
-    available: bool = Field(description="False when NVML could not be used here; reason says why")
-    reason: str | None = None
-    source: str = Field(description="Where the data came from, e.g. 'nvml'")
-    driver_version: str | None = None
-    cuda_driver_version: str | None = Field(default=None, description="Highest CUDA version the driver supports")
-    nvml_version: str | None = None
-    gpu_count: int = 0
-    gpus: list[GpuInfo] = Field(default_factory=list)
+from servers.diagnostics.smi import decode_clock_events, normalise_bus_id
+from servers.diagnostics.snapshot import GpuSnapshot
 
 
 def _text(value: Any) -> str:
@@ -46,51 +27,224 @@ def _maybe(fn: Any, *args: Any) -> Any:
         return None
 
 
-def read_inventory() -> Inventory:
+RECOVERY_ACTIONS = {
+    0: "None",
+    1: "Reset",
+    2: "Reboot",
+    3: "Drain P2P",
+    4: "Drain and Reset",
+    5: "Recover IMEX Domain",
+    6: "Bus Reset",
+    7: "System Reboot",
+}
+FABRIC_STATES = {1: "Not Started", 2: "In Progress", 3: "Completed"}  # 0: not supported -> None
+_VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def _call(pynvml: Any, name: str, *args: Any) -> Any:
+    """pynvml.<name>(*args), or None where the binding lacks it or the GPU/driver does not support the query."""
+    fn = getattr(pynvml, name, None)
+    if fn is None:
+        return None
+    try:
+        return fn(*args)
+    except pynvml.NVMLError:
+        return None
+
+
+def _field_values(pynvml: Any, handle: Any, field_ids: list[int]) -> dict[int, float | int]:
+    """NVML field values that read successfully, by field id."""
+    values = _call(pynvml, "nvmlDeviceGetFieldValues", handle, field_ids)
+    out: dict[int, float | int] = {}
+    if values is None:
+        return out
+    for field_id, value in zip(field_ids, values, strict=False):
+        try:
+            if value.nvmlReturn != pynvml.NVML_SUCCESS:
+                continue
+            attr = _VALUE_FIELDS.get(int(value.valueType))
+            if attr is not None:
+                out[field_id] = getattr(value.value, attr)
+        except (AttributeError, TypeError, ValueError):
+            continue
+    return out
+
+
+def _nvlink(pynvml: Any, handle: Any, link_count: int | None) -> tuple[int | None, list[int] | None]:
+    """(links, down links); (None, None) where the GPU has no NVLink or NVML cannot say."""
+    limit = link_count if link_count is not None else getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)
+    fn = getattr(pynvml, "nvmlDeviceGetNvLinkState", None)
+    if fn is None or limit <= 0:
+        return None, None
+    total, down = 0, []
+    for link in range(limit):
+        try:
+            active = fn(handle, link)
+        except pynvml.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code == getattr(pynvml, "NVML_ERROR_INVALID_ARGUMENT", 2) and link_count is None:
+                break  # past the last link
+            if code == getattr(pynvml, "NVML_ERROR_NOT_SUPPORTED", 3) and total == 0 and link_count is None:
+                return None, None  # no NVLink on this GPU
+            continue
+        total += 1
+        if not active:
+            down.append(link)
+    return (total, down) if total else (None, None)
+
+
+def _fabric(pynvml: Any, handle: Any) -> tuple[str | None, str | None]:
+    struct = getattr(pynvml, "c_nvmlGpuFabricInfo_t", None)
+    if struct is None:
+        return None, None
+    info = struct()
+    if _call(pynvml, "nvmlDeviceGetGpuFabricInfo", handle, ctypes.byref(info)) is None:
+        return None, None
+    state = FABRIC_STATES.get(int(info.state))
+    if state is None:
+        return None, None
+    status = "Success" if int(info.status) == pynvml.NVML_SUCCESS else str(pynvml.NVMLError(int(info.status)))
+    return state, status
+
+
+def _mib(value: Any, attr: str) -> float | None:
+    raw = getattr(value, attr, None) if value is not None else None
+    return raw / 2**20 if isinstance(raw, int) else None
+
+
+def _watts(milliwatts: Any) -> float | None:
+    return milliwatts / 1000 if isinstance(milliwatts, int | float) else None
+
+
+def _flag(value: Any) -> bool | None:
+    return None if value is None else bool(value)
+
+
+def _snapshot(pynvml: Any, index: int, driver: str | None, cuda: str | None) -> GpuSnapshot:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+
+    def call(name: str, *args: Any) -> Any:
+        return _call(pynvml, name, handle, *args)
+
+    def threshold(kind: str) -> float | None:
+        value = call("nvmlDeviceGetTemperatureThreshold", getattr(pynvml, f"NVML_TEMPERATURE_THRESHOLD_{kind}"))
+        return float(value) if value is not None else None
+
+    unc, corr = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+    vol, agg = pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC
+    sram = getattr(pynvml, "NVML_MEMORY_LOCATION_SRAM", None)
+    dram = getattr(pynvml, "NVML_MEMORY_LOCATION_DRAM", pynvml.NVML_MEMORY_LOCATION_DEVICE_MEMORY)
+
+    def location(kind: int, counter: int, where: int | None) -> int | None:
+        return None if where is None else call("nvmlDeviceGetMemoryErrorCounter", kind, counter, where)
+
+    pci = call("nvmlDeviceGetPciInfo")
+    memory = call("nvmlDeviceGetMemoryInfo")
+    ecc_mode = call("nvmlDeviceGetEccMode")
+    persistence = call("nvmlDeviceGetPersistenceMode")
+    remapped = call("nvmlDeviceGetRemappedRows")
+    sbe = call("nvmlDeviceGetRetiredPages", pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
+    dbe = call("nvmlDeviceGetRetiredPages", pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+    reasons = call("nvmlDeviceGetCurrentClocksEventReasons")
+    if reasons is None:
+        reasons = call("nvmlDeviceGetCurrentClocksThrottleReasons")
+    utilization = call("nvmlDeviceGetUtilizationRates")
+    fields = _field_values(
+        pynvml,
+        handle,
+        [
+            getattr(pynvml, "NVML_FI_DEV_MEMORY_TEMP", 82),
+            getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230),
+            getattr(pynvml, "NVML_FI_DEV_RESET_STATUS", 226),
+            getattr(pynvml, "NVML_FI_DEV_DRAIN_AND_RESET_STATUS", 227),
+            getattr(pynvml, "NVML_FI_DEV_NVLINK_LINK_COUNT", 91),
+        ],
+    )
+    recovery = fields.get(getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230))
+    reset = fields.get(getattr(pynvml, "NVML_FI_DEV_RESET_STATUS", 226))
+    drain = fields.get(getattr(pynvml, "NVML_FI_DEV_DRAIN_AND_RESET_STATUS", 227))
+    link_count = fields.get(getattr(pynvml, "NVML_FI_DEV_NVLINK_LINK_COUNT", 91))
+    links_total, links_down = _nvlink(pynvml, handle, int(link_count) if link_count is not None else None)
+    fabric_state, fabric_status = _fabric(pynvml, handle)
+    memory_temp = fields.get(getattr(pynvml, "NVML_FI_DEV_MEMORY_TEMP", 82))
+    temperature = call("nvmlDeviceGetTemperature", pynvml.NVML_TEMPERATURE_GPU)
+    return GpuSnapshot(
+        index=index,
+        name=_maybe(lambda: _text(pynvml.nvmlDeviceGetName(handle))),
+        uuid=_maybe(lambda: _text(pynvml.nvmlDeviceGetUUID(handle))),
+        pci_bus_id=normalise_bus_id(_text(pci.busId)) if pci is not None else None,
+        serial=_maybe(lambda: _text(pynvml.nvmlDeviceGetSerial(handle))),
+        vbios_version=_maybe(lambda: _text(pynvml.nvmlDeviceGetVbiosVersion(handle))),
+        driver_version=driver,
+        cuda_version=cuda,
+        memory_total_mib=_mib(memory, "total"),
+        memory_used_mib=_mib(memory, "used"),
+        persistence_mode=None if persistence is None else persistence == pynvml.NVML_FEATURE_ENABLED,
+        ecc_mode_enabled=None if not ecc_mode else ecc_mode[0] == pynvml.NVML_FEATURE_ENABLED,
+        ecc_volatile_uncorrectable_sram=location(unc, vol, sram),
+        ecc_volatile_uncorrectable_dram=location(unc, vol, dram),
+        ecc_volatile_uncorrectable_total=call("nvmlDeviceGetTotalEccErrors", unc, vol),
+        ecc_aggregate_uncorrectable_sram=location(unc, agg, sram),
+        ecc_aggregate_uncorrectable_dram=location(unc, agg, dram),
+        ecc_aggregate_uncorrectable_total=call("nvmlDeviceGetTotalEccErrors", unc, agg),
+        ecc_volatile_correctable_total=call("nvmlDeviceGetTotalEccErrors", corr, vol),
+        ecc_aggregate_correctable_total=call("nvmlDeviceGetTotalEccErrors", corr, agg),
+        retired_pages_sbe=len(sbe) if sbe is not None else None,
+        retired_pages_dbe=len(dbe) if dbe is not None else None,
+        retired_pages_pending=_flag(call("nvmlDeviceGetRetiredPagesPendingStatus")),
+        remapped_rows_correctable=remapped[0] if remapped else None,
+        remapped_rows_uncorrectable=remapped[1] if remapped else None,
+        remapped_rows_pending=bool(remapped[2]) if remapped else None,
+        remapped_rows_failure=bool(remapped[3]) if remapped else None,
+        reset_required=_flag(reset),
+        drain_and_reset_recommended=_flag(drain),
+        recovery_action=RECOVERY_ACTIONS.get(int(recovery), f"0x{int(recovery):x}") if recovery is not None else None,
+        clock_events=decode_clock_events(int(reasons)) if reasons is not None else {},
+        temperature_c=float(temperature) if temperature is not None else None,
+        memory_temperature_c=float(memory_temp) if memory_temp is not None else None,
+        temperature_slowdown_c=threshold("SLOWDOWN"),
+        temperature_shutdown_c=threshold("SHUTDOWN"),
+        temperature_max_operating_c=threshold("GPU_MAX"),
+        power_draw_w=_watts(call("nvmlDeviceGetPowerUsage")),
+        power_limit_w=_watts(call("nvmlDeviceGetEnforcedPowerLimit")),
+        pcie_gen_current=call("nvmlDeviceGetCurrPcieLinkGeneration"),
+        pcie_gen_max=call("nvmlDeviceGetMaxPcieLinkGeneration"),
+        pcie_width_current=call("nvmlDeviceGetCurrPcieLinkWidth"),
+        pcie_width_max=call("nvmlDeviceGetMaxPcieLinkWidth"),
+        nvlink_links_total=links_total,
+        nvlink_links_down=links_down,
+        fabric_state=fabric_state,
+        fabric_status=fabric_status,
+        utilization_gpu_pct=float(utilization.gpu) if utilization is not None else None,
+    )
+
+
+def read_snapshots() -> tuple[list[GpuSnapshot], str | None]:
+    """Live snapshots of every GPU, and None; or ([], reason) where NVML cannot be used here."""
     try:
         import pynvml
     except ImportError:
-        return Inventory(
-            available=False, source="nvml", reason="nvidia-ml-py is not installed (pip install nvidia-ml-py)"
-        )
+        return [], "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
-        return Inventory(
-            available=False,
-            source="nvml",
-            reason=f"no usable NVIDIA driver on this host: NVML could not start ({_text(exc)})",
-        )
+        return [], f"no usable NVIDIA driver on this host: NVML could not start ({_text(exc)})"
     try:
         cuda = _maybe(pynvml.nvmlSystemGetCudaDriverVersion)
-        inventory = Inventory(
-            available=True,
-            source="nvml",
-            driver_version=_maybe(lambda: _text(pynvml.nvmlSystemGetDriverVersion())),
-            cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None,
-            nvml_version=_maybe(lambda: _text(pynvml.nvmlSystemGetNVMLVersion())),
-        )
-        count = pynvml.nvmlDeviceGetCount()
+        driver = _maybe(lambda: _text(pynvml.nvmlSystemGetDriverVersion()))
+        cuda_text = f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            return [], f"NVML started but could not count the GPUs ({_text(exc)})"
+        snapshots = []
         for index in range(count):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            memory = _maybe(pynvml.nvmlDeviceGetMemoryInfo, handle)
-            capability = _maybe(pynvml.nvmlDeviceGetCudaComputeCapability, handle)
-            pci = _maybe(pynvml.nvmlDeviceGetPciInfo, handle)
-            persistence = _maybe(pynvml.nvmlDeviceGetPersistenceMode, handle)
-            inventory.gpus.append(
-                GpuInfo(
-                    index=index,
-                    name=_maybe(lambda h=handle: _text(pynvml.nvmlDeviceGetName(h))),
-                    uuid=_maybe(lambda h=handle: _text(pynvml.nvmlDeviceGetUUID(h))),
-                    pci_bus_id=_text(pci.busId) if pci is not None else None,
-                    serial=_maybe(lambda h=handle: _text(pynvml.nvmlDeviceGetSerial(h))),
-                    memory_total_mib=memory.total / 2**20 if memory is not None else None,
-                    memory_used_mib=memory.used / 2**20 if memory is not None else None,
-                    persistence_mode=None if persistence is None else persistence == pynvml.NVML_FEATURE_ENABLED,
-                    compute_capability=f"{capability[0]}.{capability[1]}" if capability else None,
+            try:
+                snapshots.append(_snapshot(pynvml, index, driver, cuda_text))
+            except pynvml.NVMLError:  # the handle itself failed (GPU lost, fallen off the bus): all unknown
+                snapshots.append(
+                    GpuSnapshot(index=index, driver_version=driver, cuda_version=cuda_text, unreachable=True)
                 )
-            )
-        inventory.gpu_count = count
-        return inventory
+        return snapshots, None
     finally:
         _maybe(pynvml.nvmlShutdown)

@@ -1,38 +1,401 @@
-"""The diagnostics server: GPU inventory and health (kernel-log and DCGM analysis come in their modules)."""
+"""The diagnostics server: GPU inventory and health (NVML live or captured nvidia-smi), kernel-log scans for Xid,
+SXid, NCCL crashes and GPUs fallen off the bus, the Xid catalog with the sources' disagreements, nccl-tests and
+DCGM diagnostics, and dcgm-exporter endpoints. Parsers and rules live in the plain modules beside this one."""
 
-from typing import Annotated
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Annotated, Literal
 
 from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
 from mcp.types import CallToolResult
+from pydantic import BaseModel, Field
 
 from servers.core.assemble import ServerPart, build_server
-from servers.core.mcp_layer import App, agent_tool, in_thread, tool_result
-from servers.diagnostics import nvml
+from servers.core.errors import InputError
+from servers.core.jobs import JobKind
+from servers.core.jobview import JobView
+from servers.core.mcp_layer import App, WaitS, agent_tool, in_thread, run_job, summarize_job, tool_result
+from servers.core.paths import resolve_inside_roots
+from servers.diagnostics.snapshot import GpuHealth, GpuSnapshot
 
 NAME = "diagnostics"
 INSTRUCTIONS = (
-    "GPU and cluster health: what GPUs a node has, whether they are healthy, what an Xid or ECC error means "
-    "and what to do about it."
+    "GPU and cluster health: what GPUs a node has and whether they are healthy (NVML live, or captured nvidia-smi "
+    "output), what the kernel log says (Xid, SXid, NCCL crashes, GPUs fallen off the bus), what an Xid means and "
+    "where the sources disagree, nccl-tests and DCGM diagnostics, and dcgm-exporter metrics."
 )
+JOB_KINDS = [
+    JobKind("dcgm_diag", "servers.diagnostics.dcgm:run_dcgm_diag_job", "dcgmi diag -r N -j", default_timeout_s=7200),
+]
+MAX_TEXT = 64 * 2**20  # captured nvidia-smi, nccl-tests and DCGM outputs are far smaller; logs are streamed
+
+Text = Annotated[str, Field(max_length=MAX_TEXT)]
+PathArg = Annotated[str, Field(max_length=4096)]
+
+
+def _resolve(app: App, path: str, what: str) -> Path:
+    resolved = resolve_inside_roots(path, app.settings.roots(), what=what)
+    if not resolved.is_file():
+        raise InputError(f"{what} {path!r} does not exist or is not a file (resolved to {resolved})")
+    return resolved
+
+
+def read_text_input(app: App, text: str, path: str | None, what: str) -> tuple[str, str]:
+    """Exactly one of text ("" when not given) and path; a path must lie inside the allowed roots.
+    Returns (text, source)."""
+    if bool(text) == (path is not None):
+        raise InputError(f"give exactly one of the {what} text or a path to it")
+    if text:
+        if not text.strip():
+            raise InputError(f"the {what} text holds only whitespace")
+        return text, "text"
+    assert path is not None
+    resolved = _resolve(app, path, f"{what} file")
+    size = resolved.stat().st_size
+    if size > MAX_TEXT:
+        raise InputError(f"{resolved} is {size} bytes; at most {MAX_TEXT} are read for a {what}")
+    data = resolved.read_bytes()
+    if b"\x00" in data[:65536]:
+        raise InputError(f"{resolved} looks binary (NUL bytes); expected the text of a {what}")
+    return data.decode("utf-8", errors="replace"), f"file:{resolved}"
+
+
+class Inventory(BaseModel):
+    source: str = Field(description="nvml (live) or where the captured text came from")
+    available: bool = Field(description="False when nothing could be read; reason says why")
+    reason: str | None = None
+    format: str | None = Field(default=None, description="q, xml or csv for captured nvidia-smi output")
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    gpu_count: int
+    gpus: list[GpuSnapshot]
+    warnings: list[str] = Field(default_factory=list)
+
+
+class NodeHealth(BaseModel):
+    source: str
+    available: bool
+    reason: str | None = None
+    node_status: Literal["healthy", "degraded", "unhealthy", "unknown"] = Field(description="The worst GPU status")
+    counts: dict[str, int] = Field(description="GPUs per status")
+    gpus: list[GpuHealth]
+    warnings: list[str] = Field(default_factory=list)
+
+
+def snapshots(app: App, nvidia_smi_output: str, path: str | None, fields: list[str] | None) -> Inventory:
+    if not nvidia_smi_output and path is None:
+        from servers.diagnostics.nvml import read_snapshots
+
+        gpus, reason = read_snapshots()
+        if reason is not None:
+            return Inventory(source="nvml", available=False, reason=reason, gpu_count=0, gpus=[])
+        driver = next((g.driver_version for g in gpus if g.driver_version), None)
+        cuda = next((g.cuda_version for g in gpus if g.cuda_version), None)
+        return Inventory(
+            source="nvml", available=True, driver_version=driver, cuda_version=cuda, gpu_count=len(gpus), gpus=gpus
+        )
+    from servers.diagnostics.smi import parse_nvidia_smi
+
+    text, source = read_text_input(app, nvidia_smi_output, path, "nvidia-smi output")
+    parsed = parse_nvidia_smi(text, fields=fields)
+    return Inventory(
+        source=source,
+        available=True,
+        format=parsed.format,
+        driver_version=parsed.driver_version,
+        cuda_version=parsed.cuda_version,
+        gpu_count=len(parsed.gpus),
+        gpus=parsed.gpus,
+        warnings=parsed.warnings,
+    )
+
+
+STATUS_ORDER = {"unhealthy": 3, "degraded": 2, "unknown": 1, "healthy": 0}
+
+
+def node_health(inventory: Inventory) -> NodeHealth:
+    from servers.diagnostics.health import evaluate_all
+
+    if not inventory.available:
+        return NodeHealth(
+            source=inventory.source, available=False, reason=inventory.reason, node_status="unknown", counts={}, gpus=[]
+        )
+    healths = evaluate_all(inventory.gpus)
+    counts: dict[str, int] = {}
+    for h in healths:
+        counts[h.status] = counts.get(h.status, 0) + 1
+    worst = max((h.status for h in healths), key=lambda s: STATUS_ORDER[s], default="unknown")
+    return NodeHealth(
+        source=inventory.source,
+        available=True,
+        node_status=worst,
+        counts=counts,
+        gpus=healths,
+        warnings=inventory.warnings,
+    )
+
+
+SmiOutput = Annotated[
+    Text | None,
+    Field(
+        description="Captured text of `nvidia-smi -q`, `nvidia-smi -q -x` (XML) or "
+        "`nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits]`"
+    ),
+]
+SmiPath = Annotated[PathArg | None, Field(description="A file with such output, inside the allowed roots")]
+SmiFields = Annotated[
+    list[Annotated[str, Field(max_length=128)]] | None,
+    Field(max_length=512, description="The --query-gpu field names, only for CSV captured with noheader"),
+]
 
 
 def register(server: MCPServer, app: App) -> None:
     @agent_tool(server, title="GPU inventory", read_only=True, destructive=False, idempotent=True, open_world=False)
-    async def gpu_inventory() -> Annotated[CallToolResult, nvml.Inventory]:
-        """List the NVIDIA GPUs of the machine this server runs on, live from NVML: index, name, UUID, PCI bus id,
-        serial, memory, persistence mode, compute capability, driver and CUDA versions. Takes well under a second.
-        Where there is no NVIDIA driver, available is false and reason says so (no error)."""
-        inventory = await in_thread(nvml.read_inventory)
+    async def gpu_inventory(
+        nvidia_smi_output: SmiOutput = "", path: SmiPath = None, fields: SmiFields = None
+    ) -> Annotated[CallToolResult, Inventory]:
+        """List the GPUs of a node: index, name, UUID, PCI bus id, serial, driver and CUDA versions, memory. Live from
+        NVML on the machine this server runs on when no input is given (where there is no NVIDIA driver, available
+        is false and reason says so), or from captured nvidia-smi output (text, XML or CSV). Instant."""
+        inventory = await in_thread(snapshots, app, nvidia_smi_output, path, fields)
         if not inventory.available:
             return tool_result(inventory, f"no GPU inventory: {inventory.reason}")
         lines = [
-            f"{inventory.gpu_count} GPU(s), driver {inventory.driver_version}, CUDA {inventory.cuda_driver_version}"
+            f"{inventory.gpu_count} GPU(s) from {inventory.source}, driver {inventory.driver_version}, "
+            f"CUDA {inventory.cuda_version}"
         ]
-        lines += [f"- {g.index}: {g.name} {g.pci_bus_id} {g.uuid}" for g in inventory.gpus]
+        lines += [f"- {g.index}: {g.name} {g.pci_bus_id} {g.uuid} serial {g.serial}" for g in inventory.gpus]
+        lines += [f"warning: {w}" for w in inventory.warnings]
         return tool_result(inventory, "\n".join(lines))
 
+    @agent_tool(server, title="GPU health", read_only=True, destructive=False, idempotent=True, open_world=False)
+    async def gpu_health(
+        nvidia_smi_output: SmiOutput = "", path: SmiPath = None, fields: SmiFields = None
+    ) -> Annotated[CallToolResult, NodeHealth]:
+        """Judge each GPU of a node healthy, degraded, unhealthy or unknown, with findings (what, severity, evidence,
+        recommended action): uncorrectable ECC (SRAM, DRAM; volatile, aggregate), remapped rows pending or failed,
+        retired pages, reset required or drain recommended, recovery action set, HW slowdown / thermal / power
+        brake, temperature and power against limits, PCIe link below max, NVLink links down, persistence mode,
+        fabric state. Live from NVML, or from captured nvidia-smi output. Unknown fields stay unknown. Instant."""
+        inventory = await in_thread(snapshots, app, nvidia_smi_output, path, fields)
+        health = await in_thread(node_health, inventory)
+        if not health.available:
+            return tool_result(health, f"no GPU health: {health.reason}")
+        lines = [f"node {health.node_status}: " + ", ".join(f"{n} {s}" for s, n in sorted(health.counts.items()))]
+        for h in health.gpus:
+            lines.append(f"- GPU {h.gpu.index} {h.gpu.pci_bus_id or ''}: {h.status}")
+            lines += [
+                f"    {f.severity}: {f.what} ({f.evidence}); {f.action}" for f in h.findings if f.severity != "info"
+            ]
+        return tool_result(health, "\n".join(lines))
 
-PART = ServerPart(name=NAME, instructions=INSTRUCTIONS, register=register)
+    from servers.diagnostics.kmsg import KernelLogScan
+
+    @agent_tool(server, title="Scan a kernel log", read_only=True, destructive=False, idempotent=True, open_world=False)
+    async def scan_kernel_log(
+        ctx: Context,
+        text: Annotated[
+            Text, Field(description="Kernel log text (dmesg, journalctl -k, /var/log/kern.log); empty when not given")
+        ] = "",
+        path: Annotated[
+            PathArg | None, Field(description="A kernel log file inside the allowed roots (any size: it is streamed)")
+        ] = None,
+        source: Annotated[
+            Literal["dmesg", "journal"] | None,
+            Field(description="Read this machine's kernel log live: `dmesg` or `journalctl -k` (needs permission)"),
+        ] = None,
+        max_events: Annotated[
+            int, Field(ge=1, le=100_000, description="Most events listed (counts stay exact)")
+        ] = 2000,
+    ) -> Annotated[CallToolResult, KernelLogScan]:
+        """Find GPU errors in a kernel log: Xid lines of every shape (with their PCI address, process, NVLink5
+        sub-unit and intrinfo, recovery-action changes), NVSwitch SXid, NCCL segfaults, and GPUs fallen off the
+        bus; every timestamp form. Maps PCI addresses to UUIDs, classifies each event with the Xid catalog, and
+        summarises per GPU and code (count, first and last time, worst severity, action), collapsing floods (Xid
+        45) and escalating codes that recur across reboots. Streams files of any size (>= 100 MB/s)."""
+        from servers.diagnostics.kmsg import scan_file, scan_text
+        from servers.diagnostics.xid import classify
+
+        given = [name for name, v in (("text", text or None), ("path", path), ("source", source)) if v is not None]
+        if len(given) != 1:
+            raise InputError(f"give exactly one of text, path or source (got {', '.join(given) or 'none'})")
+        await ctx.report_progress(0, 1, "scanning")
+        if text:
+            scan = await in_thread(scan_text, text, classify=classify, max_events=max_events)
+        elif path is not None:
+            resolved = _resolve(app, path, "kernel log")
+            scan = await in_thread(scan_file, resolved, classify=classify, max_events=max_events)
+        else:
+            live = await in_thread(read_live_kernel_log, source)
+            scan = await in_thread(scan_text, live, classify=classify, max_events=max_events)
+        await ctx.report_progress(1, 1, "scanned")
+        lines = [
+            f"{scan.matched_lines} GPU-related line(s) in {scan.lines_read} lines; {len(scan.summary)} "
+            "distinct GPU/code pair(s)"
+        ]
+        for row in scan.summary[:30]:
+            lines.append(
+                f"- {row.kind} {row.code if row.code is not None else ''} on "
+                f"{row.pci_bus_id or row.uuid or 'unknown GPU'}: x{row.count}, {row.severity}; {row.action}"
+                + (f" [{row.escalation}]" if row.escalation else "")
+                + (" (flood)" if row.flood else "")
+            )
+        return tool_result(scan, "\n".join(lines))
+
+    from servers.diagnostics.xid import XidExplanation
+
+    @agent_tool(server, title="Explain an Xid", read_only=True, destructive=False, idempotent=True, open_world=False)
+    async def explain_xid(
+        code: Annotated[int, Field(ge=1, le=999, description="The Xid number, e.g. 79")],
+    ) -> Annotated[CallToolResult, XidExplanation]:
+        """Explain an NVIDIA Xid code: its meaning, likely causes, NVIDIA's immediate and investigatory actions, and
+        how gpud, the Kubernetes device plugin, Meta GCM and Azure NHC classify it, with their disagreements stated
+        (Xid 63 is the classic one) and a consensus severity and action. Instant; the catalog is also the resource
+        infra://xid-catalog.json."""
+        from servers.diagnostics.xid import explain_xid as explain
+
+        result = explain(code)
+        if not result.known:
+            return tool_result(result, f"Xid {code} is not in the catalog: {result.description}")
+        text = (
+            f"Xid {code} ({result.mnemonic}): {result.description}. Consensus: {result.consensus.severity}; "
+            f"{result.consensus.action}"
+        )
+        if result.disagreement:
+            text += f"\nSources disagree: {result.disagreement}"
+        return tool_result(result, text)
+
+    from servers.diagnostics.nccl_tests import NcclTestsReport
+
+    @agent_tool(
+        server, title="Parse nccl-tests output", read_only=True, destructive=False, idempotent=True, open_world=False
+    )
+    async def parse_nccl_tests(
+        text: Annotated[
+            Text, Field(description="Output of an nccl-tests binary (all_reduce_perf, ...); empty when not given")
+        ] = "",
+        path: Annotated[PathArg | None, Field(description="A file with that output, inside the allowed roots")] = None,
+        expected_busbw_gbps: Annotated[
+            float | None,
+            Field(
+                gt=0,
+                le=100_000,
+                description="Bus bandwidth to expect, GB/s; default: the floor for the GPU model found, if known",
+            ),
+        ] = None,
+    ) -> Annotated[CallToolResult, NcclTestsReport]:
+        """Parse the output of any nccl-tests binary: per-size rows (size, count, type, redop, root, out-of-place
+        and in-place time, algbw, busbw, #wrong), the average bus bandwidth, the devices, and a verdict against the
+        expected bus bandwidth for the GPU model found (e.g. 8x H100 all-reduce >= 460 GB/s), with any #wrong > 0
+        flagged as data corruption. Instant."""
+        from servers.diagnostics.nccl_tests import parse_nccl_tests as parse
+
+        body, _ = await in_thread(read_text_input, app, text, path, "nccl-tests output")
+        report = await in_thread(parse, body, expected_busbw_gbps=expected_busbw_gbps)
+        return tool_result(report, report.verdict.text)
+
+    from servers.diagnostics.dcgm import DcgmDiagReport
+
+    @agent_tool(
+        server, title="Parse DCGM diagnostics", read_only=True, destructive=False, idempotent=True, open_world=False
+    )
+    async def parse_dcgm_diag(
+        text: Annotated[
+            Text, Field(description="JSON from `dcgmi diag -r N -j` (DCGM 3.x or 4.x); empty when not given")
+        ] = "",
+        path: Annotated[PathArg | None, Field(description="A file with that JSON, inside the allowed roots")] = None,
+    ) -> Annotated[CallToolResult, DcgmDiagReport]:
+        """Read the JSON of a DCGM diagnostic run (DCGM 3.x "DCGM GPU Diagnostic" and 4.x "DCGM Diagnostic"
+        layouts): per test and GPU, pass / fail / warn / skip with the warning texts and error ids, and an overall
+        verdict. Instant."""
+        from servers.diagnostics.dcgm import parse_dcgm_diag as parse
+
+        body, _ = await in_thread(read_text_input, app, text, path, "DCGM diagnostic JSON")
+        report = await in_thread(parse, body)
+        return tool_result(report, f"DCGM diagnostic: {report.verdict}. {report.summary}")
+
+    @agent_tool(
+        server, title="Run DCGM diagnostics", read_only=False, destructive=False, idempotent=False, open_world=False
+    )
+    async def run_dcgm_diag(
+        ctx: Context,
+        level: Annotated[
+            int,
+            Field(
+                ge=1,
+                le=4,
+                description="1: software checks (seconds); 2: + memory and PCIe "
+                "(~2 min); 3: + stress, NCCL, bandwidth (10-15 min); 4: + memtest, pulse (> 1 h)",
+            ),
+        ] = 1,
+        wait_s: WaitS = 20,
+    ) -> Annotated[CallToolResult, JobView]:
+        """Run `dcgmi diag -r LEVEL -j` on this machine as a job and parse its JSON (the same report as
+        parse_dcgm_diag). Levels 2-4 load the GPUs: do not run them under a training job. Returns the report if it
+        ends within wait_s, else the job handle (follow with wait_for_job). Where DCGM is not installed, says so."""
+        from servers.diagnostics.dcgm import dcgm_available
+
+        ok, why = dcgm_available()
+        if not ok:
+            raise InputError(f"DCGM is not available on this machine: {why}")
+        timeout = {1: 600, 2: 1800, 3: 3600, 4: 4 * 3600}[level]
+        view = await run_job(
+            app, "dcgm_diag", {"level": level, "timeout_s": timeout}, wait_s=wait_s, ctx=ctx, timeout_s=timeout
+        )
+        return tool_result(view, summarize_job(view))
+
+    from servers.diagnostics.exporter import ExporterSummary
+
+    @agent_tool(
+        server,
+        title="Read a dcgm-exporter endpoint",
+        read_only=True,
+        destructive=False,
+        idempotent=True,
+        open_world=True,
+    )
+    async def read_dcgm_exporter(
+        url: Annotated[
+            str,
+            Field(
+                max_length=2048, pattern=r"^https?://", description="The metrics URL, e.g. http://node-7:9400/metrics"
+            ),
+        ],
+        timeout_s: Annotated[float, Field(gt=0, le=30, description="Give up after this many seconds")] = 10,
+    ) -> Annotated[CallToolResult, ExporterSummary]:
+        """Scrape a dcgm-exporter (or any Prometheus) endpoint and summarise each GPU: temperature, power,
+        utilisation, tensor activity, last Xid, ECC and row-remap counters, NVLink bandwidth, clock event reasons,
+        with findings by the same rules as gpu_health. http and https only; bounded time and size."""
+        from servers.diagnostics.exporter import parse_prometheus_text, scrape, summarise_dcgm
+
+        body = await scrape(url, timeout_s=timeout_s)
+        summary = await in_thread(lambda: summarise_dcgm(parse_prometheus_text(body)))
+        return tool_result(summary, getattr(summary, "text", None) or f"{len(summary.gpus)} GPU(s) at {url}")
+
+
+def read_live_kernel_log(source: str | None) -> str:
+    """This machine's kernel log: `dmesg` or `journalctl -k` (argv lists, bounded time)."""
+    argv = {"dmesg": ["dmesg", "--time-format=iso"], "journal": ["journalctl", "-k", "--no-pager", "-o", "short-iso"]}[
+        source or "dmesg"
+    ]
+    if shutil.which(argv[0]) is None:
+        raise InputError(f"{argv[0]} is not installed on this machine; pass the log as text or path instead")
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=60, check=False)
+    except subprocess.TimeoutExpired:
+        raise InputError(f"{' '.join(argv)} did not finish within 60 s") from None
+    if done.returncode != 0:
+        err = done.stderr.decode(errors="replace").strip()[:500]
+        raise InputError(
+            f"{' '.join(argv)} failed (exit {done.returncode}): {err or 'no message'}; reading the "
+            "kernel log may need root or the adm/systemd-journal group"
+        )
+    return done.stdout.decode(errors="replace")
+
+
+PART = ServerPart(name=NAME, instructions=INSTRUCTIONS, register=register, job_kinds=JOB_KINDS, starts_jobs=True)
 
 
 def create_server(app: App | None = None) -> MCPServer:

@@ -1,0 +1,99 @@
+"""One GPU's state as the health rules see it, whatever it was read from (NVML live, nvidia-smi -q text or XML,
+--query-gpu CSV, dcgm-exporter metrics), and what the rules say about it. Types only.
+
+Every field is optional: None means "unknown" (not reported, [N/A], deprecated, unreadable), never zero.
+"""
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+Severity = Literal["info", "warning", "critical"]
+Status = Literal["healthy", "degraded", "unhealthy", "unknown"]
+
+
+class GpuSnapshot(BaseModel):
+    # identity
+    index: int | None = None
+    name: str | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = Field(default=None, description="Normalised as DDDD:BB:DD.F, lowercase hex")
+    serial: str | None = None
+    vbios_version: str | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    unreachable: bool | None = Field(
+        default=None,
+        description="True when the driver lists the GPU but cannot "
+        "reach it (often fallen off the bus): every other field is then unknown",
+    )
+    # memory and modes
+    memory_total_mib: float | None = None
+    memory_used_mib: float | None = None
+    persistence_mode: bool | None = None
+    ecc_mode_enabled: bool | None = None
+    # ECC counters (uncorrectable and correctable; SRAM and DRAM where the driver splits them, else totals)
+    ecc_volatile_uncorrectable_sram: int | None = None
+    ecc_volatile_uncorrectable_dram: int | None = None
+    ecc_volatile_uncorrectable_total: int | None = None
+    ecc_aggregate_uncorrectable_sram: int | None = None
+    ecc_aggregate_uncorrectable_dram: int | None = None
+    ecc_aggregate_uncorrectable_total: int | None = None
+    ecc_volatile_correctable_total: int | None = None
+    ecc_aggregate_correctable_total: int | None = None
+    sram_threshold_exceeded: bool | None = None
+    # page retirement (pre-Ampere) and row remapping (Ampere and later)
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    # reset and recovery
+    reset_required: bool | None = None
+    drain_and_reset_recommended: bool | None = None
+    recovery_action: str | None = Field(
+        default=None, description="None, Reset, Reboot, Drain P2P, Drain and Reset, ... as the driver names it"
+    )
+    # clock event (throttle) reasons: active now
+    clock_events: dict[str, bool] = Field(
+        default_factory=dict,
+        description="e.g. hw_slowdown, hw_thermal_slowdown, "
+        "hw_power_brake_slowdown, sw_thermal_slowdown, sw_power_cap, idle",
+    )
+    # thermals and power
+    temperature_c: float | None = None
+    memory_temperature_c: float | None = None
+    temperature_slowdown_c: float | None = None
+    temperature_shutdown_c: float | None = None
+    temperature_max_operating_c: float | None = None
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
+    # PCIe
+    pcie_gen_current: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_current: int | None = None
+    pcie_width_max: int | None = None
+    # NVLink and fabric
+    nvlink_links_total: int | None = None
+    nvlink_links_down: list[int] | None = Field(default=None, description="Link numbers reported inactive")
+    fabric_state: str | None = Field(default=None, description="e.g. Completed, In Progress, Not Started, N/A")
+    fabric_status: str | None = None
+    # activity
+    utilization_gpu_pct: float | None = None
+    xid_errors: int | None = Field(default=None, description="Last Xid seen (dcgm-exporter), when known")
+
+
+class Finding(BaseModel):
+    check: str = Field(description="Short name of the rule, e.g. ecc_uncorrectable_volatile")
+    what: str = Field(description="What was found, in a sentence")
+    severity: Severity
+    evidence: str = Field(description="The field(s) and value(s) that triggered it")
+    action: str = Field(description="What to do about it")
+
+
+class GpuHealth(BaseModel):
+    gpu: GpuSnapshot
+    status: Status
+    findings: list[Finding]
