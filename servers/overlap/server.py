@@ -8,13 +8,16 @@ from mcp.types import CallToolResult
 from pydantic import BaseModel, Field
 
 from servers.core.assemble import ServerPart, build_server
+from servers.core.errors import InputError
 from servers.core.jobfiles import JobFiles, read_json
 from servers.core.jobs import JobKind
 from servers.core.jobstore import JobState
 from servers.core.jobview import JobView
 from servers.core.mcp_layer import App, WaitS, agent_tool, in_thread, run_job, summarize_job, tool_result
+from servers.overlap.collectives import CollectiveSpec
 from servers.overlap.cost_model import OverlapPrediction
 from servers.overlap.gemm import GemmBenchmarkSpec
+from servers.overlap.overlap_bench import OverlapLayer, OverlapSpec
 from servers.overlap.presets import PRESET_NAMES, ShapePreset
 
 NAME = "overlap"
@@ -29,6 +32,24 @@ JOB_KINDS = [
         "servers.overlap.gemm:run_gemm_benchmark",
         "time one GEMM shape with torch (CUDA events on GPU)",
         default_timeout_s=600,
+    ),
+    JobKind(
+        "collective_benchmark",
+        "servers.overlap.collectives:run_collective_benchmark",
+        "nccl-tests-style sweep of one collective over world_size ranks",
+        default_timeout_s=1800,
+    ),
+    JobKind(
+        "overlap_benchmark",
+        "servers.overlap.overlap_bench:run_overlap_benchmark",
+        "one TP GEMM + collective: sequential against the overlapped methods",
+        default_timeout_s=1800,
+    ),
+    JobKind(
+        "overlap_tune",
+        "servers.overlap.overlap_bench:run_overlap_tune",
+        "methods x chunk counts for each layer of a model",
+        default_timeout_s=3 * 3600,
     ),
 ]
 
@@ -48,6 +69,7 @@ def register(server: MCPServer, app: App) -> None:
         dense peak (CUDA events; optional L2 flush). Runs as a job: the result comes back if it ends within
         wait_s, else the job handle (follow with wait_for_job). A few seconds for moderate shapes; on CPU the
         timings check plumbing, not GPU performance."""
+        await in_thread(check_gemm_memory, spec)
         view = await run_job(
             app, "gemm_benchmark", spec.model_dump(mode="json"), wait_s=wait_s, ctx=ctx, timeout_s=timeout_s
         )
@@ -197,9 +219,214 @@ def register_model_tools(server: MCPServer, app: App) -> None:
         return tool_result(result, "\n".join(lines))
 
 
+def check_gemm_memory(spec: GemmBenchmarkSpec) -> None:
+    """A, B and C must fit where the GEMM runs; said before anything is allocated."""
+    from servers.overlap.limits import fmt_bytes, gpu_memory_free, gpus_present, host_memory_available
+
+    elem = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[spec.dtype]
+    need = (spec.m * spec.k + spec.k * spec.n) * elem + spec.m * spec.n * (2 if spec.dtype == "fp8" else elem)
+    on_gpu = spec.device == "cuda" or (spec.device == "auto" and gpus_present() > 0)
+    free, where = (gpu_memory_free(0), "GPU 0") if on_gpu else (host_memory_available(), "host memory")
+    if free is not None and need > free:
+        raise InputError(
+            f"a {spec.m}x{spec.n}x{spec.k} {spec.dtype} GEMM needs {fmt_bytes(need)} for A, B and C but "
+            f"{where} has {fmt_bytes(free)} available; use a smaller shape"
+        )
+
+
+def resolve_backend(backend: str) -> str:
+    from servers.overlap.limits import gpus_present
+
+    if backend == "auto":
+        return "nccl" if gpus_present() > 0 else "gloo"
+    if backend == "nccl" and gpus_present() == 0:
+        raise InputError("backend 'nccl' needs NVIDIA GPUs and this machine has none; use 'gloo' (CPU) or 'auto'")
+    return backend
+
+
+def check_ranks(world_size: int, backend: str, dtype: str | None = None) -> None:
+    """Refuse before submitting what cannot run here: too many ranks, fp8 without GPUs."""
+    from servers.overlap.limits import max_world_size
+
+    cap = max_world_size(backend)
+    if world_size > cap:
+        where = "GPUs present" if backend == "nccl" else "CPU cores (gloo)"
+        raise InputError(f"world_size {world_size} is more than this machine runs: at most {cap} ({where})")
+    if dtype == "fp8" and backend != "nccl":
+        raise InputError(
+            "fp8 needs NVIDIA GPUs with FP8 tensor cores (sm_89+) and the nccl backend; use fp32, bf16 or fp16 on CPU"
+        )
+
+
+def check_overlap_memory(layers: list[tuple[str, int, int, int]], world_size: int, dtype: str, backend: str) -> None:
+    from servers.overlap.limits import fmt_bytes, gpu_memory_free, host_memory_available
+    from servers.overlap.overlap_bench import estimate_bytes_per_rank
+
+    need = max(estimate_bytes_per_rank(pattern, m, n, k, world_size, dtype) for pattern, m, n, k in layers)
+    if backend == "nccl":
+        free, where = gpu_memory_free(0), "free memory of GPU 0"
+    else:
+        total = host_memory_available()
+        free, where = (None if total is None else total // world_size), f"available host memory / {world_size} ranks"
+    if free is not None and need > free:
+        raise InputError(
+            f"this shape needs about {fmt_bytes(need)} per rank but only {fmt_bytes(free)} is "
+            f"available ({where}); use a smaller shape, fewer tokens or more ranks"
+        )
+
+
+def check_shapes(
+    layers: list[tuple[str, int, int, int]], world_size: int, methods: list[str], chunks: list[int]
+) -> None:
+    from servers.overlap.overlap_bench import shape_problems
+
+    for pattern, m, n, k in layers:
+        problems = shape_problems(pattern, m, n, k, world_size, methods, chunks)
+        if problems:
+            raise InputError(f"{pattern} M={m} N={n} K={k} on {world_size} ranks: " + "; ".join(problems))
+
+
+def register_distributed_tools(server: MCPServer, app: App) -> None:
+    @agent_tool(
+        server, title="Benchmark a collective", read_only=False, destructive=False, idempotent=False, open_world=False
+    )
+    async def benchmark_collective(
+        ctx: Context,
+        spec: Annotated[CollectiveSpec, Field(description="The collective, the size sweep, world size and backend")],
+        wait_s: WaitS = 20,
+        timeout_s: Annotated[float, Field(gt=0, le=4 * 3600, description="Wall-time limit of the job")] = 1800,
+    ) -> Annotated[CallToolResult, JobView]:
+        """Time a collective (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast) over a size sweep on
+        world_size ranks (one process per GPU with nccl; processes with gloo on CPU), and return an
+        nccl-tests-compatible table: size, count, type, time, algbw, busbw (nccl-tests factors) and #wrong from a
+        real check of every element. Runs as a job (result within wait_s, else the handle). Seconds to minutes."""
+        backend = await in_thread(resolve_backend, spec.backend)
+        await in_thread(check_ranks, spec.world_size, backend)
+        data = spec.model_dump(mode="json") | {"backend": backend}
+        view = await run_job(app, "collective_benchmark", data, wait_s=wait_s, ctx=ctx, timeout_s=timeout_s)
+        summary = summarize_job(view)
+        if view.result and "avg_busbw" in view.result:
+            summary = (
+                f"{spec.op} on {spec.world_size} ranks ({backend}): avg busbw {view.result['avg_busbw']:.4g} "
+                f"GB/s over {len(view.result.get('rows', []))} sizes (job {view.job_id})\n"
+                + str(view.result.get("table", ""))
+            )
+        return tool_result(view, summary)
+
+    @agent_tool(
+        server, title="Benchmark overlap", read_only=False, destructive=False, idempotent=False, open_world=False
+    )
+    async def benchmark_overlap(
+        ctx: Context,
+        spec: Annotated[
+            OverlapSpec,
+            Field(description="Pattern, global m/n/k (Flux convention), world size, dtype, methods and chunk counts"),
+        ],
+        preset: Annotated[
+            str | None,
+            Field(
+                max_length=64,
+                description="Take pattern and m/n/k from this preset (list_shape_presets) instead of spec",
+            ),
+        ] = None,
+        layer: Annotated[str | None, Field(max_length=64, description="The preset's layer, e.g. mlp_up_gate")] = None,
+        seq_len: Annotated[int, Field(ge=1, le=1 << 20, description="Preset sequence length")] = 4096,
+        micro_batch: Annotated[int, Field(ge=1, le=4096, description="Preset micro-batch")] = 1,
+        wait_s: WaitS = 20,
+        timeout_s: Annotated[float, Field(gt=0, le=4 * 3600, description="Wall-time limit of the job")] = 1800,
+    ) -> Annotated[CallToolResult, JobView]:
+        """Measure one tensor-parallel GEMM with its collective (ag_gemm, gemm_rs, gemm_ar): the sequential
+        baseline against chunked, ring and symm_mem overlap (symm_mem only on NVLink GPUs; otherwise it says so):
+        T_gemm, T_comm, T_sequential, T_overlap, exposed communication, efficiency E, speedup, TFLOP/s, busbw, and
+        each method's maximum difference from the sequential result. Runs as a job. On CPU the timings check
+        plumbing and correctness, not performance."""
+        if preset is not None:
+            from servers.overlap.presets import get_preset
+
+            chosen = get_preset(preset, seq_len, micro_batch)
+            names = [shape.layer for shape in chosen.layers]
+            match = [shape for shape in chosen.layers if shape.layer == (layer or names[0])]
+            if not match:
+                raise InputError(f"preset {chosen.name} has no layer {layer!r}; its layers: {', '.join(names)}")
+            shape = match[0]
+            spec = spec.model_copy(update={"pattern": shape.pattern, "m": shape.m, "n": shape.n, "k": shape.k})
+        backend = await in_thread(resolve_backend, spec.backend)
+        await in_thread(check_ranks, spec.world_size, backend, spec.dtype)
+        layers = [(spec.pattern, spec.m, spec.n, spec.k)]
+        await in_thread(check_shapes, layers, spec.world_size, list(spec.methods), list(spec.chunks))
+        await in_thread(check_overlap_memory, layers, spec.world_size, spec.dtype, backend)
+        data = spec.model_dump(mode="json") | {"backend": backend}
+        view = await run_job(app, "overlap_benchmark", data, wait_s=wait_s, ctx=ctx, timeout_s=timeout_s)
+        summary = summarize_job(view)
+        if view.result and view.result.get("table"):
+            summary += "\n" + str(view.result["table"])
+        return tool_result(view, summary)
+
+    @agent_tool(server, title="Tune overlap", read_only=False, destructive=False, idempotent=False, open_world=False)
+    async def tune_overlap(
+        ctx: Context,
+        preset: Annotated[str | None, Field(max_length=64, description="Tune every TP layer of this preset")] = None,
+        layers: Annotated[list[OverlapLayer] | None, Field(max_length=32, description="Or these layers")] = None,
+        seq_len: Annotated[int, Field(ge=1, le=1 << 20, description="Preset sequence length")] = 4096,
+        micro_batch: Annotated[int, Field(ge=1, le=4096, description="Preset micro-batch")] = 1,
+        world_size: Annotated[int, Field(ge=1, le=64, description="Tensor-parallel degree")] = 2,
+        dtype: Annotated[Literal["fp32", "bf16", "fp16", "fp8"], Field(description="Input dtype")] = "bf16",
+        methods: Annotated[
+            list[Literal["sequential", "chunked", "ring", "symm_mem"]],
+            Field(min_length=1, max_length=4, description="Methods to try"),
+        ] = ("sequential", "chunked", "ring", "symm_mem"),  # a tuple: no shared mutable default
+        chunks: Annotated[
+            list[Annotated[int, Field(ge=2, le=64)]],
+            Field(min_length=1, max_length=8, description="Chunk counts to try for the chunked method"),
+        ] = (2, 4, 8),
+        iters: Annotated[int, Field(ge=1, le=1000, description="Timed iterations per measurement")] = 10,
+        backend: Annotated[
+            Literal["auto", "gloo", "nccl"], Field(description="auto: nccl on GPUs, else gloo")
+        ] = "auto",
+        wait_s: WaitS = 20,
+        timeout_s: Annotated[float, Field(gt=0, le=12 * 3600, description="Wall-time limit of the job")] = 3 * 3600,
+    ) -> Annotated[CallToolResult, JobView]:
+        """Sweep methods and chunk counts for each layer (a preset's TP layers or given ones) and return, per layer,
+        the best configuration (the fastest method whose output matches the sequential result), the measured gain
+        over sequential next to predict_overlap's, and a table. A job: long sweeps return the handle; follow with
+        wait_for_job."""
+        from servers.overlap.overlap_bench import OverlapTuneSpec
+
+        if (preset is None) == (layers is None):
+            raise InputError("give exactly one of preset or layers")
+        if preset is not None:
+            from servers.overlap.presets import get_preset
+
+            chosen = get_preset(preset, seq_len, micro_batch)
+            layers = [OverlapLayer(layer=s.layer, pattern=s.pattern, m=s.m, n=s.n, k=s.k) for s in chosen.layers]
+        assert layers is not None
+        resolved = await in_thread(resolve_backend, backend)
+        await in_thread(check_ranks, world_size, resolved, dtype)
+        shapes = [(layer.pattern, layer.m, layer.n, layer.k) for layer in layers]
+        await in_thread(check_shapes, shapes, world_size, list(methods), list(chunks))
+        await in_thread(check_overlap_memory, shapes, world_size, dtype, resolved)
+        spec = OverlapTuneSpec(
+            layers=layers,
+            world_size=world_size,
+            dtype=dtype,
+            methods=methods,
+            chunks=chunks,
+            iters=iters,
+            backend=resolved,
+        )
+        view = await run_job(
+            app, "overlap_tune", spec.model_dump(mode="json"), wait_s=wait_s, ctx=ctx, timeout_s=timeout_s
+        )
+        summary = summarize_job(view)
+        if view.result and view.result.get("table"):
+            summary += "\n" + str(view.result["table"])
+        return tool_result(view, summary)
+
+
 def register_all(server: MCPServer, app: App) -> None:
     register(server, app)
     register_model_tools(server, app)
+    register_distributed_tools(server, app)
 
 
 PART = ServerPart(name=NAME, instructions=INSTRUCTIONS, register=register_all, job_kinds=JOB_KINDS, starts_jobs=True)

@@ -1,0 +1,807 @@
+"""Overlapped tensor-parallel GEMMs (the `overlap_benchmark` and `overlap_tune` job kinds).
+
+Shapes follow Flux: M, N, K are the global GEMM dimensions and TP = world_size.
+- ag_gemm (column parallel): rank r holds rows [M/TP, K] of A and the weight slice W [K, N/TP]; it all-gathers A
+  and computes C = A @ W, [M, N/TP].
+- gemm_rs (row parallel): rank r holds A [M, K/TP] and B [K/TP, N]; the partial product [M, N] is reduce-scattered
+  over rows, so rank r ends with rows r*M/TP .. (r+1)*M/TP of the sum, [M/TP, N].
+- gemm_ar: the same partial product, all-reduced: every rank ends with the whole [M, N].
+
+Methods: sequential (collective then GEMM, or GEMM then collective); chunked (C chunks of the communicated rows;
+chunk c+1's collective is in flight while chunk c's GEMM runs; on CUDA the collectives go on their own stream,
+ordered with events); ring (point-to-point exchange with batch_isend_irecv: each step sends the block in hand to
+rank r+1 and receives the next from r-1 while the GEMM on the block in hand runs; for gemm_rs the block is a partial
+sum that accumulates along the ring; gemm_ar = that ring reduce-scatter followed by an all-gather); symm_mem (torch's
+fused_all_gather_matmul / fused_matmul_reduce_scatter, only on CUDA GPUs joined by NVLink when the ops exist).
+
+Every method's output is compared with the sequential result on every rank (see TOLERANCE_RULE). Times are medians
+over iterations of the slowest rank, with a barrier before each iteration. torch is imported inside functions.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field
+
+from servers.overlap.distributed import (
+    RankInfo,
+    available_memory_bytes,
+    check_world_size,
+    describe_device,
+    rank_progress,
+    resolve_backend,
+    run_ranks,
+    slowest_rank_median,
+    time_iterations,
+)
+
+Pattern = Literal["ag_gemm", "gemm_rs", "gemm_ar"]
+Method = Literal["sequential", "chunked", "ring", "symm_mem"]
+OverlapDtype = Literal["fp32", "bf16", "fp16", "fp8"]
+ALL_METHODS: tuple[Method, ...] = ("sequential", "chunked", "ring", "symm_mem")
+
+# Relative tolerance of a method's output against the sequential result, by input dtype (fp8 GEMMs output bf16).
+RTOL = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-2, "fp8": 2e-2}
+TOLERANCE_RULE = (
+    "passed when max|out - ref| <= rtol * max|ref| on every rank, where ref is the sequential result on that rank; "
+    "rtol = 1e-4 for fp32, 2e-2 for bf16, fp16 and fp8 (bf16 output)"
+)
+CPU_NOTE = "timings on CPU (gloo) check plumbing and correctness, not performance"
+_ELEM = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+_OUT_ELEM = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+_RUNTIME_OVERHEAD = {"gloo": 256 * 2**20, "nccl": 2**30}  # torch, its allocator and NCCL buffers, per rank
+
+Dim = Annotated[int, Field(ge=1, le=131072)]
+ChunkCount = Annotated[int, Field(ge=2, le=64)]
+
+
+class _RunOptions(BaseModel):
+    world_size: int = Field(default=2, ge=1, le=64, description="Tensor-parallel size: GPUs (nccl) or processes (gloo)")
+    dtype: OverlapDtype = Field(
+        default="bf16", description="Input dtype; fp8 = e4m3 inputs with bf16 output, CUDA sm_89+ only"
+    )
+    methods: list[Method] = Field(
+        default=list(ALL_METHODS),
+        min_length=1,
+        max_length=4,
+        description="Methods to run besides the sequential reference (which is always measured)",
+    )
+    chunks: list[ChunkCount] = Field(
+        default=[2, 4], min_length=1, max_length=8, description="Chunk counts for the chunked method"
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        default="auto", description="auto: nccl when CUDA GPUs are present, else gloo (CPU)"
+    )
+    warmup: int = Field(default=3, ge=0, le=1000, description="Untimed calls of each measured function first")
+    iters: int = Field(default=10, ge=1, le=10000, description="Timed calls of each measured function")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the inputs (each rank adds its rank)")
+    rank_timeout_s: float = Field(
+        default=900, gt=0, le=3600, description="Kill the ranks and report a hang when they run longer than this"
+    )
+
+
+class OverlapSpec(_RunOptions):
+    pattern: Pattern = Field(default="ag_gemm", description="ag_gemm, gemm_rs or gemm_ar (Flux shape convention)")
+    m: Dim = Field(default=4096, description="Global M (rows of A and of the output)")
+    n: Dim = Field(default=4096, description="Global N (columns of the weight and of the output)")
+    k: Dim = Field(default=4096, description="Global K (the inner dimension)")
+
+
+class OverlapLayer(BaseModel):
+    layer: str = Field(min_length=1, max_length=64, description="A name for the layer, e.g. 'attn.qkv'")
+    pattern: Pattern = Field(description="ag_gemm, gemm_rs or gemm_ar")
+    m: Dim = Field(description="Global M")
+    n: Dim = Field(description="Global N")
+    k: Dim = Field(description="Global K")
+
+
+class OverlapTuneSpec(_RunOptions):
+    layers: list[OverlapLayer] = Field(min_length=1, max_length=32, description="The layers to tune, one run each")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checks done in the calling process, before any rank starts
+
+
+def shape_problems(
+    pattern: str, m: int, n: int, k: int, world_size: int, methods: list[str], chunks: list[int]
+) -> list[str]:
+    """Why the shape cannot be split as the pattern and methods need (an empty list when it can)."""
+    p = world_size
+    problems = []
+    needs = {"ag_gemm": {"M": m, "N": n}, "gemm_rs": {"K": k, "M": m}, "gemm_ar": {"K": k}}[pattern]
+    if pattern == "gemm_ar" and "ring" in methods:
+        needs["M"] = m
+    for name, value in needs.items():
+        if value % p:
+            problems.append(f"{name}={value} is not divisible by world_size {p}")
+    if "chunked" in methods:
+        for c in chunks:
+            unit = c if pattern == "gemm_ar" else p * c
+            if m % unit:
+                what = f"chunks {c}" if pattern == "gemm_ar" else f"world_size*chunks = {p}*{c}"
+                problems.append(f"M={m} is not divisible by {what} (chunked method)")
+    return problems
+
+
+def estimate_bytes_per_rank(pattern: str, m: int, n: int, k: int, world_size: int, dtype: str) -> int:
+    """Bytes one rank allocates at most: inputs, the reference, the largest method's buffers, the check's copies."""
+    p, e, o = world_size, _ELEM[dtype], _OUT_ELEM[dtype]
+    if pattern == "ag_gemm":
+        out = m * n // p
+        inputs = (m // p) * k * e + k * (n // p) * e
+        reference = m * k * e + 2 * out * o  # gathered A, sequential output and its copy
+        method = max(m * k * e + out * o + out * o // 2, 2 * (m // p) * k * e + out * o)
+    else:
+        out = m * n // p if pattern == "gemm_rs" else m * n
+        inputs = m * (k // p) * e + (k // p) * n * e
+        reference = m * n * o + 2 * out * o
+        method = m * n * o + out * o + 4 * (m // p) * n * o
+    check = 3 * out * 4  # float32 copies for the comparison
+    return inputs + reference + method + check
+
+
+def _validate(spec: OverlapSpec | OverlapTuneSpec, backend: str, layers: list[tuple[str, int, int, int]]) -> None:
+    import torch
+
+    check_world_size(spec.world_size, backend)
+    if spec.dtype == "fp8":
+        if backend != "nccl" or not torch.cuda.is_available():
+            raise ValueError("fp8 needs NVIDIA GPUs with FP8 tensor cores (sm_89 or newer) and the nccl backend")
+        cap = min(torch.cuda.get_device_capability(i) for i in range(spec.world_size))
+        if cap < (8, 9):
+            raise ValueError(f"fp8 needs compute capability 8.9 or newer; these GPUs are sm_{cap[0]}{cap[1]}")
+    for pattern, m, n, k in layers:
+        problems = shape_problems(pattern, m, n, k, spec.world_size, list(spec.methods), list(spec.chunks))
+        if spec.dtype == "fp8":
+            p = spec.world_size
+            dims = {"ag_gemm": (m // p, n // p, k), "gemm_rs": (m // p, n, k // p), "gemm_ar": (m // p, n, k // p)}
+            if any(d % 16 for d in dims[pattern]):
+                problems.append("fp8 GEMMs (torch._scaled_mm) need every per-rank dimension to be a multiple of 16")
+        if problems:
+            raise ValueError(f"{pattern} M={m} N={n} K={k} on {spec.world_size} ranks: " + "; ".join(problems))
+    need = max(estimate_bytes_per_rank(pat, m, n, k, spec.world_size, spec.dtype) for pat, m, n, k in layers)
+    need += _RUNTIME_OVERHEAD[backend]
+    available, source = available_memory_bytes(backend, spec.world_size)
+    if need > available:
+        raise ValueError(
+            f"the overlap benchmark needs about {need:,} bytes per rank (buffers plus "
+            f"{_RUNTIME_OVERHEAD[backend]:,} for the runtime) but only {available:,} bytes are available ({source})"
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rank side
+
+
+class _Unavailable(Exception):  # noqa: N818 (a reason, not an error: the method's entry says it)
+    pass
+
+
+class _Comm:
+    """Issue collectives asynchronously. CPU (gloo): the backend's own threads, wait() on the work. CUDA: on a
+    stream of their own; the compute stream waits on an event recorded after them."""
+
+    def __init__(self, cuda: bool) -> None:
+        import torch
+
+        self.cuda = cuda
+        self.stream = torch.cuda.Stream() if cuda else None
+
+    def begin(self) -> None:
+        """At the start of a method call: communication may read what the compute stream wrote before."""
+        import torch
+
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream())
+
+    def start(self, issue: Any, *, after_compute: bool = False) -> Any:
+        """Run issue() (which returns a list of async works); `after_compute`: wait for the GEMMs queued so far."""
+        import torch
+
+        if self.stream is None:
+            return issue()
+        if after_compute:
+            self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            works = issue()
+            for work in works:
+                work.wait()  # the communication stream waits for the backend's internal stream
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return event
+
+    def finish(self, handle: Any) -> None:
+        import torch
+
+        if self.stream is None:
+            for work in handle:
+                work.wait()
+        else:
+            torch.cuda.current_stream().wait_event(handle)
+
+
+def _symm_mem_reason(info: RankInfo, pattern: str, dtype: str) -> str | None:
+    """None when torch's symmetric-memory fused ops can run here, else why not (decided alike on every rank)."""
+    import torch
+
+    if info.device == "cpu":
+        return "needs CUDA GPUs joined by NVLink and the nccl backend; this run uses gloo on CPU"
+    if pattern == "gemm_ar":
+        return "torch symmetric memory has no fused matmul + all-reduce op"
+    if dtype == "fp8":
+        return "the fp8 (scaled) symmetric-memory ops are not wired into this benchmark"
+    name = "fused_all_gather_matmul" if pattern == "ag_gemm" else "fused_matmul_reduce_scatter"
+    try:
+        namespace = torch.ops.symm_mem
+        getattr(namespace, name)
+    except (AttributeError, RuntimeError):
+        return f"this torch ({torch.__version__}) has no torch.ops.symm_mem.{name}"
+    return _nvlink_reason(info)
+
+
+def _nvlink_reason(info: RankInfo) -> str | None:
+    """None when this rank's GPU has an active NVLink (NVML) or, without NVML, peer access to every other GPU."""
+    import os
+
+    import torch
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        index = info.rank
+        if visible:
+            ids = [v.strip() for v in visible.split(",")]
+            if not ids[info.rank].isdigit():
+                raise ValueError("CUDA_VISIBLE_DEVICES uses UUIDs")
+            index = int(ids[info.rank])
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                if pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED:
+                    return None
+            except pynvml.NVMLError:
+                break
+        return "no active NVLink on this GPU (NVML); symmetric memory needs NVLink peers"
+    except Exception:
+        pass
+    for other in range(info.world_size):
+        if other != info.rank and not torch.cuda.can_device_access_peer(info.rank, other):
+            return f"cuda:{info.rank} has no peer access to cuda:{other}"
+    return None
+
+
+def _overlap_rank(info: RankInfo, cfg: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    r, p = info.rank, info.world_size
+    pattern, m, n, k, dtype = cfg["pattern"], cfg["m"], cfg["n"], cfg["k"], cfg["dtype"]
+    device = torch.device(info.device)
+    cuda = device.type == "cuda"
+    fp8 = dtype == "fp8"
+    in_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float8_e4m3fn)
+    out_dtype = torch.bfloat16 if fp8 else in_dtype
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    comm = _Comm(cuda)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int(cfg["seed"]) * 65537 + r)
+
+    def randn(*shape: int, scale: float = 1.0) -> Any:
+        return (torch.randn(*shape, generator=gen, device=device) * scale).to(in_dtype)
+
+    def wire(t: Any) -> Any:
+        """What goes over the wire: fp8 travels as raw bytes (no backend reduces or even knows fp8)."""
+        return t.view(torch.uint8) if fp8 else t
+
+    one = torch.ones((), device=device)
+
+    def gemm(a: Any, b: Any, out: Any) -> None:
+        if not fp8:
+            torch.matmul(a, b, out=out)
+            return
+        a2 = a.reshape(-1, a.shape[-1])  # _scaled_mm takes 2-D row-major A and column-major B
+        out.copy_(torch._scaled_mm(a2, b, scale_a=one, scale_b=one, out_dtype=out_dtype).view(out.shape))
+
+    def empty(*shape: int, dt: Any = None) -> Any:
+        return torch.empty(*shape, dtype=dt or out_dtype, device=device)
+
+    def exchange(send: Any, recv: Any) -> list[Any]:
+        ops = [dist.P2POp(dist.isend, wire(send), (r + 1) % p), dist.P2POp(dist.irecv, wire(recv), (r - 1) % p)]
+        return dist.batch_isend_irecv(ops)
+
+    # Inputs (deterministic per rank) and the sequential reference.
+    if pattern == "ag_gemm":
+        a_local = randn(m // p, k)
+        # W [K, N/TP]; for fp8 stored column-major, as _scaled_mm needs its second operand.
+        w = randn(n // p, k, scale=k**-0.5).t() if fp8 else randn(k, n // p, scale=k**-0.5)
+        a_full = empty(m, k, dt=in_dtype)
+        seq_out = empty(m, n // p)
+
+        def gemm_alone() -> None:
+            gemm(a_full, w, seq_out)
+
+        def comm_alone() -> None:
+            all_gather(wire(a_full), wire(a_local))
+
+        def sequential() -> None:
+            comm_alone()
+            gemm(a_full, w, seq_out)
+
+        weight = w
+        comm_bytes = m * k * _ELEM[dtype]
+    else:
+        a_local = randn(m, k // p)
+        b_local = randn(n, k // p, scale=k**-0.5).t() if fp8 else randn(k // p, n, scale=k**-0.5)
+        partial = empty(m, n)
+        seq_out = empty(m // p, n) if pattern == "gemm_rs" else partial
+
+        def gemm_alone() -> None:
+            gemm(a_local, b_local, partial)
+
+        if pattern == "gemm_rs":
+
+            def comm_alone() -> None:
+                reduce_scatter(seq_out, partial)
+        else:
+
+            def comm_alone() -> None:
+                dist.all_reduce(partial)
+
+        def sequential() -> None:
+            gemm(a_local, b_local, partial)
+            comm_alone()
+
+        weight = b_local
+        comm_bytes = m * n * _OUT_ELEM[dtype]
+
+    sequential()
+    if cuda:
+        torch.cuda.synchronize()
+    reference = seq_out.clone()
+    warmup, iters = int(cfg["warmup"]), int(cfg["iters"])
+    t_gemm = time_iterations(gemm_alone, warmup=warmup, iters=iters, cuda=cuda)
+    t_comm = time_iterations(comm_alone, warmup=warmup, iters=iters, cuda=cuda)
+
+    def build(method: str, chunks: int) -> tuple[Any, Any]:
+        """(function, output tensor) of one method; raises _Unavailable with the reason."""
+        if method == "sequential":
+            return sequential, seq_out
+        if method == "symm_mem":
+            return _build_symm_mem(pattern, a_local, weight)
+        if pattern == "ag_gemm":
+            return _build_ag(method, chunks)
+        return _build_rs_ar(method, chunks)
+
+    def _build_ag(method: str, chunks: int) -> tuple[Any, Any]:
+        out = empty(m, n // p)
+        rows = m // p
+        if method == "chunked":
+            mc = rows // chunks
+            gathered = [empty(p * mc, k, dt=in_dtype) for _ in range(chunks)]
+            results = [empty(p, mc, n // p) for _ in range(chunks)]
+            out4 = out.view(p, chunks, mc, n // p)  # rank q's rows, split in chunks
+
+            def run() -> None:
+                comm.begin()
+                handles: list[Any] = [None] * chunks
+
+                def issue(c: int) -> Any:
+                    return comm.start(
+                        lambda: [all_gather(wire(gathered[c]), wire(a_local[c * mc : (c + 1) * mc]), async_op=True)]
+                    )
+
+                handles[0] = issue(0)
+                for c in range(chunks):
+                    comm.finish(handles[c])
+                    if c + 1 < chunks:
+                        handles[c + 1] = issue(c + 1)
+                    gemm(gathered[c].view(p, mc, k), w, results[c])
+                    out4[:, c].copy_(results[c])
+
+            return run, out
+        # ring: the block in hand goes to r+1 while its GEMM runs; the next comes from r-1
+        buffers = [empty(rows, k, dt=in_dtype) for _ in range(2)]
+
+        def run() -> None:
+            comm.begin()
+            current = a_local
+            for step in range(p):
+                source = (r - step) % p
+                handle = None
+                if step < p - 1:
+                    incoming = buffers[step % 2]
+                    handle = comm.start(lambda cur=current, inc=incoming: exchange(cur, inc), after_compute=True)
+                gemm(current, w, out[source * rows : (source + 1) * rows])
+                if handle is not None:
+                    comm.finish(handle)
+                    current = incoming
+
+        return run, out
+
+    def _build_rs_ar(method: str, chunks: int) -> tuple[Any, Any]:
+        rows = m // p
+        if method == "chunked":
+            full = empty(m, n)  # gemm_ar: reduced in place; gemm_rs: the partial products, chunk by chunk
+            if pattern == "gemm_rs":
+                out = empty(rows, n)
+                mc = rows // chunks
+                a4 = a_local.view(p, chunks, mc, k // p)
+                parts = full.view(chunks, p, mc, n)
+                out3 = out.view(chunks, mc, n)
+
+                def run() -> None:
+                    comm.begin()
+                    handles = []
+                    for c in range(chunks):
+                        gemm(a4[:, c], b_local, parts[c])
+                        handles.append(
+                            comm.start(
+                                lambda c=c: [reduce_scatter(out3[c], parts[c].view(p * mc, n), async_op=True)],
+                                after_compute=True,
+                            )
+                        )
+                    for handle in handles:
+                        comm.finish(handle)
+
+                return run, out
+            mc = m // chunks
+
+            def run_ar() -> None:
+                comm.begin()
+                handles = []
+                for c in range(chunks):
+                    block = full[c * mc : (c + 1) * mc]
+                    gemm(a_local[c * mc : (c + 1) * mc], b_local, block)
+                    handles.append(comm.start(lambda b=block: [dist.all_reduce(b, async_op=True)], after_compute=True))
+                for handle in handles:
+                    comm.finish(handle)
+
+            return run_ar, full
+        # ring: block d's partial sum starts at rank d+1, gains each rank's term and ends, complete, at rank d.
+        parts = [empty(rows, n) for _ in range(2)]
+        incoming = empty(rows, n)
+        gathered = empty(m, n) if pattern == "gemm_ar" else None
+
+        def run() -> None:
+            comm.begin()
+            handle = None
+            for step in range(p):
+                d = (r - 1 - step) % p
+                part = parts[step % 2]
+                gemm(a_local[d * rows : (d + 1) * rows], b_local, part)  # overlaps the exchange in flight
+                if handle is not None:
+                    comm.finish(handle)
+                    part += incoming
+                if step < p - 1:
+                    handle = comm.start(lambda s=part: exchange(s, incoming), after_compute=True)
+            if gathered is not None:
+                comm.finish(
+                    comm.start(lambda: [all_gather(gathered, parts[(p - 1) % 2], async_op=True)], after_compute=True)
+                )
+
+        return run, (gathered if gathered is not None else parts[(p - 1) % 2])
+
+    entries = []
+    plan: list[tuple[str, int]] = [("sequential", 0)]
+    for method in cfg["methods"]:
+        if method == "chunked":
+            plan += [("chunked", c) for c in cfg["chunks"]]
+        elif method != "sequential":
+            plan.append((method, 0))
+    for index, (method, chunks) in enumerate(plan):
+        entry: dict[str, Any] = {"method": method, "chunks": chunks or None}
+        reason = _symm_mem_reason(info, pattern, dtype) if method == "symm_mem" else None
+        if method == "symm_mem":
+            # Every rank must agree, or some would wait in a collective the others skip.
+            flag = torch.tensor([0 if reason else 1], dtype=torch.int32, device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            if reason is None and int(flag.item()) == 0:
+                reason = "another rank cannot use symmetric memory"
+        fn = out = None
+        if reason is None:
+            try:
+                fn, out = build(method, chunks)
+            except _Unavailable as exc:
+                reason = str(exc)
+        if reason is not None:
+            entry.update(available=False, reason=f"not available here: {reason}")
+            entries.append(entry)
+            continue
+        times = time_iterations(fn, warmup=warmup, iters=iters, cuda=cuda)
+        if cuda:
+            torch.cuda.synchronize()
+        got = out.float()
+        ref = reference.float()
+        entry.update(
+            available=True,
+            times_ms=times,
+            max_abs_diff=float((got - ref).abs().max().item()),
+            max_abs_ref=float(ref.abs().max().item()),
+        )
+        del got, ref
+        entries.append(entry)
+        if r == 0:
+            rank_progress(index + 1, len(plan), f"{pattern}: {method}{f' C={chunks}' if chunks else ''} done")
+    result = {"t_gemm_ms": t_gemm, "t_comm_ms": t_comm, "entries": entries, "comm_bytes": comm_bytes}
+    if cfg.get("return_tensors"):  # for tests: the inputs and the reference, to check them independently
+        result["tensors"] = {
+            "a": a_local.float().cpu(),
+            "weight": weight.float().cpu(),
+            "reference": reference.float().cpu(),
+        }
+    return result
+
+
+def _build_symm_mem(pattern: str, a_local: Any, weight: Any) -> tuple[Any, Any]:
+    import torch
+    import torch.distributed as dist
+
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        group_name = dist.group.WORLD.group_name
+        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+        if enable is not None:
+            enable(group_name)
+    except Exception as exc:
+        raise _Unavailable(f"cannot set up symmetric memory: {exc}") from exc
+    holder: dict[str, Any] = {}
+    if pattern == "ag_gemm":
+
+        def run() -> None:
+            _, outs = torch.ops.symm_mem.fused_all_gather_matmul(a_local, [weight], gather_dim=0, group_name=group_name)
+            holder["out"] = outs[0]
+    else:
+
+        def run() -> None:
+            holder["out"] = torch.ops.symm_mem.fused_matmul_reduce_scatter(
+                a_local, weight, "sum", scatter_dim=0, group_name=group_name
+            )
+
+    try:
+        run()
+    except Exception as exc:
+        raise _Unavailable(f"the fused op failed: {type(exc).__name__}: {exc}") from exc
+
+    class _Out:
+        """The output of the latest call (the fused ops allocate a new tensor each time)."""
+
+        def float(self) -> Any:
+            return holder["out"].float()
+
+    return run, _Out()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Calling side
+
+
+def _summarize(spec: OverlapSpec, backend: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    p = spec.world_size
+    t_gemm = slowest_rank_median([x["t_gemm_ms"] for x in ranks])
+    t_comm = slowest_rank_median([x["t_comm_ms"] for x in ranks])
+    flops = 2.0 * spec.m * spec.n * spec.k / p
+    comm_bytes = ranks[0]["comm_bytes"]
+    factor = {"ag_gemm": (p - 1) / p, "gemm_rs": (p - 1) / p, "gemm_ar": 2 * (p - 1) / p}[spec.pattern]
+    algbw = comm_bytes / (t_comm * 1e-3) / 1e9 if t_comm > 0 else 0.0
+    rtol = RTOL[spec.dtype]
+    methods = []
+    t_seq = None
+    for i, entry in enumerate(ranks[0]["entries"]):
+        name = entry["method"] + (f"(C={entry['chunks']})" if entry["chunks"] else "")
+        row: dict[str, Any] = {"name": name, "method": entry["method"], "chunks": entry["chunks"]}
+        if not entry["available"]:
+            row.update(available=False, reason=entry["reason"], passed=None)
+            methods.append(row)
+            continue
+        per_rank = [x["entries"][i] for x in ranks]
+        t = slowest_rank_median([e["times_ms"] for e in per_rank])
+        if entry["method"] == "sequential":
+            t_seq = t
+        rel = max(e["max_abs_diff"] / max(e["max_abs_ref"], 1e-30) for e in per_rank)
+        row.update(
+            available=True,
+            passed=all(e["max_abs_diff"] <= rtol * max(e["max_abs_ref"], 1e-30) for e in per_rank),
+            max_abs_diff=max(e["max_abs_diff"] for e in per_rank),
+            rel_err=rel,
+            t_overlap_ms=t,
+            exposed_comm_ms=t - t_gemm,
+            efficiency=(t_gemm + t_comm - t) / t_comm if t_comm > 0 else None,
+            speedup=(t_gemm + t_comm) / t if t > 0 else None,
+            tflops=flops / (t * 1e-3) / 1e12 if t > 0 else None,
+        )
+        methods.append(row)
+    for row in methods:
+        if row.get("available") and t_seq:
+            row["speedup_vs_sequential"] = t_seq / row["t_overlap_ms"]
+    correct = [row for row in methods if row.get("passed")]
+    best = min(correct, key=lambda row: row["t_overlap_ms"]) if correct else None
+    result = {
+        "pattern": spec.pattern,
+        "m": spec.m,
+        "n": spec.n,
+        "k": spec.k,
+        "world_size": p,
+        "dtype": spec.dtype,
+        "backend": backend,
+        **describe_device(backend),
+        "iters": spec.iters,
+        "per_rank_shapes": _shapes_text(spec.pattern, spec.m, spec.n, spec.k, p),
+        "t_gemm_ms": t_gemm,
+        "t_comm_ms": t_comm,
+        "t_sequential_ms": t_seq,
+        "gemm_tflops": flops / (t_gemm * 1e-3) / 1e12 if t_gemm > 0 else None,
+        "comm_bytes": comm_bytes,
+        "busbw_gbs": algbw * factor,
+        "busbw_factor": factor,
+        "methods": methods,
+        "all_passed": all(row["passed"] for row in methods if row.get("available")),
+        "best": best["name"] if best else None,
+        "tolerance": {"rule": TOLERANCE_RULE, "rtol": rtol},
+        "timing": "median over iterations of the slowest rank; barrier before each iteration; "
+        + ("CUDA events" if backend == "nccl" else "time.perf_counter"),
+        "note": CPU_NOTE if backend == "gloo" else None,
+    }
+    result["table"] = format_table(result)
+    return result
+
+
+def _shapes_text(pattern: str, m: int, n: int, k: int, p: int) -> str:
+    if pattern == "ag_gemm":
+        return f"A shard [{m // p}, {k}] gathered to [{m}, {k}]; W [{k}, {n // p}]; output [{m}, {n // p}]"
+    out = f"[{m // p}, {n}] (reduce-scattered)" if pattern == "gemm_rs" else f"[{m}, {n}] (all-reduced)"
+    return f"A [{m}, {k // p}]; B [{k // p}, {n}]; partial [{m}, {n}]; output {out}"
+
+
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(result: dict[str, Any]) -> str:
+    head = (
+        f"{result['pattern']} M={result['m']} N={result['n']} K={result['k']} TP={result['world_size']} "
+        f"{result['dtype']} on {result['device_name']} ({result['backend']}): T_gemm {result['t_gemm_ms']:.3f} ms, "
+        f"T_comm {result['t_comm_ms']:.3f} ms, busbw {result['busbw_gbs']:.3f} GB/s"
+    )
+    lines = [head]
+    if result.get("note"):
+        lines.append(f"NOTE: {result['note']}")
+    lines.append(
+        f"{'method':<14} {'ok':>4} {'max|diff|':>10} {'T_overlap':>10} {'exposed':>9} {'E':>7} {'speedup':>8} "
+        f"{'vs seq':>7} {'TFLOP/s':>8}"
+    )
+    for row in result["methods"]:
+        if not row.get("available"):
+            lines.append(f"{row['name']:<14} {'-':>4} {row['reason']}")
+            continue
+        lines.append(
+            f"{row['name']:<14} {'yes' if row['passed'] else 'NO':>4} {row['max_abs_diff']:>10.2e} "
+            f"{row['t_overlap_ms']:>10.3f} {row['exposed_comm_ms']:>9.3f} {_fmt(row['efficiency'], '.2f'):>7} "
+            f"{_fmt(row['speedup'], '.2f'):>8} {_fmt(row.get('speedup_vs_sequential'), '.2f'):>7} "
+            f"{_fmt(row['tflops'], '.4f'):>8}"
+        )
+    return "\n".join(lines)
+
+
+def _measure(spec: OverlapSpec, backend: str, log_dir: Any, on_progress: Any) -> dict[str, Any]:
+    cfg = spec.model_dump()
+    cfg["methods"] = list(dict.fromkeys(spec.methods))
+    cfg["chunks"] = list(dict.fromkeys(spec.chunks))
+    ranks = run_ranks(
+        spec.world_size,
+        _overlap_rank,
+        (cfg,),
+        backend=backend,
+        timeout_s=spec.rank_timeout_s,
+        log_dir=log_dir,
+        on_progress=on_progress,
+    )
+    return _summarize(spec, backend, ranks)
+
+
+def run_overlap_benchmark(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    spec = OverlapSpec.model_validate(spec_data)
+    backend = resolve_backend(spec.backend)
+    _validate(spec, backend, [(spec.pattern, spec.m, spec.n, spec.k)])
+    ctx.progress(0, None, f"starting {spec.world_size} ranks ({backend})")
+    result = _measure(spec, backend, ctx.log_path("rank0").parent, ctx.progress)
+    for step, row in enumerate(result["methods"]):
+        if row.get("available"):
+            ctx.log_metrics(
+                step=step,
+                method=row["name"],
+                t_overlap_ms=row["t_overlap_ms"],
+                exposed_comm_ms=row["exposed_comm_ms"],
+                efficiency=row["efficiency"],
+                speedup=row["speedup"],
+                max_abs_diff=row["max_abs_diff"],
+                passed=row["passed"],
+            )
+    print(result["table"], flush=True)
+    return result
+
+
+def run_overlap_tune(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    spec = OverlapTuneSpec.model_validate(spec_data)
+    backend = resolve_backend(spec.backend)
+    options = spec.model_dump(exclude={"layers"})
+    layer_specs = []
+    skipped: dict[str, list[int]] = {}
+    for layer in spec.layers:
+        # A chunk count that does not divide this layer's M is left out for this layer (and reported), not an error.
+        unit = 1 if layer.pattern == "gemm_ar" else spec.world_size
+        usable = [c for c in spec.chunks if layer.m % (unit * c) == 0]
+        if len(usable) < len(spec.chunks):
+            skipped[layer.layer] = [c for c in spec.chunks if c not in usable]
+        methods = [mth for mth in spec.methods if mth != "chunked" or usable]
+        layer_specs.append(
+            OverlapSpec.model_validate(
+                {
+                    **options,
+                    "pattern": layer.pattern,
+                    "m": layer.m,
+                    "n": layer.n,
+                    "k": layer.k,
+                    "methods": methods or ["sequential"],
+                    "chunks": usable or [2],
+                }
+            )
+        )
+    for layer_spec in layer_specs:
+        _validate(layer_spec, backend, [(layer_spec.pattern, layer_spec.m, layer_spec.n, layer_spec.k)])
+    results = []
+    log_dir = ctx.log_path("rank0").parent
+    for index, (layer, layer_spec) in enumerate(zip(spec.layers, layer_specs, strict=True)):
+        ctx.progress(index, len(spec.layers), f"layer {layer.layer} ({layer.pattern} {layer.m}x{layer.n}x{layer.k})")
+        measured = _measure(layer_spec, backend, log_dir, None)
+        best = next((row for row in measured["methods"] if row["name"] == measured["best"]), None)
+        t_seq = measured["t_sequential_ms"]
+        entry = {
+            "layer": layer.layer,
+            "pattern": layer.pattern,
+            "m": layer.m,
+            "n": layer.n,
+            "k": layer.k,
+            "best": measured["best"],
+            "best_t_ms": best["t_overlap_ms"] if best else None,
+            "t_sequential_ms": t_seq,
+            "gain": (t_seq / best["t_overlap_ms"] - 1.0) if best and t_seq else None,
+            "t_gemm_ms": measured["t_gemm_ms"],
+            "t_comm_ms": measured["t_comm_ms"],
+            "all_passed": measured["all_passed"],
+            "skipped_chunks": skipped.get(layer.layer, []),
+            "methods": measured["methods"],
+            "table": measured["table"],
+        }
+        results.append(entry)
+        ctx.log_metrics(
+            step=index, layer=layer.layer, best=entry["best"], best_t_ms=entry["best_t_ms"], gain=entry["gain"]
+        )
+        ctx.progress(index + 1, len(spec.layers), f"layer {layer.layer}: best {entry['best']}")
+    lines = [f"{'layer':<20} {'pattern':<8} {'MxNxK':<20} {'best':<14} {'T_best':>9} {'T_seq':>9} {'gain':>7}"]
+    for e in results:
+        shape = f"{e['m']}x{e['n']}x{e['k']}"
+        gain = "-" if e["gain"] is None else f"{100 * e['gain']:+.1f}%"
+        lines.append(
+            f"{e['layer']:<20} {e['pattern']:<8} {shape:<20} {e['best'] or '-':<14} "
+            f"{_fmt(e['best_t_ms']):>9} {_fmt(e['t_sequential_ms']):>9} {gain:>7}"
+        )
+    table = "\n".join(lines)
+    if backend == "gloo":
+        table += f"\nNOTE: {CPU_NOTE}"
+    print(table, flush=True)
+    return {
+        "world_size": spec.world_size,
+        "dtype": spec.dtype,
+        "backend": backend,
+        **describe_device(backend),
+        "layers": results,
+        "table": table,
+        "tolerance": {"rule": TOLERANCE_RULE, "rtol": RTOL[spec.dtype]},
+        "note": CPU_NOTE if backend == "gloo" else None,
+    }

@@ -1,0 +1,162 @@
+"""The overlap tools through in-process MCP clients in both protocol eras: the cost model, shape presets, and
+real multi-process collective, overlap and tuning jobs with gloo on CPU; bad inputs refused before any job."""
+
+import pytest
+from mcp import Client
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
+
+
+async def ok(client: Client, tool: str, args: dict) -> dict:
+    result = await client.call_tool(tool, args)
+    assert not result.is_error, result.content[0].text
+    assert result.content[0].text
+    return result.structured_content
+
+
+async def error(client: Client, tool: str, args: dict) -> str:
+    result = await client.call_tool(tool, args)
+    assert result.is_error, f"{tool} accepted {args}"
+    assert "Traceback" not in result.content[0].text
+    return result.content[0].text
+
+
+async def test_predict_overlap_for_the_published_flux_case(suite_client: Client) -> None:
+    result = await ok(
+        suite_client,
+        "predict_overlap",
+        {"pattern": "ag_gemm", "m": 4096, "n": 49152, "k": 12288, "world_size": 8, "gpu": "H800-SXM"},
+    )
+    p = result["prediction"]
+    assert abs(p["t_sequential_ms"] / 1.429 - 1) < 0.15 and abs(p["t_overlap_ms"] / 0.957 - 1) < 0.25
+    assert p["t_overlap_ms"] == min(c["t_overlap_ms"] for c in p["by_chunks"])
+    assert p["efficiency"] == pytest.approx(
+        (p["t_gemm_ms"] + p["t_comm_ms"] - p["t_overlap_ms"]) / p["t_comm_ms"], rel=1e-6
+    )
+    assert result["calibrated"] is None  # nothing measured on an H800 here
+
+
+async def test_predict_overlap_bad_inputs(suite_client: Client) -> None:
+    unknown = await error(
+        suite_client,
+        "predict_overlap",
+        {"pattern": "ag_gemm", "m": 64, "n": 64, "k": 64, "world_size": 2, "gpu": "Voodoo5"},
+    )
+    assert "H100-SXM" in unknown  # the accepted names are listed
+    assert "fp8" in await error(
+        suite_client,
+        "predict_overlap",
+        {"pattern": "ag_gemm", "m": 64, "n": 64, "k": 64, "world_size": 2, "gpu": "A100", "dtype": "fp8"},
+    )
+    assert "divisible" in await error(
+        suite_client, "predict_overlap", {"pattern": "gemm_rs", "m": 64, "n": 64, "k": 63, "world_size": 2}
+    )
+
+
+async def test_shape_presets(suite_client: Client) -> None:
+    everything = await ok(suite_client, "list_shape_presets", {"seq_len": 2048, "micro_batch": 2})
+    names = {p["name"] for p in everything["presets"]}
+    assert len(names) >= 6
+    one = await ok(suite_client, "list_shape_presets", {"name": "llama3-70b", "world_size": 16})
+    [preset] = one["presets"]
+    layers = {layer["layer"]: layer for layer in preset["layers"]}
+    assert layers["mlp_up_gate"] == {
+        **layers["mlp_up_gate"],
+        "pattern": "ag_gemm",
+        "m": 4096,
+        "n": 2 * 28672,
+        "k": 8192,
+    }
+    assert "llama3-70b" in one["not_divisible"]  # 8 KV heads over 16 ranks
+    assert "llama3-70b" in await error(suite_client, "list_shape_presets", {"name": "gpt-5"})
+
+
+async def test_collective_benchmark_with_gloo(suite_client: Client) -> None:
+    job = await ok(
+        suite_client,
+        "benchmark_collective",
+        {
+            "spec": {
+                "op": "all_reduce",
+                "min_bytes": 1024,
+                "max_bytes": 4096,
+                "world_size": 2,
+                "backend": "gloo",
+                "warmup": 1,
+                "iters": 2,
+            },
+            "wait_s": 45,
+        },
+    )
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    rows = job["result"]["rows"]
+    assert [r["size"] for r in rows] == [1024, 2048, 4096] and all(r["wrong"] == 0 for r in rows)
+    assert all(r["busbw"] == pytest.approx(r["algbw"] * 2 * (2 - 1) / 2) for r in rows)
+
+
+async def test_overlap_benchmark_and_tuning_with_gloo(suite_client: Client) -> None:
+    job = await ok(
+        suite_client,
+        "benchmark_overlap",
+        {
+            "spec": {
+                "pattern": "gemm_rs",
+                "m": 64,
+                "n": 32,
+                "k": 32,
+                "world_size": 2,
+                "dtype": "fp32",
+                "chunks": [2],
+                "warmup": 1,
+                "iters": 2,
+                "backend": "gloo",
+            },
+            "wait_s": 45,
+        },
+    )
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    text = str(job["result"])
+    assert "not available here" in text and "plumbing" in text
+    tuned = await ok(
+        suite_client,
+        "tune_overlap",
+        {
+            "layers": [
+                {"layer": "up", "pattern": "ag_gemm", "m": 64, "n": 32, "k": 32},
+                {"layer": "down", "pattern": "gemm_rs", "m": 64, "n": 32, "k": 32},
+            ],
+            "world_size": 2,
+            "dtype": "fp32",
+            "methods": ["sequential", "chunked"],
+            "chunks": [2],
+            "iters": 2,
+            "backend": "gloo",
+            "wait_s": 45,
+        },
+    )
+    assert tuned["state"] == "SUCCEEDED", tuned["reason"]
+    assert {row["layer"] for row in tuned["result"]["layers"]} == {"up", "down"}
+
+
+async def test_overlap_bad_inputs_are_refused_before_any_job(suite_client: Client) -> None:
+    small = {"pattern": "ag_gemm", "m": 64, "n": 32, "k": 32, "world_size": 2, "backend": "gloo"}
+    assert "divisible" in await error(suite_client, "benchmark_overlap", {"spec": {**small, "n": 33}})
+    assert "at most" in await error(suite_client, "benchmark_overlap", {"spec": {**small, "world_size": 64}})
+    assert "fp8" in await error(suite_client, "benchmark_overlap", {"spec": {**small, "dtype": "fp8"}})
+    huge = {**small, "m": 131072, "n": 131072, "k": 131072, "dtype": "fp32"}
+    assert "available" in await error(suite_client, "benchmark_overlap", {"spec": huge})
+    assert "needs" in await error(
+        suite_client,
+        "benchmark_gemm",
+        {"spec": {"m": 131072, "n": 131072, "k": 131072, "dtype": "fp32", "device": "cpu"}},
+    )
+    assert "no layer" in await error(
+        suite_client, "benchmark_overlap", {"spec": small, "preset": "llama3-8b", "layer": "lm_head"}
+    )
+    assert "exactly one of preset or layers" in await error(suite_client, "tune_overlap", {})
+    from servers.overlap.limits import gpus_present
+
+    if gpus_present() == 0:
+        assert "no" in await error(suite_client, "benchmark_collective", {"spec": {"backend": "nccl"}})
+    jobs = await ok(suite_client, "list_jobs", {})
+    assert jobs["total"] == 0  # nothing was started
