@@ -117,6 +117,9 @@ async def test_overlap_benchmark_and_tuning_with_gloo(suite_client: Client) -> N
     assert job["state"] == "SUCCEEDED", job["reason"]
     text = str(job["result"])
     assert "not available here" in text and "plumbing" in text
+    sequential = job["result"]["methods"][0]
+    assert sequential["method"] == "sequential" and sequential["passed"]
+    assert len(sequential["raw_times_ms"]) == 2 and all(len(r) == 2 for r in sequential["raw_times_ms"])
     tuned = await ok(
         suite_client,
         "tune_overlap",

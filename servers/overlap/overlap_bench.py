@@ -614,6 +614,7 @@ def _summarize(spec: OverlapSpec, backend: str, ranks: list[dict[str, Any]]) -> 
             efficiency=(t_gemm + t_comm - t) / t_comm if t_comm > 0 else None,
             speedup=(t_gemm + t_comm) / t if t > 0 else None,
             tflops=flops / (t * 1e-3) / 1e12 if t > 0 else None,
+            raw_times_ms=[e["times_ms"] for e in per_rank],  # per rank, per iteration: the raw timings, kept
         )
         methods.append(row)
     for row in methods:
