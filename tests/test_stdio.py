@@ -160,3 +160,44 @@ async def test_job_whose_processes_died_with_the_server_is_lost_after_restart(ho
         assert "vanished without recording an exit" in lost["reason"]
         log = await client.call_tool("read_job_logs", {"job_id": job["job_id"]})
         assert not log.is_error and "sleeping" in log.structured_content["text"]
+
+
+async def test_training_job_survives_a_sigkilled_launch_server(home: Path) -> None:
+    """A torchrun job keeps running when the server dies; after a restart it is tracked, logs and metrics intact."""
+    job: dict = {}
+    killed = False
+    try:
+        async with running_test_suite(home) as (client, pid):
+            result = await client.call_tool(
+                "submit_training_job",
+                {"spec": {"recipe": "tiny-gpt", "args": ["--steps", "150"], "nproc_per_node": 1}, "wait_s": 0},
+            )
+            assert not result.is_error, result.content[0].text
+            job = result.structured_content
+            for _ in range(600):  # until the run has logged metrics
+                page = await client.call_tool("read_job_metrics", {"job_id": job["job_id"]})
+                if page.structured_content and page.structured_content["rows"]:
+                    break
+                await anyio.sleep(0.1)
+            else:
+                raise AssertionError("the training job logged no metrics")
+            kill_and_wait(pid)
+            killed = True
+            await client.list_tools()
+    except BaseException:
+        if not killed:
+            raise
+    async with running_test_suite(home) as (client, _):
+        current = (await client.call_tool("get_job", {"job_id": job["job_id"]})).structured_content
+        assert current["state"] in ("RUNNING", "SUCCEEDED")
+        for _ in range(20):
+            waited = await client.call_tool("wait_for_job", {"job_id": job["job_id"], "timeout_s": 30})
+            if waited.structured_content["job"]["finished"]:
+                break
+        final = waited.structured_content["job"]
+        assert final["state"] == "SUCCEEDED", final["reason"]
+        rows = (await client.call_tool("read_job_metrics", {"job_id": job["job_id"]})).structured_content["rows"]
+        steps = [r["step"] for r in rows if r.get("step") is not None]
+        assert steps and steps == sorted(steps)
+        log = await client.call_tool("read_job_logs", {"job_id": job["job_id"], "process": "rank0"})
+        assert not log.is_error

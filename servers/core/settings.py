@@ -44,6 +44,16 @@ class Settings(BaseSettings):
         le=600,
         description="Seconds between SIGTERM and SIGKILL when a job is cancelled or times out.",
     )
+    max_gpus_per_job: int = Field(default=8, ge=0, le=4096, description="GPUs one training job may use.")
+    max_concurrent_gpus: int = Field(
+        default=8, ge=0, le=65536, description="GPUs all running training jobs may use together."
+    )
+    confirm_above_gpu_hours: float = Field(
+        default=1.0,
+        ge=0,
+        description="Training launches estimated above this many GPU-hours need the person's "
+        "confirmation (elicitation, or a plan_token when the client cannot elicit).",
+    )
     http_host: str = Field(default="127.0.0.1", description="Address the HTTP transport binds.")
     http_port: int = Field(default=8765, ge=1, le=65535, description="Port the HTTP transport binds.")
     http_token: SecretStr | None = Field(

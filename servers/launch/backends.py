@@ -34,16 +34,15 @@ def detect_local() -> BackendStatus:
             detected=False,
             detail="torch is not installed, so torchrun is missing",
             launch_supported=False,
-            launch_note=LAUNCH_NOT_YET,
+            launch_note="install torch to launch locally",
         )
-    torchrun = shutil.which("torchrun")
-    where = torchrun or "python -m torch.distributed.run"
+    where = shutil.which("torchrun") or "python -m torch.distributed.run"
     return BackendStatus(
         name="local",
         detected=True,
         detail=f"torch {torch_version}; torchrun: {where}",
-        launch_supported=False,
-        launch_note=LAUNCH_NOT_YET,
+        launch_supported=True,
+        launch_note=None,
     )
 
 

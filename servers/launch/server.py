@@ -1,27 +1,117 @@
-"""The launch server: which engines are here, and the job tools for following any job of this state directory."""
+"""The launch server: plan, confirm and run training jobs (torchrun locally), bundled recipes, and the job tools
+to follow them. Checks, plans, tokens, the audit log and idempotency keys live in training.py; the executor is
+the job engine running local.py's work function."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from servers.core.assemble import ServerPart, build_server
-from servers.core.mcp_layer import App, agent_tool, in_thread, tool_result
+from servers.core.errors import InputError
+from servers.core.jobs import JobKind
+from servers.core.jobstore import ACTIVE_STATES
+from servers.core.jobview import JobView
+from servers.core.mcp_layer import App, WaitS, agent_tool, in_thread, run_job, summarize_job, tool_result
 from servers.launch.backends import BackendStatus, detect_all
+from servers.launch.training import TrainingJobSpec, TrainingPlan
 
 NAME = "launch"
 INSTRUCTIONS = (
-    "Start, watch and stop training jobs: locally with torchrun, and on Slurm, Kubernetes or SkyPilot. Every job "
-    "is followed with get_job, wait_for_job, read_job_logs and read_job_metrics, and stopped with cancel_job."
+    "Start, watch and stop training jobs: plan first (plan_training_job: the exact command, quotas, GPU-hours), then "
+    "submit (costly launches ask the person, or need the plan_token). Bundled recipes (list_recipes) run on a laptop. "
+    "Follow jobs with wait_for_job, read_job_logs (per rank) and read_job_metrics; stop them with cancel_job."
 )
+TRAINING_KIND = "training"
+JOB_KINDS = [
+    JobKind(
+        TRAINING_KIND, "servers.launch.local:run_training_job", "torchrun of a recipe or script", default_timeout_s=3600
+    ),
+]
+KIND_PATTERN_TOKEN = r"^[A-Za-z0-9_\-]+\.[0-9a-f]{32}$"
 
 
 class BackendList(BaseModel):
     backends: list[BackendStatus]
 
 
+class RecipeArgument(BaseModel):
+    name: str
+    type: str
+    default: Any | None = None
+    help: str | None = None
+
+
+class RecipeDoc(BaseModel):
+    name: str
+    description: str
+    arguments: list[RecipeArgument]
+    expected_time_cpu: str
+    expected_time_gpu: str
+    metrics: list[str]
+
+
+class RecipeList(BaseModel):
+    recipes: list[RecipeDoc]
+
+
+class Confirmation(BaseModel):
+    confirm: bool = Field(description="Start this training job")
+
+
+def busy_gpus(app: App) -> set[int]:
+    """GPUs held by running training jobs (their spec records the assignment)."""
+    busy: set[int] = set()
+    for record in app.engine.store.active():
+        if record.kind == TRAINING_KIND and record.state in ACTIVE_STATES:
+            busy.update(record.spec.get("gpus") or [])
+    return busy
+
+
+def make_plan(app: App, spec: TrainingJobSpec) -> TrainingPlan:
+    from servers.launch import training
+    from servers.overlap.limits import gpus_present
+
+    app.engine.reconcile_all()
+    return training.plan(app.settings, spec, gpus_present=gpus_present(), gpus_in_use=len(busy_gpus(app)))
+
+
+def who(ctx: Context) -> str:
+    """The client's name and version as it introduced itself, for the audit log."""
+    try:
+        info = ctx.session.client_params.client_info  # type: ignore[union-attr]
+        return f"{info.name} {info.version}"
+    except Exception:
+        return "unknown client"
+
+
+def recipe_docs() -> list[RecipeDoc]:
+    from servers.launch.recipes import RECIPES
+
+    docs = []
+    for info in RECIPES.values():
+        args = [RecipeArgument(name=a.name, type=a.type, default=a.default, help=a.help) for a in info.arguments]
+        docs.append(
+            RecipeDoc(
+                name=info.name,
+                description=info.description,
+                arguments=args,
+                expected_time_cpu=info.expected_time_cpu,
+                expected_time_gpu=info.expected_time_gpu,
+                metrics=list(info.metrics),
+            )
+        )
+    return docs
+
+
 def register(server: MCPServer, app: App) -> None:
+    from servers.launch.training import AuditLog, IdempotencyKeys, spec_from_token, spec_hash
+
+    register_resources(server)
+
     @agent_tool(
         server, title="List launch backends", read_only=True, destructive=False, idempotent=True, open_world=False
     )
@@ -37,8 +127,192 @@ def register(server: MCPServer, app: App) -> None:
         ]
         return tool_result(BackendList(backends=backends), "\n".join(lines))
 
+    @agent_tool(
+        server, title="List training recipes", read_only=True, destructive=False, idempotent=True, open_world=False
+    )
+    async def list_recipes() -> Annotated[CallToolResult, RecipeList]:
+        """List the bundled training recipes: what each trains, its arguments with defaults, the metrics it logs,
+        and how long it takes on CPU and on a GPU. Recipes run unchanged on a laptop and on GPUs. Instant."""
+        docs = await in_thread(recipe_docs)
+        lines = [f"- {d.name}: {d.description} (CPU {d.expected_time_cpu}; GPU {d.expected_time_gpu})" for d in docs]
+        return tool_result(RecipeList(recipes=docs), "\n".join(lines))
 
-PART = ServerPart(name=NAME, instructions=INSTRUCTIONS, register=register, starts_jobs=True)
+    @agent_tool(
+        server, title="Plan a training job", read_only=True, destructive=False, idempotent=True, open_world=False
+    )
+    async def plan_training_job(
+        ctx: Context,
+        spec: Annotated[TrainingJobSpec, Field(description="The job: a recipe or a script, args, ranks, limits")],
+    ) -> Annotated[CallToolResult, TrainingPlan]:
+        """Check a training job and describe exactly what would run, without starting anything: the argv (no
+        shell), resolved paths, environment added, GPUs, quotas checked, an estimate of GPU-hours (GPUs x wall-time
+        limit), warnings, whether the launch needs the person's confirmation, and a plan_token bound to this exact
+        spec for submit_training_job. Instant."""
+        plan = await in_thread(make_plan, app, spec)
+        AuditLog(app.settings).record(
+            "plan",
+            who=who(ctx),
+            plan_hash=plan.plan_hash,
+            recipe=plan.recipe,
+            script=plan.script_path,
+            gpus=plan.gpus,
+            estimated_gpu_hours=plan.estimated_gpu_hours,
+        )
+        text = (
+            f"would run: {' '.join(plan.argv)}\nranks {plan.nproc_per_node}, GPUs {plan.gpus}, at most "
+            f"{plan.estimated_gpu_hours:.3g} GPU-hours"
+            + ("; needs the person's confirmation" if plan.needs_confirmation else "")
+            + "".join(f"\nwarning: {w}" for w in plan.warnings)
+        )
+        return tool_result(plan, text)
+
+    @agent_tool(
+        server, title="Submit a training job", read_only=False, destructive=False, idempotent=True, open_world=False
+    )
+    async def submit_training_job(
+        ctx: Context,
+        spec: Annotated[TrainingJobSpec | None, Field(description="The job (or give plan_token alone)")] = None,
+        plan_token: Annotated[
+            str | None,
+            Field(
+                max_length=65536,
+                pattern=KIND_PATTERN_TOKEN,
+                description="From plan_training_job; binds the submit to that plan",
+            ),
+        ] = None,
+        wait_s: WaitS = 20,
+    ) -> Annotated[CallToolResult, JobView]:
+        """Start a training job with torchrun (locally; one process per rank, gloo on CPU, one GPU per rank on
+        GPUs) under the job engine: per-rank logs, metrics, checkpoints and restarts survive server restarts.
+        Above the GPU-hour threshold the person is asked first (or, if this client cannot ask, a plan_token from
+        plan_training_job is required). With an idempotency_key a retried submit returns the first job. Returns
+        the job after wait_s (or its result if it ended), else the handle to follow with wait_for_job."""
+        if spec is None and plan_token is None:
+            raise InputError("give spec, plan_token, or both")
+        audit = AuditLog(app.settings)
+        planned = spec_from_token(app.settings, plan_token) if plan_token else None
+        plan = await in_thread(make_plan, app, spec or planned)
+        if planned is not None and spec is not None and spec_hash(planned) != plan.plan_hash:
+            raise InputError("plan_token was made for a different spec; plan this spec again and use its token")
+        normalised = TrainingJobSpec.model_validate(plan.spec)
+        keys = IdempotencyKeys(app.settings) if normalised.idempotency_key else None
+        if keys is not None:
+            existing = await in_thread(keys.lookup, normalised.idempotency_key)
+            if existing is not None:
+                digest, job_id = existing
+                if digest != plan.plan_hash:
+                    raise InputError(
+                        f"idempotency_key {normalised.idempotency_key!r} was used for a different spec; use a new key"
+                    )
+                if job_id is None:
+                    raise InputError("a submit with this idempotency_key is starting right now; get_job shortly")
+                view = await in_thread(lambda: job_view_of(app, job_id))
+                return tool_result(view, f"already submitted with this idempotency_key: {summarize_job(view)}")
+        if plan.needs_confirmation:
+            confirmed = await confirm(ctx, plan, planned is not None)
+            audit.record(
+                "confirm" if confirmed else "decline",
+                who=who(ctx),
+                plan_hash=plan.plan_hash,
+                estimated_gpu_hours=plan.estimated_gpu_hours,
+            )
+            if not confirmed:
+                raise ToolError(
+                    f"not started: the person declined the launch ({plan.estimated_gpu_hours:.3g} GPU-hours at most)"
+                )
+        if keys is not None and not await in_thread(keys.claim, normalised.idempotency_key, plan.plan_hash):
+            raise InputError("another submit with this idempotency_key got there first; get_job to follow it")
+        try:
+            job_spec = await in_thread(job_payload, app, plan, normalised)
+            view = await run_job(app, TRAINING_KIND, job_spec, wait_s=0, ctx=ctx, timeout_s=normalised.max_wall_s)
+        except BaseException:
+            if keys is not None:
+                await in_thread(keys.release, normalised.idempotency_key)
+            raise
+        if keys is not None:
+            await in_thread(keys.bind, normalised.idempotency_key, view.job_id)
+        audit.record(
+            "submit",
+            who=who(ctx),
+            plan_hash=plan.plan_hash,
+            job_id=view.job_id,
+            recipe=plan.recipe,
+            script=plan.script_path,
+            args=normalised.args,
+            gpus=job_spec["gpus"],
+        )
+        if wait_s > 0:
+            from servers.core.mcp_layer import wait_for
+
+            view = (await wait_for(app, view.job_id, wait_s, ctx)).job
+        return tool_result(view, summarize_job(view))
+
+    async def confirm(ctx: Context, plan: TrainingPlan, has_token: bool) -> bool:
+        caps = ctx.client_capabilities
+        if caps is not None and getattr(caps, "elicitation", None) is not None:
+            message = (
+                f"Start training {plan.recipe or plan.script_path} with {plan.nproc_per_node} rank(s) on "
+                f"{plan.gpus} GPU(s) here ({plan.backend}), for at most {plan.spec['max_wall_s']:g} s: up to "
+                f"{plan.estimated_gpu_hours:.3g} GPU-hours. Command: {' '.join(plan.argv)}"
+            )
+            try:
+                answer = await ctx.elicit(message, Confirmation)
+            except Exception:
+                answer = None
+            if answer is not None:
+                return answer.action == "accept" and bool(getattr(answer.data, "confirm", False))
+        if has_token:
+            return True  # the plan was made and shown for exactly this spec
+        raise InputError(
+            f"this launch (up to {plan.estimated_gpu_hours:.3g} GPU-hours) needs the person's "
+            "confirmation and this client cannot ask: call plan_training_job, show the plan to the "
+            "person, then submit with its plan_token"
+        )
+
+
+def register_resources(server: MCPServer) -> None:
+    @server.resource(
+        "infra://recipes",
+        name="recipes",
+        mime_type="application/json",
+        description="The bundled training recipes: what they train, arguments, metrics, expected time",
+    )
+    def recipes_resource() -> str:
+        return RecipeList(recipes=recipe_docs()).model_dump_json(indent=2)
+
+
+def job_view_of(app: App, job_id: str) -> JobView:
+    from servers.core.jobview import job_view
+
+    return job_view(app.engine.get(job_id))
+
+
+def job_payload(app: App, plan: TrainingPlan, spec: TrainingJobSpec) -> dict[str, Any]:
+    """What the local backend's work function gets: paths resolved, GPUs assigned now."""
+    from servers.launch.local import assign_gpus
+    from servers.overlap.limits import gpus_present
+
+    gpus = None
+    if plan.gpus:
+        busy = set() if spec.share_gpus else busy_gpus(app)
+        gpus = assign_gpus(plan.gpus, busy, gpus_present())
+    return {
+        "script": plan.script_path,
+        "args": list(spec.args),
+        "nproc_per_node": plan.nproc_per_node,
+        "max_restarts": spec.max_restarts,
+        "env": dict(spec.env),
+        "gpus": gpus,
+        "run_id": plan.plan_hash,
+        "recipe": plan.recipe,
+        "name": spec.name,
+        "tags": list(spec.tags),
+        "plan_hash": plan.plan_hash,
+        "training_spec": spec.model_dump(mode="json"),
+    }
+
+
+PART = ServerPart(name=NAME, instructions=INSTRUCTIONS, register=register, job_kinds=JOB_KINDS, starts_jobs=True)
 
 
 def create_server(app: App | None = None) -> MCPServer:

@@ -1,0 +1,115 @@
+"""The protocol every launch backend implements: local torchrun now; Slurm, Kubernetes and SkyPilot later.
+
+A backend is an adapter between a validated training spec and one engine. Its five steps:
+
+- ``available()``: whether the engine is usable here, and what was found or is missing. Cheap, starts nothing.
+- ``plan(spec, settings)``: what would run, exactly, with NO side effects (no files, no processes, no network):
+  the argv or the rendered batch script/manifest, the environment additions, the working directory, the
+  resources. The server shows the plan for confirmation, and the launch is bound to it.
+- ``submit(plan, request)``: start the work; idempotent for the same ``request.key`` (a second submit with the
+  same key returns the first handle and starts nothing).
+- ``poll(handle)``: the engine's state mapped onto the job engine's seven states (``JobState``).
+- ``cancel(handle)``: stop it; idempotent. ``logs(handle, ...)``: text of one process's log.
+
+Engines' own states map onto ``JobState`` with ``map_state`` and a per-engine table, e.g. Slurm
+PENDING -> QUEUED, CONFIGURING -> STARTING, COMPLETED -> SUCCEEDED, TIMEOUT/OUT_OF_MEMORY -> FAILED,
+CANCELLED -> CANCELLED; anything unknown maps to LOST rather than being guessed.
+
+Plain module (pydantic and the standard library only): the server imports it at start-up.
+"""
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, Field
+
+from servers.core.jobstore import JobState
+from servers.core.settings import Settings
+
+# The placeholder a plan made before its job folder exists uses for that folder; binding replaces it.
+JOB_DIR_PLACEHOLDER = "$JOB_DIR"
+
+
+class BackendPlan(BaseModel):
+    """What a backend would run, exactly. Built without side effects; submit runs this and nothing else."""
+
+    backend: str = Field(description="The backend that made the plan, e.g. 'local'")
+    argv: list[str] = Field(description="The command, one argument per item; never run through a shell")
+    env: dict[str, str] = Field(default_factory=dict, description="Environment variables added for the command")
+    cwd: str = Field(description="Working directory of the command")
+    gpus: list[int] | None = Field(default=None, description="GPU indices given to the job; None: none assigned")
+    nnodes: int = Field(default=1, ge=1, description="Nodes the job spans")
+    nproc_per_node: int = Field(default=1, ge=1, description="Processes (ranks) per node")
+    rendered: str | None = Field(
+        default=None, description="A rendered batch script or manifest (Slurm, Kubernetes, SkyPilot); None locally"
+    )
+    notes: list[str] = Field(default_factory=list, description="What a person should know before confirming")
+
+    def bind(self, job_dir: Path | str) -> "BackendPlan":
+        """The plan with the job-folder placeholder replaced by the real folder (once the job exists)."""
+        folder = str(job_dir)
+
+        def sub(text: str) -> str:
+            return text.replace(JOB_DIR_PLACEHOLDER, folder)
+
+        return self.model_copy(
+            update={
+                "argv": [sub(a) for a in self.argv],
+                "env": {k: sub(v) for k, v in self.env.items()},
+                "cwd": sub(self.cwd),
+                "rendered": sub(self.rendered) if self.rendered is not None else None,
+            }
+        )
+
+
+class SubmitRequest(BaseModel):
+    """What submit needs besides the plan: the idempotency key, the spec to store, the wall-time limit."""
+
+    key: str = Field(min_length=1, max_length=200, description="Idempotency key: same key, same job")
+    spec: dict[str, Any] = Field(description="The validated spec the plan was made from")
+    timeout_s: float | None = Field(default=None, gt=0, description="Wall-time limit; None: the kind's default")
+
+
+class BackendHandle(BaseModel):
+    """How a backend finds a submitted job again (also after a server restart)."""
+
+    backend: str
+    key: str = Field(description="The idempotency key it was submitted with")
+    native_id: str = Field(description="The engine's id: a job id locally, a Slurm job id, a TrainJob name...")
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One launch engine. See the module docstring for the contract of each method."""
+
+    name: str
+
+    def available(self) -> tuple[bool, str]:
+        """(usable here, what was found or what is missing). Cheap; starts nothing."""
+        ...
+
+    def plan(self, spec: Mapping[str, Any], settings: Settings | None = None) -> BackendPlan:
+        """The exact command for a validated spec. No side effects."""
+        ...
+
+    def submit(self, plan: BackendPlan, request: SubmitRequest) -> BackendHandle:
+        """Start the plan. Idempotent: the same request.key returns the first handle."""
+        ...
+
+    def poll(self, handle: BackendHandle) -> JobState:
+        """The job's state, mapped onto the engine's seven states."""
+        ...
+
+    def cancel(self, handle: BackendHandle) -> JobState:
+        """Stop the job (idempotent); returns the state after the attempt."""
+        ...
+
+    def logs(self, handle: BackendHandle, process: str = "rank0", *, offset: int = 0, max_bytes: int = 65536) -> str:
+        """Text of one process's log from byte `offset`, at most `max_bytes`."""
+        ...
+
+
+def map_state(table: Mapping[str, JobState], native: str) -> JobState:
+    """An engine's state name mapped with `table` (case-insensitive); unknown names become LOST."""
+    return table.get(native.strip().upper(), JobState.LOST)

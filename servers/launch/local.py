@@ -1,0 +1,574 @@
+"""The local backend: torchrun on this machine, run as a job of the job engine.
+
+The job engine is this backend's executor: `submit` stores a job whose work function, `run_training_job`,
+runs in the job's worker process (its own process group, so a cancel or the wall-time limit ends torchrun
+and every rank with it). The work function:
+
+- builds the command with `LocalBackend.plan` (the same function that made the plan a person confirmed):
+  `python -m torch.distributed.run ... --log-dir JOB/torchrun-logs --redirects 3 SCRIPT ARGS...`, an argv list,
+  never a shell;
+- starts it with torchrun's own output in logs/torchrun.log, and every ~0.5 s copies the new complete lines of
+  each rank's stdout.log and stderr.log (torchrun writes them under torchrun-logs/<run_id>_*/attempt_<n>/<rank>/)
+  to logs/rank<r>.log, so read_job_logs serves "rank0", "rank1"... while the job runs;
+- reports progress from the last step in metrics.jsonl (rank 0 writes it: LLM_INFRA_MCP_METRICS);
+- on failure, finds the root cause (torchrun collapses every worker failure to exit 1): the "Root Cause (first
+  observed failure)" block of torchrun's output gives the rank and its exit code, the rank's error.json (written
+  by scripts whose entry point uses `torch.distributed.elastic.multiprocessing.errors.record`) gives the
+  exception, else the rank's stderr gives the last traceback line; it raises
+  RuntimeError("rank 1 failed (exit 1): ValueError: ...") so the job's reason names the rank and the error.
+
+Nothing here imports torch: torchrun runs in a child process.
+"""
+
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from servers.core.jobfiles import JobContext, JobFiles
+from servers.core.jobstore import JobState
+from servers.core.settings import Settings
+from servers.launch.backend import JOB_DIR_PLACEHOLDER, BackendHandle, BackendPlan, SubmitRequest
+
+if TYPE_CHECKING:
+    from servers.core.jobs import JobEngine
+
+ENTRY = "servers.launch.local:run_training_job"
+LOG_DIR_NAME = "torchrun-logs"
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+METRICS_ENV = "LLM_INFRA_MCP_METRICS"
+CHECKPOINT_ENV = "LLM_INFRA_MCP_CHECKPOINT_DIR"
+JOB_ID_ENV = "LLM_INFRA_MCP_JOB_ID"
+MAX_NPROC = 1024
+POLL_S = 0.5
+# After SIGTERM, how long torchrun gets to stop its ranks before it is killed (the supervisor's grace still rules).
+_STOP_WAIT_S = 30.0
+_CHUNK = 4 * 1024 * 1024
+_TAIL = 64 * 1024
+
+
+# ---- command -------------------------------------------------------------------------------------------------------
+def torchrun_argv(
+    script: Path, args: list[str], nproc_per_node: int, max_restarts: int, log_dir: Path, run_id: str
+) -> list[str]:
+    """The torchrun command for one node, as an argv list (never a shell string).
+
+    `--standalone` would pick a random rendezvous id; the explicit c10d rendezvous on localhost:0 (a free port) is
+    what --standalone does, with `run_id` as the id, so the per-rank log folder is named after the run:
+    LOG_DIR/<run_id>_<random>/attempt_<n>/<local_rank>/{stdout.log,stderr.log,error.json}. Everything after the
+    script is the script's own arguments (argparse REMAINDER), passed through literally.
+    """
+    if not RUN_ID_PATTERN.match(run_id):
+        raise ValueError(f"bad run_id {run_id!r}: letters, digits, '_', '-' and '.' only, at most 96")
+    if not 1 <= nproc_per_node <= MAX_NPROC:
+        raise ValueError(f"nproc_per_node must be in [1, {MAX_NPROC}], got {nproc_per_node}")
+    if max_restarts < 0:
+        raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+    if not (script.is_absolute() or str(script).startswith(JOB_DIR_PLACEHOLDER)):
+        raise ValueError(f"the script path must be absolute, got {str(script)!r}")
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1:1",
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "localhost:0",
+        "--rdzv-id",
+        run_id,
+        "--max-restarts",
+        str(max_restarts),
+        "--log-dir",
+        str(log_dir),
+        "--redirects",
+        "3",
+        str(script),
+        *[str(a) for a in args],
+    ]
+
+
+def assign_gpus(nproc: int, busy: set[int], present: int, *, share_gpus: bool = False) -> list[int]:
+    """GPU indices for `nproc` ranks, one each: free ones first. On a machine without GPUs (present == 0): []
+    (the ranks run on CPU with gloo). Without `share_gpus`, a GPU another job holds (`busy`) is never handed out,
+    and too few free GPUs is a ValueError; with it, busy GPUs are used after the free ones."""
+    if nproc < 1:
+        raise ValueError(f"nproc must be >= 1, got {nproc}")
+    if present <= 0:
+        return []
+    if nproc > present:
+        raise ValueError(f"{nproc} ranks need {nproc} GPUs, and this machine has {present}")
+    free = [i for i in range(present) if i not in busy]
+    if share_gpus:
+        return (free + [i for i in range(present) if i in busy])[:nproc]
+    if len(free) < nproc:
+        held = ", ".join(str(i) for i in sorted(b for b in busy if b < present)) or "none"
+        raise ValueError(
+            f"{nproc} GPUs needed but only {len(free)} of {present} are free (held by other jobs: {held}); "
+            "wait for a job to end, ask for fewer ranks, or set share_gpus"
+        )
+    return free[:nproc]
+
+
+# ---- the backend ----------------------------------------------------------------------------------------------------
+class LocalBackend:
+    """torchrun on this machine. The job engine executes it: submit/poll/cancel/logs are thin wrappers over a
+    JobEngine given at construction (the server's), with the job kind whose entry is `ENTRY`."""
+
+    name = "local"
+
+    def __init__(self, engine: "JobEngine | None" = None, kind: str = "train") -> None:
+        self.engine = engine
+        self.kind = kind
+        self._by_key: dict[str, BackendHandle] = {}
+        self._lock = threading.Lock()
+
+    def available(self) -> tuple[bool, str]:
+        if importlib.util.find_spec("torch") is None:
+            return False, "torch is not installed, so torchrun is missing"
+        from servers.launch.backends import detect_local
+
+        status = detect_local()
+        return status.detected, status.detail
+
+    def plan(
+        self,
+        spec: Mapping[str, Any],
+        settings: Settings | None = None,
+        *,
+        job_dir: Path | None = None,
+    ) -> BackendPlan:
+        """The exact torchrun command for a validated spec. No side effects: nothing is created or started.
+        Without `job_dir` (before the job exists), paths in the job folder read `$JOB_DIR/...`; BackendPlan.bind
+        fills them in, and the worker makes the same plan with the real folder."""
+        script = Path(str(spec["script"]))
+        args = spec.get("args") or []
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise ValueError("args must be a list of strings")
+        nproc = int(spec.get("nproc_per_node", 1))
+        max_restarts = int(spec.get("max_restarts", 0))
+        run_id = str(spec.get("run_id") or "run")
+        user_env = dict(spec.get("env") or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in user_env.items()):
+            raise ValueError("env must map names to string values")
+        gpus = spec.get("gpus")
+        if gpus is not None:
+            gpus = [int(g) for g in gpus]
+            if len(set(gpus)) != len(gpus) or any(g < 0 for g in gpus):
+                raise ValueError(f"gpus must be distinct indices >= 0, got {gpus}")
+            if gpus and len(gpus) < nproc:
+                raise ValueError(f"{nproc} ranks need {nproc} GPUs, and gpus names {len(gpus)}")
+
+        folder = str(job_dir) if job_dir is not None else JOB_DIR_PLACEHOLDER
+        log_dir = Path(folder) / LOG_DIR_NAME
+        argv = torchrun_argv(script, args, nproc, max_restarts, log_dir, run_id)
+
+        env = dict(user_env)
+        env[METRICS_ENV] = str(Path(folder) / "metrics.jsonl")
+        env[CHECKPOINT_ENV] = str(Path(folder) / "checkpoints")
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
+            env["OMP_NUM_THREADS"] = "1"
+        notes = [f"{nproc} rank(s) on this machine; per-rank logs as processes rank0..rank{nproc - 1}"]
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+            notes.append(f"GPUs {env['CUDA_VISIBLE_DEVICES']} (CUDA_VISIBLE_DEVICES); rank r uses cuda:r")
+        elif gpus == []:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            notes.append("no GPU: the ranks run on CPU (gloo)")
+        else:
+            notes.append("no GPUs assigned: the ranks see the GPUs of the server's environment, if any")
+        if max_restarts:
+            notes.append(f"torchrun restarts all ranks in place up to {max_restarts} time(s) after a failure")
+        return BackendPlan(
+            backend=self.name,
+            argv=argv,
+            env=env,
+            cwd=folder,
+            gpus=gpus,
+            nnodes=1,
+            nproc_per_node=nproc,
+            notes=notes,
+        )
+
+    def _engine(self) -> "JobEngine":
+        if self.engine is None:
+            raise RuntimeError("this LocalBackend has no job engine; construct it with the server's JobEngine")
+        return self.engine
+
+    def submit(self, plan: BackendPlan, request: SubmitRequest) -> BackendHandle:
+        """Start the job through the engine; the same key returns the first job (looked up in the job store
+        too, so a restarted server does not launch twice). The plan is stored with the spec and the worker
+        refuses to run if the plan it makes differs from it."""
+        engine = self._engine()
+        with self._lock:
+            if request.key in self._by_key:
+                return self._by_key[request.key]
+            existing = self._find_by_key(request.key)
+            if existing is None:
+                spec = {**request.spec, "idempotency_key": request.key, "plan": plan.model_dump(mode="json")}
+                existing = engine.submit(self.kind, spec, timeout_s=request.timeout_s).id
+            handle = BackendHandle(backend=self.name, key=request.key, native_id=existing)
+            self._by_key[request.key] = handle
+            return handle
+
+    def _find_by_key(self, key: str) -> str | None:
+        store = self._engine().store
+        offset = 0
+        while True:
+            page = store.list_jobs(kind=self.kind, limit=200, offset=offset)
+            for job in page.jobs:
+                if job.spec.get("idempotency_key") == key:
+                    return job.id
+            offset += len(page.jobs)
+            if not page.jobs or offset >= page.total:
+                return None
+
+    def poll(self, handle: BackendHandle) -> JobState:
+        return self._engine().get(handle.native_id).state
+
+    def cancel(self, handle: BackendHandle) -> JobState:
+        return self._engine().cancel(handle.native_id).state
+
+    def logs(self, handle: BackendHandle, process: str = "rank0", *, offset: int = 0, max_bytes: int = 65536) -> str:
+        record = self._engine().get(handle.native_id)
+        path = JobFiles(record.job_dir).log(process)
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, offset))
+                return f.read(max(0, max_bytes)).decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def busy_gpus(self) -> set[int]:
+        """GPUs held by this backend's active jobs (those not started with share_gpus), for assign_gpus."""
+        busy: set[int] = set()
+        for job in self._engine().reconcile_all():
+            if job.kind == self.kind and not job.spec.get("share_gpus"):
+                busy.update(int(g) for g in job.spec.get("gpus") or [])
+        return busy
+
+
+# ---- per-rank logs -------------------------------------------------------------------------------------------------
+def _numbered(parent: Path, prefix: str = "") -> list[tuple[int, Path]]:
+    found = []
+    with contextlib.suppress(OSError):
+        for child in parent.iterdir():
+            suffix = child.name[len(prefix) :] if child.name.startswith(prefix) else ""
+            if suffix.isdigit() and child.is_dir():
+                found.append((int(suffix), child))
+    return sorted(found)
+
+
+def attempt_dirs(log_dir: Path) -> list[tuple[int, Path]]:
+    """(attempt number, folder) for every attempt torchrun started under `log_dir`, in order."""
+    attempts: list[tuple[int, Path]] = []
+    with contextlib.suppress(OSError):
+        for run_dir in sorted(p for p in log_dir.iterdir() if p.is_dir()):
+            attempts.extend(_numbered(run_dir, "attempt_"))
+    return sorted(attempts)
+
+
+class RankLogMirror:
+    """Copies what each rank has written (stdout.log and stderr.log of every attempt) to the job's rank<r> logs,
+    by byte offset, whole lines at a time, so that the logs read well while the job runs. A line from a restart
+    is preceded by a marker line."""
+
+    def __init__(self, log_dir: Path, log_path: Callable[[str], Path]) -> None:
+        self.log_dir = log_dir
+        self.log_path = log_path
+        self._offsets: dict[Path, int] = {}
+        self._started: set[tuple[int, int]] = set()
+
+    def sync(self, *, final: bool = False) -> None:
+        for attempt, attempt_dir in attempt_dirs(self.log_dir):
+            for rank, rank_dir in _numbered(attempt_dir):
+                self.log_path(f"rank{rank}").touch(exist_ok=True)  # a silent rank still has a (empty) log
+                for stream in ("stdout.log", "stderr.log"):
+                    self._copy(attempt, rank, rank_dir / stream, final)
+
+    def _copy(self, attempt: int, rank: int, source: Path, final: bool) -> None:
+        offset = self._offsets.get(source, 0)
+        try:
+            size = source.stat().st_size
+        except OSError:
+            return
+        while size > offset:
+            with open(source, "rb") as f:
+                f.seek(offset)
+                chunk = f.read(min(size - offset, _CHUNK))
+            if not final and len(chunk) < _CHUNK:
+                end = chunk.rfind(b"\n")
+                if end < 0:
+                    return  # a line still being written: copied once it ends
+                chunk = chunk[: end + 1]
+            marker = b""
+            if (attempt, rank) not in self._started:
+                self._started.add((attempt, rank))
+                if attempt > 0:
+                    marker = f"----- torchrun restart {attempt} (attempt_{attempt}) -----\n".encode()
+            with open(self.log_path(f"rank{rank}"), "ab") as out:
+                out.write(marker + chunk)
+            offset += len(chunk)
+            self._offsets[source] = offset
+            if not final:
+                return
+
+
+# ---- root cause ----------------------------------------------------------------------------------------------------
+@dataclass
+class RootCause:
+    rank: int | None
+    exit_code: int | None
+    error: str
+    attempt: int | None = None
+
+
+_BLOCK_START = "Root Cause (first observed failure):"
+
+
+def _tail_text(path: Path, limit: int = _TAIL) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def parse_root_cause_block(text: str) -> dict[str, Any] | None:
+    """rank, local_rank, exit_code, error_file and traceback from the last "Root Cause" block torchrun printed."""
+    start = text.rfind(_BLOCK_START)
+    if start < 0:
+        return None
+    block = text[start + len(_BLOCK_START) :]
+    end = block.find("\n====")
+    block = block[:end] if end >= 0 else block
+    info: dict[str, Any] = {}
+    if m := re.search(r"^\s*rank\s*:\s*(\d+)(?:\s*\(local_rank:\s*(\d+)\))?", block, re.M):
+        info["rank"] = int(m.group(1))
+        info["local_rank"] = int(m.group(2)) if m.group(2) else None
+    if m := re.search(r"^\s*exitcode\s*:\s*(-?\d+)", block, re.M):
+        info["exit_code"] = int(m.group(1))
+    if m := re.search(r"^\s*error_file\s*:\s*(\S+)", block, re.M):
+        info["error_file"] = None if m.group(1) == "<N/A>" else m.group(1)
+    if m := re.search(r"^\s*traceback\s*:\s?(.*)", block, re.M | re.S):
+        info["traceback"] = m.group(1).rstrip()
+    return info
+
+
+def read_error_file(path: Path) -> tuple[str, float | None] | None:
+    """(message, timestamp) from a torchelastic error.json: {"message": {"message": "Type: text", "extraInfo":
+    {"py_callstack": ..., "timestamp": "..."}}} (older or hand-written files: {"message": "text"})."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    message = data.get("message")
+    timestamp: float | None = None
+    if isinstance(message, dict):
+        extra = message.get("extraInfo") or {}
+        with contextlib.suppress(TypeError, ValueError):
+            timestamp = float(extra.get("timestamp"))
+        message = message.get("message")
+    if not message:
+        return None
+    return str(message).strip(), timestamp
+
+
+def last_exception_line(text: str) -> str | None:
+    """The exception line ("ValueError: ...") of the last Python traceback in `text`, else None."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("Traceback (most recent call last)")]
+    if not starts:
+        return None
+    indent = len(lines[starts[-1]]) - len(lines[starts[-1]].lstrip())
+    found = None
+    for line in lines[starts[-1] + 1 :]:
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if len(line) - len(line.lstrip()) <= indent and not stripped.startswith(("File ", "^", "~")):
+            found = stripped
+            break
+    return found
+
+
+def find_root_cause(log_dir: Path, torchrun_output: Path) -> RootCause | None:
+    """Which rank failed first and why, from torchrun's output, the ranks' error files and their stderr."""
+    block = parse_root_cause_block(_tail_text(torchrun_output)) or {}
+    attempts = attempt_dirs(log_dir)
+    last_attempt, last_dir = attempts[-1] if attempts else (None, None)
+
+    # One node: the local rank (the folder name) is the rank.
+    rank = block["local_rank"] if block.get("local_rank") is not None else block.get("rank")
+    error: str | None = None
+    named = Path(block["error_file"]).resolve() if block.get("error_file") else None
+    if named is not None and named.is_relative_to(log_dir.resolve()):  # only files torchrun wrote for this job
+        found = read_error_file(named)
+        error = found[0] if found else None
+    if error is None and last_dir is not None:
+        # The earliest error file of the last attempt: the rank that failed first.
+        candidates = []
+        for r, rank_dir in _numbered(last_dir):
+            found = read_error_file(rank_dir / "error.json")
+            if found and (rank is None or r == rank):
+                candidates.append((found[1] if found[1] is not None else float("inf"), r, found[0]))
+        if candidates:
+            _, r, error = min(candidates)
+            rank = r if rank is None else rank
+    traceback = str(block.get("traceback") or "")
+    if error is None and traceback and "Traceback" in traceback:
+        error = last_exception_line(traceback)
+    if error is None and rank is not None and last_dir is not None:
+        stderr = _tail_text(last_dir / str(rank) / "stderr.log")
+        error = last_exception_line(stderr)
+        if error is None:
+            lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+            error = lines[-1] if lines else None
+    if error is None and traceback and not traceback.startswith("To enable traceback"):
+        error = traceback.strip().splitlines()[-1].strip()
+    if rank is None and error is None:
+        return None
+    code = block.get("exit_code")
+    return RootCause(rank=rank, exit_code=code, error=error or "no error message was recorded", attempt=last_attempt)
+
+
+def describe_failure(returncode: int, log_dir: Path, torchrun_output: Path) -> str:
+    """The job's reason for a torchrun that exited with `returncode` != 0."""
+    cause = find_root_cause(log_dir, torchrun_output)
+    attempts = attempt_dirs(log_dir)
+    restarts = f"; after {len(attempts) - 1} restart(s)" if len(attempts) > 1 else ""
+    if cause is None or cause.rank is None:
+        tail = [line.strip() for line in _tail_text(torchrun_output, 8192).splitlines() if line.strip()]
+        detail = (cause.error if cause else None) or (tail[-1] if tail else "no output")
+        return f"torchrun exited with code {returncode}: {detail}{restarts}; see read_job_logs for process torchrun"
+    code = cause.exit_code if cause.exit_code is not None else returncode
+    signal_note = ""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            name = signal.Signals(-code).name
+            signal_note = f", {name}" + (" (often the out-of-memory killer)" if name == "SIGKILL" else "")
+    return (
+        f"rank {cause.rank} failed (exit {code}{signal_note}): {cause.error}{restarts}; "
+        f"see read_job_logs for process rank{cause.rank}"
+    )
+
+
+# ---- the work function ---------------------------------------------------------------------------------------------
+def _last_step(metrics: Path) -> int | None:
+    for line in reversed(_tail_text(metrics, 16384).splitlines()):
+        with contextlib.suppress(ValueError):
+            row = json.loads(line)
+            if isinstance(row, dict) and isinstance(row.get("step"), int | float):
+                return int(row["step"])
+    return None
+
+
+def _check_bound(spec: Mapping[str, Any], plan: BackendPlan, job_dir: Path) -> None:
+    stored = spec.get("plan")
+    if not isinstance(stored, dict):
+        return
+    confirmed = BackendPlan.model_validate(stored).bind(job_dir)
+    if confirmed.argv != plan.argv or confirmed.env != plan.env:
+        raise RuntimeError("the command differs from the plan it was launched with; plan and launch again")
+
+
+def run_training_job(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """The training job kind's work function (runs in the job's worker process). See the module docstring."""
+    job_dir = ctx.files.dir
+    plan = LocalBackend().plan(spec, job_dir=job_dir)
+    _check_bound(spec, plan, job_dir)
+    log_dir = job_dir / LOG_DIR_NAME
+    log_dir.mkdir(parents=True, exist_ok=True)
+    ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **plan.env, JOB_ID_ENV: ctx.job_id}
+    total = spec.get("total_steps")
+    total_steps = float(total) if isinstance(total, int | float) else None
+    torchrun_output = ctx.log_path("torchrun")
+    mirror = RankLogMirror(log_dir, ctx.log_path)
+
+    stop = threading.Event()
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    ctx.progress(0, total_steps, f"starting torchrun with {plan.nproc_per_node} rank(s)")
+    try:
+        with open(torchrun_output, "ab") as out:
+            proc = subprocess.Popen(
+                plan.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=plan.cwd, env=env
+            )
+        try:
+            returncode = _follow(proc, mirror, ctx, stop, total_steps)
+        except BaseException:
+            _stop(proc)
+            raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        mirror.sync(final=True)
+
+    if stop.is_set():
+        raise RuntimeError(f"stopped by SIGTERM (cancel or wall-time limit); torchrun exited with code {returncode}")
+    attempts = attempt_dirs(log_dir)
+    restarts = max(0, len(attempts) - 1)
+    if returncode != 0:
+        raise RuntimeError(describe_failure(returncode, log_dir, torchrun_output))
+    step = _last_step(ctx.files.metrics)
+    ctx.progress(step if step is not None else 0, total_steps, "finished")
+    return {
+        "exit_code": 0,
+        "restarts": restarts,
+        "attempts": len(attempts),
+        "ranks": plan.nproc_per_node,
+        "log_dir": str(log_dir),
+        "last_step": step,
+        "gpus": plan.gpus,
+    }
+
+
+def _follow(
+    proc: subprocess.Popen[bytes], mirror: RankLogMirror, ctx: JobContext, stop: threading.Event, total: float | None
+) -> int:
+    last_step: int | None = None
+    while True:
+        try:
+            return proc.wait(timeout=POLL_S)
+        except subprocess.TimeoutExpired:
+            pass
+        if stop.is_set():
+            return _stop(proc)
+        mirror.sync()
+        step = _last_step(ctx.files.metrics)
+        if step is not None and step != last_step:
+            last_step = step
+            attempt = len(attempt_dirs(mirror.log_dir)) - 1
+            ctx.progress(step, total, f"step {step}" + (f" (after {attempt} restart(s))" if attempt > 0 else ""))
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM torchrun (it stops its ranks), then SIGKILL if it does not end in time."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=_STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()

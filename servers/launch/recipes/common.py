@@ -1,0 +1,191 @@
+"""Code the bundled recipes share: distributed setup, checkpoints, the metrics writer and the GPU catalog.
+
+torchrun runs a recipe as a file, not as part of the ``servers`` package, so the recipes import this module by
+putting their own folder on ``sys.path``; it must therefore not import ``servers`` either. The metrics writer is
+loaded from ``../metrics.py`` by path (it is standard library only).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+HERE = Path(__file__).resolve().parent
+CHECKPOINT_ENV = "LLM_INFRA_MCP_CHECKPOINT_DIR"
+_CKPT_RE = re.compile(r"^step_(\d+)\.pt$")
+
+
+def load_metrics_module() -> ModuleType:
+    """servers/launch/metrics.py, loaded by path under a private name (no dependency on the package)."""
+    name = "llm_infra_mcp_metrics"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, HERE.parent / "metrics.py")
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {HERE.parent / 'metrics.py'}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Dist:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str | None  # None when running as a single process without a process group
+    restart_count: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed() -> Dist:
+    """Read torchrun's variables; nccl on cuda:LOCAL_RANK when GPUs exist, gloo on CPU. A plain `python script.py`
+    (no WORLD_SIZE) runs as one process without a process group."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if world > 1:
+        if backend == "nccl":
+            dist.init_process_group(backend, device_id=device)
+        else:
+            dist.init_process_group(backend)
+        world = dist.get_world_size()
+        rank = dist.get_rank()
+    else:
+        backend = None
+    return Dist(rank, local_rank, world, device, backend, restarts)
+
+
+def cleanup_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_mean(values: list[float], d: Dist) -> list[float]:
+    """The mean of each value over ranks (identity without a process group)."""
+    if d.backend is None:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=d.device)
+    dist.all_reduce(t)
+    return (t / d.world_size).tolist()
+
+
+def checkpoint_dir(arg: str | None) -> Path | None:
+    """--ckpt-dir when given, else LLM_INFRA_MCP_CHECKPOINT_DIR, else None (no checkpoints)."""
+    value = arg or os.environ.get(CHECKPOINT_ENV) or None
+    return Path(value) if value else None
+
+
+def save_checkpoint(directory: Path | None, step: int, state: dict[str, Any], d: Dist, keep: int = 2) -> Path | None:
+    """Rank 0 writes step_<step>.pt atomically (temporary file, then rename) and keeps the newest `keep`."""
+    if directory is None or not d.is_main:
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"step_{step:08d}.pt"
+    tmp = directory / f".step_{step:08d}.pt.tmp{os.getpid()}"
+    torch.save({"step": step, **state}, tmp)
+    os.replace(tmp, path)
+    for old in _checkpoints(directory)[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def _checkpoints(directory: Path) -> list[Path]:
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _CKPT_RE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def load_latest_checkpoint(directory: Path | None, device: torch.device) -> dict[str, Any] | None:
+    """The newest readable checkpoint in `directory` (an unreadable one is skipped with a message), or None."""
+    if directory is None or not directory.is_dir():
+        return None
+    for path in reversed(_checkpoints(directory)):
+        try:
+            return torch.load(path, map_location=device, weights_only=True)
+        except Exception as exc:  # a damaged file: fall back to the one before
+            print(f"[recipe] could not read checkpoint {path}: {exc}; trying an older one", flush=True)
+    return None
+
+
+def seed_all(seed: int) -> None:
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[\s_\-]+", "", name.lower()).removeprefix("nvidia").removeprefix("amd")
+
+
+def catalog_path() -> Path | None:
+    """resources/gpus.json in a checkout (../../../resources) or in an installed wheel (../../_data/resources)."""
+    for candidate in (
+        HERE.parents[2] / "resources" / "gpus.json",
+        HERE.parents[1] / "_data" / "resources" / "gpus.json",
+    ):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def gpu_peak_tflops(device_name: str, dtype: str = "bf16") -> tuple[str, float] | None:
+    """(catalog name, dense peak TFLOP/s for dtype) of the catalogued GPU that `device_name` (e.g. from
+    torch.cuda.get_device_name) matches loosely, or None. Exact alias matches win; otherwise the longest alias
+    contained in the device name."""
+    path = catalog_path()
+    if path is None:
+        return None
+    try:
+        gpus = json.loads(path.read_text())["gpus"]
+    except (OSError, ValueError, KeyError):
+        return None
+    key = _norm(device_name)
+    best: tuple[int, dict[str, Any]] | None = None
+    for gpu in gpus:
+        for label in (gpu["name"], *gpu.get("aliases", ())):
+            alias = _norm(label)
+            if not alias:
+                continue
+            if alias == key:
+                best = (10_000, gpu)
+            elif alias in key and (best is None or len(alias) > best[0]):
+                best = (len(alias), gpu)
+    if best is None:
+        return None
+    peak = best[1].get(f"{dtype}_tflops")
+    return (best[1]["name"], float(peak)) if peak else None
+
+
+class Timer:
+    """Wall time that survives restarts: `offset` seconds from earlier attempts plus this process's time."""
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.offset = offset
+        self.start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return self.offset + time.perf_counter() - self.start

@@ -1,0 +1,348 @@
+"""Training jobs before they start: the spec, its checks (paths, environment, quotas), the plan with a token
+bound to it, the audit log, and idempotency keys. Plain module; the MCP layer is server.py, the executor is the
+job engine with the local backend's work function (local.py).
+
+A plan_token is self-contained: the canonical spec, signed with an HMAC key kept in the state directory. Submit
+accepts the token alone (it carries the spec) or with the spec (they must match), so nothing is stored at plan
+time except the audit line.
+"""
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field
+
+from servers.core.db import connect, initialise
+from servers.core.errors import InputError, QuotaError
+from servers.core.paths import resolve_inside_roots
+from servers.core.settings import Settings
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# Variables a job may not set: they would change what code runs (loader and interpreter hooks), or override what
+# the launcher itself decides (ranks, devices, the project's contract with the script).
+DENIED_ENV = frozenset(
+    {
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "LD_AUDIT",
+        "DYLD_INSERT_LIBRARIES",
+        "DYLD_LIBRARY_PATH",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONUSERBASE",
+        "PYTHONEXECUTABLE",
+        "PYTHONSAFEPATH",
+        "PATH",
+        "BASH_ENV",
+        "ENV",
+        "SHELL",
+        "IFS",
+        "CUDA_VISIBLE_DEVICES",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "GROUP_RANK",
+        "ROLE_RANK",
+    }
+)
+DENIED_ENV_PREFIXES = ("LLM_INFRA_MCP_", "TORCHELASTIC_", "TORCH_ELASTIC_")
+KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+
+
+class TrainingJobSpec(BaseModel):
+    """What to train and how. Either a bundled recipe or a script inside the allowed roots."""
+
+    recipe: Annotated[str, Field(max_length=64)] | None = Field(
+        default=None, description="A bundled recipe (list_recipes), e.g. tiny-gpt or tiny-grpo"
+    )
+    script: Annotated[str, Field(max_length=4096)] | None = Field(
+        default=None, description="A Python training script inside the allowed roots"
+    )
+    args: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Arguments, one per item; passed literally (never through a shell)",
+    )
+    nproc_per_node: int | None = Field(
+        default=None, ge=1, le=64, description="Processes (ranks) on the node; default: the GPUs present, else 1"
+    )
+    nnodes: int = Field(default=1, ge=1, le=1, description="Nodes; the local backend runs one")
+    gpus_per_node: int | None = Field(
+        default=None,
+        ge=0,
+        le=64,
+        description="GPUs to give the job; default: one per rank where GPUs are present, else 0",
+    )
+    share_gpus: bool = Field(default=False, description="Allow GPUs that another running job already uses")
+    env: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=dict, max_length=64, description="Extra environment variables (a deny list applies)"
+    )
+    workdir: Annotated[str, Field(max_length=4096)] | None = Field(
+        default=None, description="Working directory inside the allowed roots; default: the job folder"
+    )
+    max_wall_s: float = Field(
+        default=3600, gt=0, le=30 * 86400, description="Wall-time limit; the watchdog ends the job past it"
+    )
+    max_restarts: int = Field(default=0, ge=0, le=10, description="torchrun restarts after a failure")
+    name: Annotated[str, Field(max_length=128)] | None = Field(default=None, description="A name for the run")
+    tags: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list, max_length=32, description="Labels for the run"
+    )
+    idempotency_key: Annotated[str, Field(pattern=KEY_PATTERN)] | None = Field(
+        default=None, description="A retried submit with the same key returns the first job instead of starting another"
+    )
+    backend: Literal["local"] = Field(default="local", description="Where to run; local (torchrun) for now")
+
+
+class TrainingPlan(BaseModel):
+    plan_token: str = Field(description="Pass to submit_training_job: it is bound to exactly this spec")
+    plan_hash: str = Field(description="Hash of the normalised spec; recorded in the audit log")
+    spec: dict[str, Any] = Field(description="The normalised spec (defaults filled in)")
+    backend: str
+    argv: list[str] = Field(description="The exact command (the job folder is known only at submit)")
+    cwd: str
+    env: dict[str, str] = Field(description="Variables added to the job's environment")
+    script_path: str
+    recipe: str | None
+    nproc_per_node: int
+    gpus: int = Field(description="GPUs the job will hold")
+    estimated_gpu_hours: float = Field(description="Upper bound: GPUs x wall-time limit")
+    expected_runtime: str | None = Field(default=None, description="The recipe's typical run time, when known")
+    needs_confirmation: bool = Field(description="True above LLM_INFRA_MCP_CONFIRM_ABOVE_GPU_HOURS")
+    quotas: list[str] = Field(description="The quotas checked, with their values")
+    warnings: list[str]
+
+
+def check_env(env: dict[str, str]) -> None:
+    for key, value in env.items():
+        if not ENV_NAME.match(key):
+            raise InputError(f"environment variable name {key!r} is not valid: letters, digits and '_' only")
+        if key.upper() in DENIED_ENV or key.upper().startswith(DENIED_ENV_PREFIXES):
+            raise InputError(
+                f"environment variable {key} may not be set by a job: it changes what code runs or "
+                "what the launcher decides (denied: loader and Python path hooks, PATH, rank and "
+                f"device variables, {', '.join(DENIED_ENV_PREFIXES)}*)"
+            )
+        if "\x00" in value:
+            raise InputError(f"environment variable {key} contains a NUL byte")
+
+
+def key_file(settings: Settings) -> Path:
+    return settings.home / "launch.key"
+
+
+def _signing_key(settings: Settings) -> bytes:
+    path = key_file(settings)
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        key = secrets.token_bytes(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+        return key
+    except FileExistsError:  # another process created it between our read and our create
+        return path.read_bytes()
+
+
+def canonical(spec: TrainingJobSpec) -> str:
+    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+def spec_hash(spec: TrainingJobSpec) -> str:
+    return hashlib.sha256(canonical(spec).encode()).hexdigest()[:16]
+
+
+def make_token(settings: Settings, spec: TrainingJobSpec) -> str:
+    body = base64.urlsafe_b64encode(canonical(spec).encode()).decode().rstrip("=")
+    signature = hmac.new(_signing_key(settings), body.encode(), hashlib.sha256).hexdigest()[:32]
+    return f"{body}.{signature}"
+
+
+def spec_from_token(settings: Settings, token: str) -> TrainingJobSpec:
+    body, _, signature = token.rpartition(".")
+    expected = hmac.new(_signing_key(settings), body.encode(), hashlib.sha256).hexdigest()[:32]
+    if not body or not hmac.compare_digest(signature, expected):
+        raise InputError(
+            "plan_token is not valid here: it was not made by plan_training_job on this state "
+            "directory, or it was altered; make a new plan"
+        )
+    try:
+        data = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    except ValueError:
+        raise InputError("plan_token cannot be decoded; make a new plan") from None
+    return TrainingJobSpec.model_validate(data)
+
+
+class AuditLog:
+    """Append-only JSON lines: every plan, submit, confirm, decline and cancel, with who asked."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.path = settings.home / "audit.jsonl"
+
+    def record(self, event: str, **fields: Any) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = json.dumps({"time": round(time.time(), 3), "event": event, **fields}, default=str) + "\n"
+        with open(self.path, "a") as f:  # one write of one line in append mode
+            f.write(line)
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+
+_KEYS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS launch_keys (
+    key TEXT PRIMARY KEY,
+    spec_hash TEXT NOT NULL,
+    job_id TEXT,
+    created_at REAL NOT NULL
+);
+"""
+
+
+class IdempotencyKeys:
+    """key -> job. Claiming a key is one INSERT: of two concurrent submits with one key, one wins."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.db_path = settings.db_path
+        initialise(self.db_path, _KEYS_SCHEMA)
+
+    def lookup(self, key: str) -> tuple[str, str | None] | None:
+        with connect(self.db_path) as conn:
+            row = conn.execute("SELECT spec_hash, job_id FROM launch_keys WHERE key = ?", (key,)).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def claim(self, key: str, digest: str) -> bool:
+        import sqlite3
+
+        try:
+            with connect(self.db_path) as conn:
+                conn.execute(
+                    "INSERT INTO launch_keys (key, spec_hash, job_id, created_at) VALUES (?, ?, NULL, ?)",
+                    (key, digest, time.time()),
+                )
+            return True
+        except sqlite3.IntegrityError:
+            return False
+
+    def bind(self, key: str, job_id: str) -> None:
+        with connect(self.db_path) as conn:
+            conn.execute("UPDATE launch_keys SET job_id = ? WHERE key = ?", (job_id, key))
+
+    def release(self, key: str) -> None:
+        with connect(self.db_path) as conn:
+            conn.execute("DELETE FROM launch_keys WHERE key = ? AND job_id IS NULL", (key,))
+
+
+def resolve_script(settings: Settings, spec: TrainingJobSpec) -> tuple[Path, str | None, str | None]:
+    """(script path, recipe name, expected runtime text)."""
+    if (spec.recipe is None) == (spec.script is None):
+        raise InputError(
+            "give exactly one of recipe (a bundled one, see list_recipes) or script (a file inside the allowed roots)"
+        )
+    if spec.recipe is not None:
+        from servers.launch.recipes import RECIPES
+
+        info = RECIPES.get(spec.recipe)
+        if info is None:
+            raise InputError(f"unknown recipe {spec.recipe!r}; bundled recipes: {', '.join(sorted(RECIPES))}")
+        return Path(info.path), info.name, f"CPU: {info.expected_time_cpu}; GPU: {info.expected_time_gpu}"
+    assert spec.script is not None
+    path = resolve_inside_roots(spec.script, settings.roots(), what="script")
+    if not path.is_file():
+        raise InputError(f"script {spec.script!r} does not exist or is not a file (resolved to {path})")
+    if path.suffix != ".py":
+        raise InputError(f"script {path} is not a Python file (.py); torchrun runs Python scripts")
+    return path, None, None
+
+
+def plan(settings: Settings, spec: TrainingJobSpec, *, gpus_present: int, gpus_in_use: int) -> TrainingPlan:
+    """Check everything and describe exactly what would run. No side effects beyond the signing key file."""
+    script, recipe, expected = resolve_script(settings, spec)
+    check_env(spec.env)
+    warnings: list[str] = []
+    nproc = spec.nproc_per_node or max(1, gpus_present)
+    gpus = spec.gpus_per_node if spec.gpus_per_node is not None else (nproc if gpus_present else 0)
+    if gpus > gpus_present:
+        raise InputError(f"the job asks for {gpus} GPU(s) but this machine has {gpus_present}")
+    if gpus_present == 0:
+        cap = max(2, os.cpu_count() or 1)
+        if nproc > cap:
+            raise InputError(
+                f"nproc_per_node {nproc} is more than this machine runs without GPUs: at most {cap} (CPU cores)"
+            )
+        warnings.append("no GPU here: ranks run on CPU with gloo")
+    elif nproc > gpus and gpus > 0:
+        raise InputError(f"nproc_per_node {nproc} is more than the {gpus} GPU(s) given to the job: one rank per GPU")
+    quotas = [
+        f"max_job_wall_s {settings.max_job_wall_s:g} s",
+        f"max_gpus_per_job {settings.max_gpus_per_job}",
+        f"max_concurrent_gpus {settings.max_concurrent_gpus} ({gpus_in_use} in use)",
+        f"max_concurrent_jobs {settings.max_concurrent_jobs}",
+    ]
+    if spec.max_wall_s > settings.max_job_wall_s:
+        raise QuotaError(
+            f"max_wall_s {spec.max_wall_s:g} s is above the quota of {settings.max_job_wall_s:g} s "
+            "(LLM_INFRA_MCP_MAX_JOB_WALL_S)"
+        )
+    if gpus > settings.max_gpus_per_job:
+        raise QuotaError(
+            f"the job would use {gpus} GPUs; the quota is {settings.max_gpus_per_job} per job "
+            "(LLM_INFRA_MCP_MAX_GPUS_PER_JOB)"
+        )
+    if gpus and gpus_in_use + gpus > settings.max_concurrent_gpus and not spec.share_gpus:
+        raise QuotaError(
+            f"{gpus_in_use} GPUs are in use and this job needs {gpus}; at most "
+            f"{settings.max_concurrent_gpus} at once (LLM_INFRA_MCP_MAX_CONCURRENT_GPUS)"
+        )
+    workdir = (
+        resolve_inside_roots(spec.workdir, settings.roots(), what="workdir") if spec.workdir else Path("<job folder>")
+    )
+    if spec.workdir and not Path(workdir).is_dir():
+        raise InputError(f"workdir {spec.workdir!r} is not a directory")
+    from servers.launch.local import torchrun_argv
+
+    argv = torchrun_argv(script, list(spec.args), nproc, spec.max_restarts, Path("<job folder>/torchrun"), "run")
+    env = dict(spec.env) | {
+        "LLM_INFRA_MCP_METRICS": "<job folder>/metrics.jsonl",
+        "LLM_INFRA_MCP_CHECKPOINT_DIR": "<job folder>/checkpoints",
+    }
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = "<assigned at submit: free GPUs>"
+    estimated = gpus * spec.max_wall_s / 3600
+    if any(a.strip().startswith(("$(", "`")) or ";" in a or "&&" in a or "|" in a for a in spec.args):
+        warnings.append("some args look like shell syntax: they reach the script as literal strings, no shell runs")
+    normalised = spec.model_copy(update={"nproc_per_node": nproc, "gpus_per_node": gpus})
+    return TrainingPlan(
+        plan_token=make_token(settings, normalised),
+        plan_hash=spec_hash(normalised),
+        spec=normalised.model_dump(mode="json"),
+        backend=spec.backend,
+        argv=argv,
+        cwd=str(workdir),
+        env=env,
+        script_path=str(script),
+        recipe=recipe,
+        nproc_per_node=nproc,
+        gpus=gpus,
+        estimated_gpu_hours=estimated,
+        expected_runtime=expected,
+        needs_confirmation=estimated > settings.confirm_above_gpu_hours,
+        quotas=quotas,
+        warnings=warnings,
+    )

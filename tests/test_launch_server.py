@@ -1,0 +1,224 @@
+"""The launch tools in process, in both protocol eras: recipes run to completion through the MCP tools (tiny-gpt on
+2 gloo ranks, tiny-grpo fitted by the scaling server), metrics readable while a job runs, plans without side
+effects, confirmation (accepted, declined, client without elicitation, plan_token), idempotency keys, the audit
+log, and every bad input refused with nothing started."""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.client import ClientRequestContext
+from mcp.types import ElicitRequestParams, ElicitResult
+
+from servers.core.mcp_layer import App
+from tests.helpers import create_test_suite
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "launch"
+
+
+async def ok(client: Client, tool: str, args: dict) -> dict:
+    result = await client.call_tool(tool, args)
+    assert not result.is_error, result.content[0].text
+    return result.structured_content
+
+
+async def error(client: Client, tool: str, args: dict) -> str:
+    result = await client.call_tool(tool, args)
+    assert result.is_error, f"{tool} accepted {args}"
+    assert "Traceback" not in result.content[0].text
+    return result.content[0].text
+
+
+async def finish(client: Client, job_id: str, limit_s: float = 240) -> dict:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        waited = await ok(client, "wait_for_job", {"job_id": job_id, "timeout_s": 30})
+        if waited["job"]["finished"]:
+            return waited["job"]
+    raise AssertionError(f"job {job_id} did not finish in {limit_s} s")
+
+
+async def test_backends_and_recipes(suite_client: Client) -> None:
+    backends = {b["name"]: b for b in (await ok(suite_client, "list_backends", {}))["backends"]}
+    assert backends["local"]["detected"] and backends["local"]["launch_supported"]
+    recipes = {r["name"]: r for r in (await ok(suite_client, "list_recipes", {}))["recipes"]}
+    assert {"tiny-gpt", "tiny-grpo"} <= set(recipes)
+    assert any(a["name"] in ("steps", "--steps") for a in recipes["tiny-gpt"]["arguments"])
+    [doc] = (await suite_client.read_resource("infra://recipes")).contents
+    assert "tiny-grpo" in doc.text
+
+
+async def test_plan_has_no_side_effects_but_is_audited(suite_client: Client, app: App) -> None:
+    plan = await ok(
+        suite_client,
+        "plan_training_job",
+        {"spec": {"recipe": "tiny-gpt", "args": ["--steps", "5"], "nproc_per_node": 2}},
+    )
+    argv = plan["argv"]
+    assert "torch.distributed.run" in argv and "--nproc-per-node" in argv and argv[-2:] == ["--steps", "5"]
+    assert plan["gpus"] == 0 and not plan["needs_confirmation"] and plan["plan_token"]
+    assert (await ok(suite_client, "list_jobs", {}))["total"] == 0
+    audit = [json.loads(line) for line in (app.settings.home / "audit.jsonl").read_text().splitlines()]
+    assert audit[-1]["event"] == "plan" and audit[-1]["plan_hash"] == plan["plan_hash"]
+
+
+async def test_tiny_gpt_on_two_ranks_with_metrics_while_running(suite_client: Client) -> None:
+    job = await ok(
+        suite_client,
+        "submit_training_job",
+        {
+            "spec": {"recipe": "tiny-gpt", "args": ["--steps", "60"], "nproc_per_node": 2, "name": "gpt-smoke"},
+            "wait_s": 0,
+        },
+    )
+    seen_running = False
+    deadline = time.monotonic() + 200
+    while time.monotonic() < deadline:
+        page = await ok(suite_client, "read_job_metrics", {"job_id": job["job_id"]})
+        if page["rows"] and not page["job_finished"]:
+            seen_running = True
+            break
+        if page["job_finished"]:
+            break
+        await anyio.sleep(0.2)
+    done = await finish(suite_client, job["job_id"])
+    assert done["state"] == "SUCCEEDED", done["reason"]
+    assert seen_running, "no metrics row was readable while the job ran"
+    rows = (await ok(suite_client, "read_job_metrics", {"job_id": job["job_id"], "keys": ["loss"]}))["rows"]
+    losses = [r["loss"] for r in rows if r.get("loss") is not None]
+    assert len(losses) >= 2 and losses[-1] < losses[0]
+    processes = {log["process"] for log in done["logs"]}
+    assert {"rank0", "rank1"} <= processes
+
+
+async def test_tiny_grpo_end_to_end_with_the_scaling_fit(suite_client: Client) -> None:
+    job = await ok(suite_client, "submit_training_job", {"spec": {"recipe": "tiny-grpo"}, "wait_s": 0})
+    done = await finish(suite_client, job["job_id"])
+    assert done["state"] == "SUCCEEDED", done["reason"]
+    fit = await ok(
+        suite_client,
+        "fit_scaling_law",
+        {
+            "model": "scalerl",
+            "bootstrap": 0,
+            "compute_unit": "flops",
+            "data": {"job_id": job["job_id"], "columns": {"compute": "compute_flops", "value": "pass_rate"}},
+        },
+    )
+    assert fit["converged"] and fit["rmse"] < 0.08 and 0 < fit["parameters"]["A"]["value"] <= 1
+
+
+async def test_shell_syntax_reaches_the_script_literally(suite_client: Client, tmp_path: Path) -> None:
+    script = tmp_path / "echo_args.py"
+    script.write_text((FIXTURES / "echo_args.py").read_text())
+    out = tmp_path / "args.json"
+    tricky = ["; rm -rf /", "$(whoami)", "`id`", "a && b", "| cat"]
+    job = await ok(
+        suite_client,
+        "submit_training_job",
+        {"spec": {"script": str(script), "args": tricky, "env": {"ECHO_ARGS_OUT": str(out)}}, "wait_s": 45},
+    )
+    done = await finish(suite_client, job["job_id"])
+    assert done["state"] == "SUCCEEDED", done["reason"]
+    assert json.loads(out.read_text()) == tricky
+
+
+async def test_bad_inputs_start_nothing(suite_client: Client, tmp_path: Path) -> None:
+    outside = await error(suite_client, "plan_training_job", {"spec": {"script": "/etc/hostname"}})
+    assert "outside the allowed roots" in outside
+    (tmp_path / "escape.py").symlink_to("/etc/hostname")  # a symlink out of the root
+    assert "outside the allowed roots" in await error(
+        suite_client, "submit_training_job", {"spec": {"script": str(tmp_path / "escape.py")}}
+    )
+    assert "LD_PRELOAD" in await error(
+        suite_client, "submit_training_job", {"spec": {"recipe": "tiny-gpt", "env": {"LD_PRELOAD": "/tmp/evil.so"}}}
+    )
+    assert "PYTHONPATH" in await error(
+        suite_client, "plan_training_job", {"spec": {"recipe": "tiny-gpt", "env": {"PYTHONPATH": "/tmp"}}}
+    )
+    assert "at most" in await error(
+        suite_client, "submit_training_job", {"spec": {"recipe": "tiny-gpt", "nproc_per_node": 64}}
+    )
+    assert "quota" in await error(
+        suite_client, "submit_training_job", {"spec": {"recipe": "tiny-gpt", "max_wall_s": 10 * 86400}}
+    )
+    assert "tiny-gpt" in await error(suite_client, "submit_training_job", {"spec": {"recipe": "huge-gpt"}})
+    assert "exactly one of recipe" in await error(suite_client, "plan_training_job", {"spec": {}})
+    assert "no job with id" in await error(suite_client, "cancel_job", {"job_id": "training-20990101-000000-abcdef"})
+    assert "not valid here" in await error(
+        suite_client, "submit_training_job", {"plan_token": "abc.0123456789abcdef0123456789abcdef"}
+    )
+    assert (await ok(suite_client, "list_jobs", {}))["total"] == 0
+
+
+async def test_idempotency_key(suite_client: Client) -> None:
+    spec = {"recipe": "tiny-gpt", "args": ["--steps", "3"], "idempotency_key": "run-42"}
+    first = await ok(suite_client, "submit_training_job", {"spec": spec, "wait_s": 0})
+    again = await ok(suite_client, "submit_training_job", {"spec": spec, "wait_s": 0})
+    assert again["job_id"] == first["job_id"]
+    assert (await ok(suite_client, "list_jobs", {}))["total"] == 1
+    assert "different spec" in await error(
+        suite_client, "submit_training_job", {"spec": {**spec, "args": ["--steps", "4"]}}
+    )
+    done = await finish(suite_client, first["job_id"])
+    assert done["state"] == "SUCCEEDED"
+    assert (await ok(suite_client, "cancel_job", {"job_id": first["job_id"]}))["state"] == "SUCCEEDED"  # no-op
+
+
+@pytest.fixture
+def pretend_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two GPUs as far as planning goes, so that a launch costs GPU-hours (the scripts still run on CPU)."""
+    import servers.overlap.limits as limits
+
+    monkeypatch.setattr(limits, "gpus_present", lambda: 2)
+
+
+def answer(accept: bool):
+    async def callback(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+        assert "GPU-hours" in params.message
+        return ElicitResult(action="accept", content={"confirm": True}) if accept else ElicitResult(action="decline")
+
+    return callback
+
+
+COSTLY = {
+    "recipe": "tiny-gpt",
+    "args": ["--steps", "3"],
+    "nproc_per_node": 1,
+    "gpus_per_node": 1,
+    "max_wall_s": 7200,
+}  # 2 GPU-hours at most, above the 1.0 default threshold
+
+
+async def test_confirmation_accepted_and_declined(app: App, pretend_gpus: None) -> None:
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    async with Client(create_test_suite(app), mode="legacy", elicitation_callback=answer(False)) as client:
+        text = await error(client, "submit_training_job", {"spec": COSTLY})
+        assert "declined" in text
+        assert (await ok(client, "list_jobs", {}))["total"] == 0
+    async with Client(create_test_suite(app), mode="legacy", elicitation_callback=answer(True)) as client:
+        job = await ok(client, "submit_training_job", {"spec": COSTLY, "wait_s": 0})
+        done = await finish(client, job["job_id"])
+        assert done["state"] == "SUCCEEDED", done["reason"]
+        assert done["spec"]["gpus"] == [0]
+    events = [json.loads(line)["event"] for line in (app.settings.home / "audit.jsonl").read_text().splitlines()]
+    assert events.count("decline") == 1 and events.count("confirm") == 1 and events.count("submit") == 1
+
+
+async def test_a_client_that_cannot_ask_needs_the_plan_token(app: App, pretend_gpus: None, mode: str) -> None:
+    async with Client(create_test_suite(app), mode=mode) as client:
+        assert "plan_token" in await error(client, "submit_training_job", {"spec": COSTLY})
+        plan = await ok(client, "plan_training_job", {"spec": COSTLY})
+        assert plan["needs_confirmation"] and plan["estimated_gpu_hours"] == pytest.approx(2.0)
+        other = {**COSTLY, "args": ["--steps", "4"]}
+        assert "different spec" in await error(
+            client, "submit_training_job", {"spec": other, "plan_token": plan["plan_token"]}
+        )
+        job = await ok(client, "submit_training_job", {"plan_token": plan["plan_token"], "wait_s": 0})
+        done = await finish(client, job["job_id"])
+        assert done["state"] == "SUCCEEDED", done["reason"]

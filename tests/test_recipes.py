@@ -1,0 +1,262 @@
+"""The bundled recipes (run for real with torchrun on CPU) and the metrics helper they write through."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from servers.launch import metrics
+from servers.launch.recipes import RECIPES, recipe_path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env(tmp_path: Path, name: str) -> dict[str, str]:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", str(tmp_path)),
+        "OMP_NUM_THREADS": "1",
+        "LLM_INFRA_MCP_METRICS": str(tmp_path / f"{name}.jsonl"),
+        "LLM_INFRA_MCP_CHECKPOINT_DIR": str(tmp_path / f"{name}-ckpt"),
+    }
+    return env
+
+
+def _torchrun(recipe: str, nproc: int, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        str(recipe_path(recipe)),
+        *args,
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=200, cwd=env["HOME"])
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def _load_recipe(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"recipe_{name.replace('-', '_')}", recipe_path(name))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ------------------------------------------------------------------------------------------------ recipes
+
+
+@pytest.mark.timeout(240)
+def test_tiny_gpt_two_ranks_learns_and_resumes(tmp_path: Path) -> None:
+    env = _env(tmp_path, "gpt")
+    first = _torchrun("tiny-gpt", 2, env, "--steps", "60", "--log-every", "5", "--ckpt-every", "20")
+    assert "n/a on CPU" in first.stdout
+    rows, skipped = metrics.read_metrics(env["LLM_INFRA_MCP_METRICS"])
+    assert skipped == 0
+    train = [r for r in rows if r.get("split") == "train"]
+    steps = [r["step"] for r in train]
+    assert steps == list(range(5, 61, 5))  # rank 0 only: every step once
+    assert all(r["mfu"] is None for r in train)
+    assert all(r["tokens"] == r["step"] * 16 * 64 * 2 for r in train)
+    assert all(r["tokens_per_s"] > 0 and math.isfinite(r["grad_norm"]) for r in train)
+    assert train[-1]["loss"] < train[0]["loss"] - 0.8, [r["loss"] for r in train]
+    assert [r for r in rows if r.get("split") == "eval"][-1]["step"] == 60
+    assert sorted(p.name for p in Path(env["LLM_INFRA_MCP_CHECKPOINT_DIR"]).glob("step_*.pt")) == [
+        "step_00000040.pt",
+        "step_00000060.pt",
+    ]
+
+    second = _torchrun("tiny-gpt", 2, env, "--steps", "80", "--log-every", "5", "--ckpt-every", "20")
+    assert "resumed from step 60" in second.stdout
+    rows2, _ = metrics.read_metrics(env["LLM_INFRA_MCP_METRICS"])
+    new = [r for r in rows2[len(rows) :] if r.get("split") == "train"]
+    assert [r["step"] for r in new] == [65, 70, 75, 80]
+    assert new[0]["tokens"] == 65 * 16 * 64 * 2  # the token count carried over
+    assert new[-1]["loss"] < train[0]["loss"] - 0.8
+
+
+@pytest.mark.timeout(240)
+def test_tiny_grpo_pass_rate_is_a_sigmoid_in_log_compute(tmp_path: Path) -> None:
+    from servers.scaling.fit_sigmoid import fit_sigmoid
+
+    env = _env(tmp_path, "grpo")
+    proc = _torchrun("tiny-grpo", 1, env)
+    assert "CPU-process hours" in proc.stdout
+    rows, skipped = metrics.read_metrics(env["LLM_INFRA_MCP_METRICS"])
+    assert skipped == 0
+    evals = [r for r in rows if r.get("split") == "eval"]
+    assert len(evals) == 30
+    compute = [r["compute_flops"] for r in evals]
+    hours = [r["compute_gpu_hours"] for r in evals]
+    passes = [r["pass_rate"] for r in evals]
+    assert all(b > a for a, b in itertools.pairwise(compute)), "compute_flops must increase"
+    assert all(b >= a for a, b in itertools.pairwise(hours))
+    assert compute[-1] / compute[0] > 1000  # more than three decades
+    assert passes[0] < 0.15  # near chance (1/16)
+    assert passes[-1] > passes[0] + 0.3
+    assert passes[-1] < 0.75  # below the ceiling the difficulty sets (about 0.70)
+
+    fit = fit_sigmoid(compute, passes, bootstrap=0)
+    assert fit.converged, fit.message
+    assert fit.rmse < 0.05
+    a = fit.parameters["A"].value
+    assert 0.0 <= a <= 1.0
+    assert abs(a - passes[-1]) < 0.1
+    assert compute[0] < fit.parameters["C_mid"].value < compute[-1]
+    assert fit.parameters["B"].value > 0.5
+    assert {"loss", "lr", "grad_norm", "reward"} <= set(next(r for r in rows if r.get("split") == "train"))
+
+
+def test_grpo_eval_schedule_is_geometric_and_distinct() -> None:
+    grpo = _load_recipe("tiny-grpo")
+    steps = grpo.eval_schedule(3000, 30)
+    assert len(steps) == 30 == len(set(steps))
+    assert steps[0] == 1 and steps[-1] == 3000
+    assert steps == sorted(steps)
+    assert grpo.eval_schedule(5, 30) == [1, 2, 3, 4, 5]
+
+
+# ------------------------------------------------------------------------------------------------ registry
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_registry_matches_each_scripts_parser(name: str) -> None:
+    info = RECIPES[name]
+    assert info.path.is_file() and info.name == name
+    assert info.description and info.expected_time_cpu and info.expected_time_gpu and info.metrics
+    parser: argparse.ArgumentParser = _load_recipe(name).build_parser()
+    actions = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+    types = {int: "int", float: "float", str: "str", None: "str"}
+    from_parser = [
+        (a.option_strings[0], types[a.type], a.default, (a.help or "").replace("%%", "%"))  # type: ignore[index]
+        for a in actions
+    ]
+    from_registry = [(r.name, r.type, r.default, r.help) for r in info.arguments]
+    assert from_parser == from_registry
+
+
+def test_recipe_path_names_the_recipes_when_unknown() -> None:
+    assert recipe_path("tiny-gpt").name == "tiny_gpt.py"
+    with pytest.raises(ValueError, match="tiny-gpt, tiny-grpo"):
+        recipe_path("huge-gpt")
+
+
+def test_registry_does_not_import_torch() -> None:
+    code = "import sys; import servers.launch.recipes; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_gpu_catalog_lookup_from_a_recipe() -> None:
+    common = sys.modules.get("llm_infra_mcp_recipes_common") or _load_recipe("tiny-gpt").common
+    name, peak = common.gpu_peak_tflops("NVIDIA H100 80GB HBM3")
+    assert name == "H100-SXM" and peak > 100
+    assert common.gpu_peak_tflops("NVIDIA H100 PCIe")[0] == "H100-PCIe"
+    assert common.gpu_peak_tflops("NVIDIA H200")[0] == "H200-SXM"
+    assert common.gpu_peak_tflops("NVIDIA H20")[0] == "H20"
+    assert common.gpu_peak_tflops("NVIDIA A100-SXM4-80GB")[0] == "A100-SXM-80GB"
+    assert common.gpu_peak_tflops("Some Unknown Accelerator") is None
+
+
+# ------------------------------------------------------------------------------------------------ metrics helper
+
+
+def test_writer_only_rank_zero_writes_and_non_finite_becomes_null(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "m.jsonl"
+    with metrics.MetricsWriter(path, rank=0) as w:
+        row = w.log(1, loss=float("nan"), lr=1e-3, grad_norm=float("inf"), split="train")
+        w.log(2, loss=2.5, tokens=100)
+    assert row["loss"] is None and row["grad_norm"] is None
+    with metrics.MetricsWriter(path, rank=1) as w:
+        w.log(3, loss=1.0)  # not rank 0: nothing written
+    with metrics.MetricsWriter(path, rank=1, all_ranks=True) as w:
+        w.log(4, loss=0.5)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3
+    assert "NaN" not in path.read_text() and "Infinity" not in path.read_text()
+    rows, skipped = metrics.read_metrics(path)
+    assert skipped == 0
+    assert [r["step"] for r in rows] == [1, 2, 4]
+    assert rows[0]["loss"] is None and rows[0]["lr"] == 1e-3 and rows[0]["split"] == "train"
+    assert all(isinstance(r["time"], float) for r in rows)
+    with pytest.raises(ValueError):
+        metrics.MetricsWriter(path, rank=0).log(5, time=1.0)
+
+
+def test_writer_takes_path_and_rank_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "env.jsonl"
+    monkeypatch.setenv("LLM_INFRA_MCP_METRICS", str(path))
+    monkeypatch.setenv("RANK", "1")
+    assert not metrics.MetricsWriter().enabled
+    monkeypatch.setenv("RANK", "0")
+    w = metrics.MetricsWriter()
+    w.log(7, loss=1.25)
+    w.close()
+    assert metrics.read_metrics(path)[0][0]["loss"] == 1.25
+    monkeypatch.delenv("LLM_INFRA_MCP_METRICS")
+    disabled = metrics.MetricsWriter()
+    assert not disabled.enabled and disabled.log(1, loss=1.0)["loss"] == 1.0
+
+
+def test_reader_skips_and_counts_malformed_lines(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    good = [json.dumps({"step": 1, "time": 1.0, "loss": 3.0}), json.dumps({"step": 2.0, "time": 2.0, "loss": 2.0})]
+    bad = ["not json", json.dumps([1, 2]), json.dumps({"time": 1.0}), json.dumps({"step": "3"}), '{"step": 4, "lo']
+    path.write_text("\n".join([good[0], bad[0], "", bad[1], good[1], bad[2], bad[3], bad[4]]))
+    rows, skipped = metrics.read_metrics(path)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert isinstance(rows[1]["step"], int)
+    assert skipped == 5
+    assert metrics.read_metrics(tmp_path / "missing.jsonl") == ([], 0)
+
+
+def test_crc32c_known_value() -> None:
+    assert metrics.crc32c(b"123456789") == 0xE3069283
+
+
+def test_tensorboard_round_trip(tmp_path: Path) -> None:
+    rows = [
+        {"step": 0, "time": 100.0, "loss": 3.5, "lr": 0.001},
+        {"step": 10, "time": 110.0, "loss": 2.25},
+        {"step": 10, "time": 111.0, "accuracy": 0.5},  # same step, another event: merged
+        {"step": 2**40, "time": 120.0, "loss": 1.0},  # a large step survives the varint
+    ]
+    path = metrics.write_tensorboard_scalars(tmp_path / "run" / "events.out.tfevents.1.host", rows)
+    assert path.is_file()
+    got = metrics.read_tensorboard(tmp_path)
+    assert [r["step"] for r in got] == [0, 10, 2**40]
+    assert got[0] == {"step": 0, "time": 100.0, "loss": 3.5, "lr": pytest.approx(0.001)}
+    assert got[1] == {"step": 10, "time": 111.0, "loss": 2.25, "accuracy": 0.5}
+    assert got[2]["loss"] == 1.0
+    assert metrics.read_tensorboard(path) == got  # a single file works too
+
+
+def test_tensorboard_reader_tolerates_damage_and_reads_tensor_scalars(tmp_path: Path) -> None:
+    path = metrics.write_tensorboard_scalars(tmp_path / "events.out.tfevents.2", [{"step": 1, "time": 1.0, "x": 2.0}])
+    data = path.read_bytes()
+    # A TF2-style scalar: Value{tag, tensor{dtype=DT_FLOAT, float_val=[0.75]}} in an Event at step 5.
+    tensor = b"\x08\x01" + b"\x2d" + struct.pack("<f", 0.75)
+    value = b"\x0a\x01y" + b"\x42" + bytes([len(tensor)]) + tensor
+    summary = b"\x0a" + bytes([len(value)]) + value
+    event = b"\x09" + struct.pack("<d", 5.0) + b"\x10\x05" + b"\x2a" + bytes([len(summary)]) + summary
+    record = metrics._record(event)
+    corrupt = bytearray(metrics._record(event))
+    corrupt[-6] ^= 0xFF  # damage the payload: its CRC no longer matches, the record is skipped
+    truncated = metrics._record(event)[:-3]  # a record still being written: reading stops there
+    path.write_bytes(data + record + bytes(corrupt) + truncated)
+    got = metrics.read_tensorboard(path)
+    assert got == [{"step": 1, "time": 1.0, "x": 2.0}, {"step": 5, "time": 5.0, "y": 0.75}]
