@@ -225,3 +225,11 @@ def test_exit_recorded_only_in_the_job_folder_is_picked_up(engine: JobEngine) ->
     done = wait_until_done(engine, engine.submit("test_count", {"steps": 1}).id)
     engine.store.update(done.id, state="RUNNING", ended_at=None, exit_code=None)
     assert engine.get(done.id).state == JobState.SUCCEEDED
+
+
+def test_only_the_server_that_started_a_job_cancels_it(engine: JobEngine, settings: Settings) -> None:
+    record = wait_for_state(engine, engine.submit("test_sleep", {"seconds": 60}).id, JobState.RUNNING)
+    other = JobEngine(settings, owner="someone-else")
+    with pytest.raises(InputError, match="started by the 'test' server"):
+        other.cancel(record.id)
+    assert engine.cancel(record.id).state == JobState.CANCELLED

@@ -65,6 +65,10 @@ async def test_plan_has_no_side_effects_but_is_audited(suite_client: Client, app
     assert (await ok(suite_client, "list_jobs", {}))["total"] == 0
     audit = [json.loads(line) for line in (app.settings.home / "audit.jsonl").read_text().splitlines()]
     assert audit[-1]["event"] == "plan" and audit[-1]["plan_hash"] == plan["plan_hash"]
+    job = await ok(suite_client, "submit_training_job", {"plan_token": plan["plan_token"], "wait_s": 0})
+    await ok(suite_client, "cancel_job", {"job_id": job["job_id"]})
+    events = [json.loads(line) for line in (app.settings.home / "audit.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events[-2:]] == ["submit", "cancel"] and events[-1]["job_id"] == job["job_id"]
 
 
 async def test_tiny_gpt_on_two_ranks_with_metrics_while_running(suite_client: Client) -> None:

@@ -240,6 +240,11 @@ class JobEngine:
         record = self.get(job_id)
         if record.state not in ACTIVE_STATES:
             return record
+        if record.owner != self.owner:
+            raise InputError(
+                f"job {job_id} was started by the {record.owner!r} server; only that server cancels it "
+                f"(this is {self.owner!r})"
+            )
         self.store.update(job_id, cancel_requested=True)
         grace = self.settings.cancel_grace_s
         supervisor_alive = record.supervisor_pid is not None and self._identity(record, "supervisor").is_alive()

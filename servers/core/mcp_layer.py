@@ -24,6 +24,7 @@ from mcp.types import CallToolResult, ContentBlock, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
 from servers import __version__
+from servers.core.audit import AuditLog
 from servers.core.errors import InputError
 from servers.core.jobs import JOB_ID_PATTERN, JobEngine, JobKind
 from servers.core.jobstore import JobState
@@ -218,6 +219,15 @@ async def run_job(
     return (await wait_for(app, record.id, wait_s, ctx)).job
 
 
+def client_name(ctx: Context) -> str:
+    """The client's name and version as it introduced itself (legacy handshake), for the audit log."""
+    try:
+        info = ctx.session.client_params.client_info  # type: ignore[union-attr]
+        return f"{info.name} {info.version}"
+    except Exception:
+        return "unknown client"
+
+
 def register_job_tools(server: MCPServer, app: App) -> None:
     """The shared job tools. A server that starts jobs registers them once (the suite once for all)."""
 
@@ -269,11 +279,14 @@ def register_job_tools(server: MCPServer, app: App) -> None:
         return tool_result(waited, prefix + summarize_job(waited.job))
 
     @agent_tool(server, title="Cancel job", read_only=False, destructive=True, idempotent=True, open_world=False)
-    async def cancel_job(job_id: JobId) -> Annotated[CallToolResult, JobView]:
+    async def cancel_job(ctx: Context, job_id: JobId) -> Annotated[CallToolResult, JobView]:
         """Cancel a job: its whole process group gets SIGTERM, then SIGKILL after the grace period
         (LLM_INFRA_MCP_CANCEL_GRACE_S). Idempotent: a job that already ended is returned unchanged. Takes up to
         the grace period. Logs, metrics and partial results stay readable."""
         view = job_view(await in_thread(app.engine.cancel, job_id))
+        AuditLog(app.settings).record(
+            "cancel", who=client_name(ctx), job_id=job_id, kind=view.kind, state=view.state.value
+        )
         return tool_result(view, summarize_job(view))
 
     @agent_tool(server, title="Read job logs", read_only=True, destructive=False, idempotent=True, open_world=False)

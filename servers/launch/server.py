@@ -15,7 +15,7 @@ from servers.core.errors import InputError
 from servers.core.jobs import JobKind
 from servers.core.jobstore import ACTIVE_STATES
 from servers.core.jobview import JobView
-from servers.core.mcp_layer import App, WaitS, agent_tool, in_thread, run_job, summarize_job, tool_result
+from servers.core.mcp_layer import App, WaitS, agent_tool, client_name, in_thread, run_job, summarize_job, tool_result
 from servers.launch.backends import BackendStatus, detect_all
 from servers.launch.training import TrainingJobSpec, TrainingPlan
 
@@ -79,15 +79,6 @@ def make_plan(app: App, spec: TrainingJobSpec) -> TrainingPlan:
     return training.plan(app.settings, spec, gpus_present=gpus_present(), gpus_in_use=len(busy_gpus(app)))
 
 
-def who(ctx: Context) -> str:
-    """The client's name and version as it introduced itself, for the audit log."""
-    try:
-        info = ctx.session.client_params.client_info  # type: ignore[union-attr]
-        return f"{info.name} {info.version}"
-    except Exception:
-        return "unknown client"
-
-
 def recipe_docs() -> list[RecipeDoc]:
     from servers.launch.recipes import RECIPES
 
@@ -108,7 +99,8 @@ def recipe_docs() -> list[RecipeDoc]:
 
 
 def register(server: MCPServer, app: App) -> None:
-    from servers.launch.training import AuditLog, IdempotencyKeys, spec_from_token, spec_hash
+    from servers.core.audit import AuditLog
+    from servers.launch.training import IdempotencyKeys, spec_from_token, spec_hash
 
     register_resources(server)
 
@@ -151,7 +143,7 @@ def register(server: MCPServer, app: App) -> None:
         plan = await in_thread(make_plan, app, spec)
         AuditLog(app.settings).record(
             "plan",
-            who=who(ctx),
+            who=client_name(ctx),
             plan_hash=plan.plan_hash,
             recipe=plan.recipe,
             script=plan.script_path,
@@ -212,7 +204,7 @@ def register(server: MCPServer, app: App) -> None:
             confirmed = await confirm(ctx, plan, planned is not None)
             audit.record(
                 "confirm" if confirmed else "decline",
-                who=who(ctx),
+                who=client_name(ctx),
                 plan_hash=plan.plan_hash,
                 estimated_gpu_hours=plan.estimated_gpu_hours,
             )
@@ -233,7 +225,7 @@ def register(server: MCPServer, app: App) -> None:
             await in_thread(keys.bind, normalised.idempotency_key, view.job_id)
         audit.record(
             "submit",
-            who=who(ctx),
+            who=client_name(ctx),
             plan_hash=plan.plan_hash,
             job_id=view.job_id,
             recipe=plan.recipe,

@@ -187,24 +187,6 @@ def spec_from_token(settings: Settings, token: str) -> TrainingJobSpec:
     return TrainingJobSpec.model_validate(data)
 
 
-class AuditLog:
-    """Append-only JSON lines: every plan, submit, confirm, decline and cancel, with who asked."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.path = settings.home / "audit.jsonl"
-
-    def record(self, event: str, **fields: Any) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"time": round(time.time(), 3), "event": event, **fields}, default=str) + "\n"
-        with open(self.path, "a") as f:  # one write of one line in append mode
-            f.write(line)
-
-    def read(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-
-
 _KEYS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS launch_keys (
     key TEXT PRIMARY KEY,
