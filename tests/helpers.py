@@ -43,5 +43,22 @@ def create_test_suite(app: App | None = None) -> MCPServer:
     return build_server("test-suite", "the suite plus test job kinds", [*PARTS, TEST_PART], app)
 
 
+async def call_ok(client: Any, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Call a tool that must succeed; its structured content (a readable summary must come with it)."""
+    result = await client.call_tool(tool, args)
+    assert not result.is_error, result.content[0].text
+    assert result.content[0].type == "text" and result.content[0].text
+    return result.structured_content
+
+
+async def call_error(client: Any, tool: str, args: dict[str, Any]) -> str:
+    """Call a tool that must refuse; its error text (readable: no traceback)."""
+    result = await client.call_tool(tool, args)
+    assert result.is_error, f"{tool} accepted {str(args)[:200]}"
+    text = result.content[0].text
+    assert "Traceback" not in text
+    return text
+
+
 if __name__ == "__main__":
     create_test_suite().run()

@@ -13,22 +13,11 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
+from tests.helpers import call_error as error
+from tests.helpers import call_ok as ok
+
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "diagnostics"
-
-
-async def ok(client: Client, tool: str, args: dict) -> dict:
-    result = await client.call_tool(tool, args)
-    assert not result.is_error, result.content[0].text
-    assert result.content[0].text
-    return result.structured_content
-
-
-async def error(client: Client, tool: str, args: dict) -> str:
-    result = await client.call_tool(tool, args)
-    assert result.is_error, f"{tool} accepted {str(args)[:200]}"
-    assert "Traceback" not in result.content[0].text
-    return result.content[0].text
 
 
 async def test_live_inventory_and_health_say_clearly_when_there_is_no_driver(suite_client: Client) -> None:

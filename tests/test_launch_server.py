@@ -15,23 +15,12 @@ from mcp.client import ClientRequestContext
 from mcp.types import ElicitRequestParams, ElicitResult
 
 from servers.core.mcp_layer import App
+from tests.helpers import call_error as error
+from tests.helpers import call_ok as ok
 from tests.helpers import create_test_suite
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "launch"
-
-
-async def ok(client: Client, tool: str, args: dict) -> dict:
-    result = await client.call_tool(tool, args)
-    assert not result.is_error, result.content[0].text
-    return result.structured_content
-
-
-async def error(client: Client, tool: str, args: dict) -> str:
-    result = await client.call_tool(tool, args)
-    assert result.is_error, f"{tool} accepted {args}"
-    assert "Traceback" not in result.content[0].text
-    return result.content[0].text
 
 
 async def finish(client: Client, job_id: str, limit_s: float = 240) -> dict:

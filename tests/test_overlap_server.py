@@ -4,21 +4,10 @@ real multi-process collective, overlap and tuning jobs with gloo on CPU; bad inp
 import pytest
 from mcp import Client
 
+from tests.helpers import call_error as error
+from tests.helpers import call_ok as ok
+
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
-
-
-async def ok(client: Client, tool: str, args: dict) -> dict:
-    result = await client.call_tool(tool, args)
-    assert not result.is_error, result.content[0].text
-    assert result.content[0].text
-    return result.structured_content
-
-
-async def error(client: Client, tool: str, args: dict) -> str:
-    result = await client.call_tool(tool, args)
-    assert result.is_error, f"{tool} accepted {args}"
-    assert "Traceback" not in result.content[0].text
-    return result.content[0].text
 
 
 async def test_predict_overlap_for_the_published_flux_case(suite_client: Client) -> None:

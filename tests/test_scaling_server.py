@@ -13,6 +13,9 @@ import pytest
 from mcp import Client
 from mcp.types import ImageContent
 
+from tests.helpers import call_error as error
+from tests.helpers import call_ok as ok
+
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
 TRUE = {"A": 0.61, "B": 1.92, "C_mid": 2542.0, "R0": 0.25}
@@ -38,21 +41,6 @@ def chinchilla_points(n: int = 60, seed: int = 0) -> list[dict]:
     return [
         {"params": float(a), "tokens": float(b), "loss": float(c)} for a, b, c in zip(params, tokens, loss, strict=True)
     ]
-
-
-async def ok(client: Client, tool: str, args: dict) -> dict:
-    result = await client.call_tool(tool, args)
-    assert not result.is_error, result.content[0].text
-    assert result.content[0].type == "text" and result.content[0].text
-    return result.structured_content
-
-
-async def error(client: Client, tool: str, args: dict) -> str:
-    result = await client.call_tool(tool, args)
-    assert result.is_error, f"{tool} accepted {str(args)[:200]}"
-    text = result.content[0].text
-    assert "Traceback" not in text
-    return text
 
 
 async def fit(client: Client, points: list[dict], **kwargs: object) -> dict:

@@ -32,7 +32,7 @@ Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 DTYPES: tuple[Dtype, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
 # Spellings a caller might use for a dtype, keyed by their normalised form (see _key).
-_DTYPE_SYNONYMS: dict[str, Dtype] = {
+DTYPE_SYNONYMS: dict[str, Dtype] = {
     "fp32": "fp32",
     "float32": "fp32",
     "float": "fp32",
@@ -45,6 +45,7 @@ _DTYPE_SYNONYMS: dict[str, Dtype] = {
     "half": "fp16",
     "fp8": "fp8",
     "float8": "fp8",
+    "e4m3": "fp8",
 }
 
 # Leading vendor words that nvidia-smi / rocm-smi put in front of product names.
@@ -225,7 +226,7 @@ def peak_tflops(spec: GpuSpec, dtype: str) -> float:
     Raises InputError for an unknown dtype, or when this GPU has no peak for it (e.g. fp8 on A100), naming the
     dtypes it does have.
     """
-    canonical = _DTYPE_SYNONYMS.get(_key(dtype)) if isinstance(dtype, str) else None
+    canonical = DTYPE_SYNONYMS.get(_key(dtype)) if isinstance(dtype, str) else None
     if canonical is None:
         raise InputError(f"unknown dtype {dtype!r}; accepted dtypes: {', '.join(DTYPES)}")
     value = getattr(spec, f"{canonical}_tflops")

@@ -30,7 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from servers.core.errors import InputError
-from servers.core.gpus import GpuSpec, find_gpu
+from servers.core.gpus import DTYPE_SYNONYMS, GpuSpec, find_gpu
 
 Pattern = Literal["ag_gemm", "gemm_rs", "gemm_ar"]
 PATTERNS: tuple[str, ...] = ("ag_gemm", "gemm_rs", "gemm_ar")
@@ -52,20 +52,6 @@ MAX_CHUNKS = 1024
 # fp8 GEMMs take e4m3 inputs and write bf16, so the partials that gemm_rs / gemm_ar communicate are 2 bytes.
 INPUT_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 OUTPUT_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
-_DTYPE_SPELLINGS: dict[str, str] = {
-    "fp32": "fp32",
-    "float32": "fp32",
-    "float": "fp32",
-    "tf32": "tf32",
-    "bf16": "bf16",
-    "bfloat16": "bf16",
-    "fp16": "fp16",
-    "float16": "fp16",
-    "half": "fp16",
-    "fp8": "fp8",
-    "float8": "fp8",
-    "e4m3": "fp8",
-}
 
 # Large-shape GEMM efficiency before the tile / wave / short-K losses below (tunable, 0.7-0.85 is the sensible
 # range). Basis: torch GEMMs of M=4096 N=6144 K=12288 ran at 0.74 of peak on H800 and 0.81 on A800 (Flux report),
@@ -218,7 +204,7 @@ class OverlapPrediction(BaseModel):
 def normalize_dtype(dtype: str) -> str:
     """The canonical dtype name for `dtype` ('bfloat16' -> 'bf16'), or InputError listing the accepted ones."""
     key = dtype.strip().lower().replace("-", "").replace("_", "") if isinstance(dtype, str) else None
-    canonical = _DTYPE_SPELLINGS.get(key or "")
+    canonical = DTYPE_SYNONYMS.get(key or "")
     if canonical is None:
         raise InputError(f"unknown dtype {dtype!r}; accepted: {', '.join(INPUT_BYTES)}")
     return canonical

@@ -1,5 +1,6 @@
 """The overlap server: GEMM benchmarks as jobs (collective and overlap benchmarks and the cost model follow)."""
 
+import functools
 from typing import Annotated, Literal
 
 from mcp.server import MCPServer
@@ -142,7 +143,7 @@ def register_model_tools(server: MCPServer, app: App) -> None:
         from servers.overlap.cost_model import calibration_from_measurements
         from servers.overlap.cost_model import predict_overlap as predict
 
-        base = await in_thread(
+        same_question = functools.partial(
             predict,
             pattern,
             m,
@@ -154,24 +155,13 @@ def register_model_tools(server: MCPServer, app: App) -> None:
             interconnect=interconnect,
             max_chunks=max_chunks,
         )
+        base = await in_thread(same_question)
         gemms = await in_thread(stored_results, app, "gemm_benchmark")
         collectives = await in_thread(stored_results, app, "collective_benchmark")
         calibration = await in_thread(calibration_from_measurements, gemms, collectives, gpu, dtype)
         calibrated = None
         if calibration is not None:
-            calibrated = await in_thread(
-                predict,
-                pattern,
-                m,
-                n,
-                k,
-                world_size,
-                dtype=dtype,
-                gpu=gpu,
-                interconnect=interconnect,
-                max_chunks=max_chunks,
-                calibration=calibration,
-            )
+            calibrated = await in_thread(same_question, calibration=calibration)
         result = PredictionResult(
             prediction=base, calibrated=calibrated, calibration_source=calibration.source if calibration else None
         )
