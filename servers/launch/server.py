@@ -31,7 +31,7 @@ JOB_KINDS = [
         TRAINING_KIND, "servers.launch.local:run_training_job", "torchrun of a recipe or script", default_timeout_s=3600
     ),
 ]
-KIND_PATTERN_TOKEN = r"^[A-Za-z0-9_\-]+\.[0-9a-f]{32}$"
+PLAN_TOKEN_PATTERN = r"^[A-Za-z0-9_\-]+\.[0-9a-f]{32}$"
 
 
 class BackendList(BaseModel):
@@ -168,7 +168,7 @@ def register(server: MCPServer, app: App) -> None:
             str | None,
             Field(
                 max_length=65536,
-                pattern=KIND_PATTERN_TOKEN,
+                pattern=PLAN_TOKEN_PATTERN,
                 description="From plan_training_job; binds the submit to that plan",
             ),
         ] = None,
