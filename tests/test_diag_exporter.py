@@ -194,7 +194,7 @@ def server() -> Iterator[str]:
 
 
 async def test_scrape_and_summarise(server: str) -> None:
-    body = await scrape(f"{server}/metrics")
+    body = await scrape(f"{server}/metrics", allowed=[server])
     assert body == BODY.decode()
     summary = summarise_dcgm(parse_prometheus_text(body))
     assert [g.health.status for g in summary.gpus] == ["healthy", "unhealthy", "degraded", "degraded"]
@@ -202,28 +202,28 @@ async def test_scrape_and_summarise(server: str) -> None:
 
 async def test_scrape_timeout(server: str) -> None:
     with pytest.raises(InputError, match=r"did not answer within 0\.5 s"):
-        await scrape(f"{server}/hang", timeout_s=0.5)
+        await scrape(f"{server}/hang", allowed=[server], timeout_s=0.5)
 
 
 async def test_scrape_garbage_finds_no_dcgm_metrics(server: str) -> None:
-    body = await scrape(f"{server}/garbage")
+    body = await scrape(f"{server}/garbage", allowed=[server])
     summary = summarise_dcgm(parse_prometheus_text(body))
     assert summary.gpus == [] and "no DCGM metrics were found" in summary.text
 
 
 async def test_scrape_size_cap(server: str) -> None:
     with pytest.raises(InputError, match="larger than 10000 bytes"):
-        await scrape(f"{server}/big", max_bytes=10_000)
+        await scrape(f"{server}/big", allowed=[server], max_bytes=10_000)
     with pytest.raises(InputError, match="larger than 10000 bytes"):
-        await scrape(f"{server}/big-undeclared", max_bytes=10_000)
-    assert len(await scrape(f"{server}/big", max_bytes=50_000)) == 50_000
+        await scrape(f"{server}/big-undeclared", allowed=[server], max_bytes=10_000)
+    assert len(await scrape(f"{server}/big", allowed=[server], max_bytes=50_000)) == 50_000
 
 
 async def test_scrape_http_errors(server: str) -> None:
-    with pytest.raises(InputError, match="HTTP 404"):
-        await scrape(f"{server}/nothing-here")
-    with pytest.raises(InputError, match=r"HTTP 302.*redirect to /metrics"):
-        await scrape(f"{server}/moved")
+    with pytest.raises(InputError, match="HTTP 404 Not Found"):
+        await scrape(f"{server}/nothing-here", allowed=[server])
+    with pytest.raises(InputError, match=r"HTTP 302 Found \(a redirect; redirects are not followed\)"):
+        await scrape(f"{server}/moved", allowed=[server])
 
 
 @pytest.mark.parametrize(
@@ -231,7 +231,7 @@ async def test_scrape_http_errors(server: str) -> None:
 )
 async def test_scrape_refuses_non_http_urls(url: str) -> None:
     with pytest.raises(InputError):
-        await scrape(url)
+        await scrape(url, allowed=["http://127.0.0.1", "ftp://127.0.0.1", "gopher://x", "file:///etc"])
 
 
 async def test_scrape_connection_refused() -> None:
@@ -240,5 +240,5 @@ async def test_scrape_connection_refused() -> None:
     with socket.socket() as sock:  # a port that was free a moment ago: nothing listens on it
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with pytest.raises(InputError, match="could not fetch"):
-        await scrape(f"http://127.0.0.1:{port}/metrics", timeout_s=5)
+    with pytest.raises(InputError, match="could not connect"):
+        await scrape(f"http://127.0.0.1:{port}/metrics", allowed=[f"http://127.0.0.1:{port}"], timeout_s=5)

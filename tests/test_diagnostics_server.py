@@ -183,15 +183,21 @@ def exporter_url() -> Iterator[str]:
         server.server_close()
 
 
-async def test_dcgm_exporter_over_real_http(suite_client: Client, exporter_url: str) -> None:
-    summary = await ok(suite_client, "read_dcgm_exporter", {"url": exporter_url + "/metrics"})
-    assert len(summary["gpus"]) == 4
-    garbage = await suite_client.call_tool("read_dcgm_exporter", {"url": exporter_url + "/garbage"})
-    assert garbage.is_error or not garbage.structured_content["gpus"]
-    hang = await error(suite_client, "read_dcgm_exporter", {"url": exporter_url + "/hang", "timeout_s": 1})
-    assert "did not answer within 1 s" in hang
-    assert "404" in await error(suite_client, "read_dcgm_exporter", {"url": exporter_url + "/nope"})
-    assert "should match pattern" in await error(suite_client, "read_dcgm_exporter", {"url": "file:///etc/passwd"})
+async def test_dcgm_exporter_over_real_http(exporter_url: str, tmp_path: Path, mode: str) -> None:
+    from servers.core.mcp_layer import App
+    from servers.core.settings import Settings
+    from tests.helpers import create_test_suite
+
+    settings = Settings(home=tmp_path / "state", allowed_roots=[tmp_path], exporter_urls=[exporter_url])
+    async with Client(create_test_suite(App(settings, owner="test")), mode=mode) as client:
+        summary = await ok(client, "read_dcgm_exporter", {"url": exporter_url + "/metrics"})
+        assert len(summary["gpus"]) == 4
+        garbage = await error(client, "read_dcgm_exporter", {"url": exporter_url + "/garbage"})
+        assert "not Prometheus text" in garbage and "\\x" not in garbage
+        hang = await error(client, "read_dcgm_exporter", {"url": exporter_url + "/hang", "timeout_s": 1})
+        assert "did not answer within 1 s" in hang
+        assert "404" in await error(client, "read_dcgm_exporter", {"url": exporter_url + "/nope"})
+        assert "should match pattern" in await error(client, "read_dcgm_exporter", {"url": "file:///etc/passwd"})
 
 
 async def test_bad_inputs(suite_client: Client, tmp_path: Path) -> None:

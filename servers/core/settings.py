@@ -5,7 +5,7 @@ Every field has a default that works with nothing set. README.md lists them (a t
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -20,6 +20,22 @@ def default_home() -> Path:
     return base / "llm-infra-mcp"
 
 
+_SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/boot", "/dev", "/proc", "/sys", "/run")
+
+
+def default_root_ok(folder: Path) -> bool:
+    """Whether the current directory may serve as a default root: not '/', not the home directory or one of its
+    parents, not a system folder (GUI clients often start servers in '/' or the home directory, and taking that
+    as a root would expose every file of the user)."""
+    folder = folder.resolve()
+    if folder == Path(folder.anchor):
+        return False
+    home = Path.home().resolve()
+    if folder == home or home.is_relative_to(folder):
+        return False
+    return not any(folder == Path(d) or folder.is_relative_to(d) for d in _SYSTEM_DIRS)
+
+
 class Settings(BaseSettings):
     """Settings shared by all servers. Environment variables: LLM_INFRA_MCP_<FIELD NAME IN CAPITALS>."""
 
@@ -32,7 +48,8 @@ class Settings(BaseSettings):
     allowed_roots: Annotated[list[Path], NoDecode] = Field(
         default_factory=list,
         description="Folders from which file inputs and training scripts may be read, separated by "
-        f"'{os.pathsep}'. Empty means: the current directory and the state directory.",
+        f"'{os.pathsep}'. Empty means: the state directory, and the current directory unless it is '/', the home "
+        "directory, one of its parents, or a system folder (GUI clients often start servers in '/').",
     )
     max_concurrent_jobs: int = Field(default=4, ge=1, le=1024, description="Jobs running at once, all kinds together.")
     max_job_wall_s: float = Field(
@@ -54,6 +71,61 @@ class Settings(BaseSettings):
         description="Training launches estimated above this many GPU-hours need the person's "
         "confirmation (elicitation, or a plan_token when the client cannot elicit).",
     )
+    auto_approve_gpu_hours: float = Field(
+        default=0.0,
+        ge=0,
+        description="For clients that cannot ask the person: launches above the confirmation threshold but at most "
+        "this many GPU-hours start with the plan_token alone. Above it the person runs `llm-infra-mcp approve "
+        "PLAN_ID`. 0: never.",
+    )
+    job_network: Literal["isolated", "host"] = Field(
+        default="isolated",
+        description="Single-node training jobs run in a network namespace of their own with only loopback "
+        "(isolated), so torchrun's unauthenticated rendezvous store is reachable from no other machine; 'host' runs "
+        "them in the host's network (the store then listens on every interface).",
+    )
+    max_log_bytes_per_job: int = Field(
+        default=256 * 1024 * 1024,
+        ge=64 * 1024,
+        description="Bytes of logs one job keeps, all its processes together; past it the logs are cut (the job "
+        "goes on) and read_job_logs says so.",
+    )
+    exporter_urls: Annotated[list[str], NoDecode] = Field(
+        default=["http://127.0.0.1:9400/metrics", "http://localhost:9400/metrics", "http://[::1]:9400/metrics"],
+        description="The only URLs read_dcgm_exporter may fetch, separated by commas or spaces: each entry allows "
+        "URLs with exactly its scheme, host and port (80/443 when not written) whose path is its path or lies below "
+        "it (http://node-7:9400 allows every path there). Default: dcgm-exporter's port 9400 on loopback. Empty: "
+        "none.",
+    )
+
+    @field_validator("exporter_urls", mode="before")
+    @classmethod
+    def _split_exporter_urls(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part for part in value.replace(",", " ").split() if part]
+        return value
+
+    @field_validator("exporter_urls", mode="after")
+    @classmethod
+    def _check_exporter_urls(cls, value: list[str]) -> list[str]:
+        from urllib.parse import urlsplit
+
+        for url in value:
+            parts = urlsplit(url)
+            try:
+                port = parts.port  # raises for a port outside 0-65535
+            except ValueError:
+                port = -1
+            if port is not None and not 1 <= port <= 65535:
+                raise ValueError(f"exporter URL {url!r} has a port outside 1-65535")
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"exporter URL {url!r} must be an http:// or https:// URL with a host")
+            if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+                raise ValueError(f"exporter URL {url!r} must not carry a user name or password")
+            if parts.query or parts.fragment:
+                raise ValueError(f"exporter URL {url!r} must not carry a query or fragment")
+        return value
+
     http_host: str = Field(default="127.0.0.1", description="Address the HTTP transport binds.")
     http_port: int = Field(default=8765, ge=1, le=65535, description="Port the HTTP transport binds.")
     http_token: SecretStr | None = Field(
@@ -74,9 +146,12 @@ class Settings(BaseSettings):
         return value.expanduser().resolve()
 
     def roots(self) -> list[Path]:
-        """The allowed roots, resolved: the configured ones, or the current directory and the state directory."""
-        configured = self.allowed_roots or [Path.cwd(), self.home]
-        return [Path(p).expanduser().resolve() for p in configured]
+        """The allowed roots, resolved: the configured ones, or by default the state directory and the current
+        directory where that is a safe default (see `default_root_ok`)."""
+        if self.allowed_roots:
+            return [Path(p).expanduser().resolve() for p in self.allowed_roots]
+        cwd = Path.cwd().resolve()
+        return [cwd, self.home] if default_root_ok(cwd) else [self.home]
 
     @property
     def db_path(self) -> Path:

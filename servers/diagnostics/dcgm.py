@@ -28,6 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from servers.core.errors import InputError
+from servers.diagnostics.bounds import MAX_LINE_TEXT, MAX_NOTES, cap_notes, clip, clip_str, fit, pick, safe_int, scaled
 
 Status = Literal["pass", "fail", "warn", "skip"]
 Overall = Literal["pass", "fail", "warn", "skip", "error"]
@@ -44,6 +45,15 @@ INSTALL_HINT = (
 LEVEL_EXPECTED_S = {1: 30, 2: 150, 3: 900, 4: 5400}
 LEVEL_DEFAULT_TIMEOUT_S = {1: 300, 2: 900, 3: 3600, 4: 14400}
 MAX_TIMEOUT_S = 48 * 3600
+# Most items a report lists; counts, statuses and the verdict cover everything. Failed and warned results first.
+MAX_RESULTS = 256
+MAX_TESTS = 128
+MAX_GPUS = 128
+MAX_PER_RESULT = 8  # warnings, info lines and entity ids of one result; summary_info lines of one test
+MAX_NAMES = 32  # test names in one GPU's failed / warned / skipped lists
+MAX_NAME = 128  # characters of a test, category or status name
+MAX_IDS = 1024  # entity ids read from one result (DCGM numbers the GPUs of one node)
+MAX_LISTED_IDS = 64  # entity ids listed per result
 
 _STATUS = {
     "pass": "pass",
@@ -67,6 +77,7 @@ _STATUS = {
     "not supported": "skip",
 }
 _RANK = {"fail": 3, "warn": 2, "pass": 1, "skip": 0}
+_LIST_FIRST = {"fail": 2, "warn": 1}  # which results, tests and GPUs a capped report lists first
 
 # dcgm_errors.h: dcgmErrorSeverity_t and dcgmErrorCategory_t
 ERROR_SEVERITY = {
@@ -163,8 +174,10 @@ class DcgmResult(BaseModel):
     entity_ids: list[int] = Field(default_factory=list, description="GPU ids (DCGM's numbering) it covers")
     status: Status
     raw_status: str
-    warnings: list[DcgmWarning] = Field(default_factory=list)
-    info: list[str] = Field(default_factory=list)
+    warnings: list[DcgmWarning] = Field(default_factory=list, description=f"at most {MAX_PER_RESULT}, each clipped")
+    warnings_omitted: int = 0
+    info: list[str] = Field(default_factory=list, description=f"at most {MAX_PER_RESULT}, each clipped")
+    info_omitted: int = 0
 
 
 class DcgmTest(BaseModel):
@@ -194,10 +207,29 @@ class DcgmDiagReport(BaseModel):
     summary: str
     runtime_error: str | None = None
     global_warning: str | None = None
-    tests: list[DcgmTest] = Field(default_factory=list)
-    results: list[DcgmResult] = Field(default_factory=list)
-    gpus: list[DcgmGpuSummary] = Field(default_factory=list)
+    tests: list[DcgmTest] = Field(default_factory=list, description=f"at most {MAX_TESTS}; see tests_omitted")
+    tests_omitted: int = 0
+    results: list[DcgmResult] = Field(
+        default_factory=list, description=f"at most {MAX_RESULTS} (failed and warned ones first); see results_omitted"
+    )
+    results_total: int = 0
+    results_omitted: int = 0
+    gpus: list[DcgmGpuSummary] = Field(default_factory=list, description=f"at most {MAX_GPUS}; see gpus_omitted")
+    gpus_omitted: int = 0
     warnings: list[str] = Field(default_factory=list, description="what the parser could not read")
+
+    def listing_note(self) -> str:
+        """What the report leaves out, for the text summary ('' when it lists everything)."""
+        parts = [
+            f"{omitted} of {omitted + len(listed)} {what}"
+            for what, listed, omitted in (
+                ("results", self.results, self.results_omitted),
+                ("tests", self.tests, self.tests_omitted),
+                ("GPUs", self.gpus, self.gpus_omitted),
+            )
+            if omitted
+        ]
+        return f" Not listed (counted in the verdict all the same): {', '.join(parts)}." if parts else ""
 
 
 def normalise_status(raw: object) -> Status | None:
@@ -207,31 +239,38 @@ def normalise_status(raw: object) -> Status | None:
     return _STATUS.get(" ".join(raw.strip().lower().replace("-", " ").split()))  # type: ignore[return-value]
 
 
+def _text(value: object) -> str:
+    return clip_str(value if isinstance(value, str) else json.dumps(value)[: MAX_LINE_TEXT + 1], MAX_LINE_TEXT)
+
+
 def _texts(value: object) -> list[str]:
     if value is None:
         return []
     if isinstance(value, str):
-        return [value] if value.strip() else []
+        return [_text(value)] if value.strip() else []
     if isinstance(value, list):
-        return [v if isinstance(v, str) else json.dumps(v) for v in value if v is not None and v != ""]
-    return [json.dumps(value) if not isinstance(value, (int, float)) else str(value)]
+        return [_text(v) for v in value if v is not None and v != ""]
+    return [_text(value) if not isinstance(value, (int, float)) else str(value)]
+
+
+_INT_LIMIT = 2**63
 
 
 def _opt_int(value: object) -> int | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
-    if isinstance(value, float) and math.isfinite(value) and value == int(value):
+        return value if abs(value) < _INT_LIMIT else None
+    if isinstance(value, float) and math.isfinite(value) and value == int(value) and abs(value) < _INT_LIMIT:
         return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
+    if isinstance(value, str):
+        return safe_int(value.strip())
     return None
 
 
 def _warning(value: object) -> DcgmWarning | None:
     if isinstance(value, str):
-        return DcgmWarning(text=value) if value.strip() else None
+        return DcgmWarning(text=_text(value)) if value.strip() else None
     if not isinstance(value, dict):
         return None
     text = value.get("warning", value.get("message", ""))
@@ -239,7 +278,7 @@ def _warning(value: object) -> DcgmWarning | None:
     category = _opt_int(value.get("error_category"))
     severity = _opt_int(value.get("error_severity"))
     return DcgmWarning(
-        text=text if isinstance(text, str) else json.dumps(text),
+        text=_text(text),
         error_id=error_id,
         error_name=ERROR_NAMES.get(error_id) if error_id is not None else None,
         error_category=category,
@@ -254,15 +293,15 @@ def _warnings(value: object) -> list[DcgmWarning]:
     return [w for w in (_warning(v) for v in items) if w is not None]
 
 
-def _ids(value: object) -> list[int]:
+def _ids(value: object, depth: int = 0) -> list[int]:
     if isinstance(value, bool) or value is None:
         return []
     if isinstance(value, int):
-        return [value]
+        return [value] if 0 <= value < _INT_LIMIT else []
     if isinstance(value, str):
-        return [int(p) for p in value.replace(" ", "").split(",") if p.isdigit()]
-    if isinstance(value, list):
-        return [i for v in value for i in _ids(v)]
+        return [i for i in (safe_int(p) for p in value.replace(" ", "").split(",")) if i is not None and i >= 0]
+    if isinstance(value, list) and depth < 3:
+        return [i for v in value for i in _ids(v, depth + 1)]
     return []
 
 
@@ -275,8 +314,12 @@ def _decode(text: str) -> Any:
         )
     try:
         document, _ = json.JSONDecoder().raw_decode(text[start:])
-    except (ValueError, RecursionError) as exc:
+    except json.JSONDecodeError as exc:
         raise InputError(f"the DCGM output is not valid JSON ({exc}); paste the whole output of dcgmi diag -j") from exc
+    except RecursionError:
+        raise InputError("the DCGM JSON is nested too deeply to be dcgmi diag output") from None
+    except ValueError:  # an integer of more than 4300 digits
+        raise InputError("the DCGM JSON holds a number too long to be dcgmi diag output") from None
     return document
 
 
@@ -288,7 +331,17 @@ def _first(*candidates: object) -> str | None:
 
 
 def parse_dcgm_diag(text: str) -> DcgmDiagReport:
-    """Parse `dcgmi diag -j` output of DCGM 3.x or 4.x into per-test, per-GPU results and an overall verdict."""
+    """Parse `dcgmi diag -j` output of DCGM 3.x or 4.x into per-test, per-GPU results and an overall verdict.
+
+    The report lists at most MAX_RESULTS results, MAX_TESTS tests and MAX_GPUS GPUs (counts in *_omitted); the
+    verdict and the per-GPU statuses are made from all of them."""
+    try:
+        return _bounded(_parse(text))
+    except RecursionError:
+        raise InputError("the DCGM JSON is nested too deeply to be dcgmi diag output") from None
+
+
+def _parse(text: str) -> DcgmDiagReport:
     if not isinstance(text, str) or not text.strip():
         raise InputError("the DCGM output is empty; paste the whole output of 'dcgmi diag -r LEVEL -j'")
     if len(text) > MAX_TEXT_CHARS:
@@ -320,7 +373,7 @@ def parse_dcgm_diag(text: str) -> DcgmDiagReport:
             name = category.get("category")
             tests = category.get("tests")
             for test in tests if isinstance(tests, list) else []:
-                pairs.append((name if isinstance(name, str) else None, test))
+                pairs.append((clip(name, MAX_NAME) if isinstance(name, str) else None, test))
     elif categories is not None:
         parser_warnings.append("'test_categories' is not a list; it was skipped")
     hoisted = root.get("tests")
@@ -336,6 +389,7 @@ def parse_dcgm_diag(text: str) -> DcgmDiagReport:
         if not isinstance(name, str) or not name.strip():
             parser_warnings.append("a test without a name was skipped")
             continue
+        name = clip_str(name, MAX_NAME)
         own: list[DcgmResult] = []
         raw_results = test.get("results")
         for raw in raw_results if isinstance(raw_results, list) else []:
@@ -343,22 +397,30 @@ def parse_dcgm_diag(text: str) -> DcgmDiagReport:
                 continue
             raw_status = raw.get("status")
             status = normalise_status(raw_status)
+            raw_text = clip_str(raw_status if isinstance(raw_status, str) else json.dumps(raw_status)[:100], MAX_NAME)
             if status is None:
-                parser_warnings.append(f"{name}: status {raw_status!r} not recognised; counted as warn")
+                parser_warnings.append(f"{name}: status {raw_text!r} not recognised; counted as warn")
                 status = "warn"
             group = raw.get("entity_group")
             id_field = raw.get("entity_id") if "entity_id" in raw else raw.get("gpu_ids", raw.get("gpu_id"))
             ids = _ids(id_field)
+            if len(ids) > MAX_IDS:
+                parser_warnings.append(f"{name}: a result names {len(ids)} entities; the first {MAX_IDS} are used")
+                ids = ids[:MAX_IDS]
+            warnings, warnings_omitted = pick(_warnings(raw.get("warnings", [])), MAX_PER_RESULT)
+            info, info_omitted = pick(_texts(raw.get("info")), MAX_PER_RESULT)
             own.append(
                 DcgmResult(
                     category=category,
                     test=name,
-                    entity_group=group if isinstance(group, str) and group else "GPU",
+                    entity_group=clip_str(group, MAX_NAME) if isinstance(group, str) and group else "GPU",
                     entity_ids=ids,
                     status=status,
-                    raw_status=str(raw_status),
-                    warnings=_warnings(raw.get("warnings", [])),
-                    info=_texts(raw.get("info")),
+                    raw_status=raw_text,
+                    warnings=warnings,
+                    warnings_omitted=warnings_omitted,
+                    info=info,
+                    info_omitted=info_omitted,
                 )
             )
         summary = test.get("test_summary") if isinstance(test.get("test_summary"), dict) else None
@@ -373,7 +435,7 @@ def parse_dcgm_diag(text: str) -> DcgmDiagReport:
                 name=name,
                 status=worst,
                 summary_status=summary_status,
-                summary_info=_texts(summary.get("info")) if summary else [],
+                summary_info=cap_notes(_texts(summary.get("info")), MAX_PER_RESULT) if summary else [],
                 results=len(own),
             )
         )
@@ -381,10 +443,10 @@ def parse_dcgm_diag(text: str) -> DcgmDiagReport:
 
     entities = _entities(document.get("entity_groups"), root)
     gpus = _gpu_summaries(results, entities)
-    runtime_error = _first(root.get("runtime_error"), document.get("runtime_error"))
-    global_warning = _first(root.get("Warning"), document.get("Warning"))
-    version = _first(metadata.get("version"), root.get("version"), document.get("version"))
-    driver = _first(metadata.get(DRIVER_KEY), root.get(DRIVER_KEY), document.get(DRIVER_KEY))
+    runtime_error = clip(_first(root.get("runtime_error"), document.get("runtime_error")), MAX_LINE_TEXT)
+    global_warning = clip(_first(root.get("Warning"), document.get("Warning")), MAX_LINE_TEXT)
+    version = clip(_first(metadata.get("version"), root.get("version"), document.get("version")), 64)
+    driver = clip(_first(metadata.get(DRIVER_KEY), root.get(DRIVER_KEY), document.get(DRIVER_KEY)), 64)
     verdict, summary_text = _overall(tests, gpus, runtime_error)
     return DcgmDiagReport(
         layout=layout,  # type: ignore[arg-type]
@@ -401,6 +463,36 @@ def parse_dcgm_diag(text: str) -> DcgmDiagReport:
     )
 
 
+def _bounded(report: DcgmDiagReport) -> DcgmDiagReport:
+    """The report with its lists capped (failed and warned results first); counts of the rest in *_omitted."""
+
+    def build(scale: float) -> DcgmDiagReport:
+        results, results_omitted = pick(
+            report.results, scaled(MAX_RESULTS, scale), lambda r: _LIST_FIRST.get(r.status, 0)
+        )
+        tests, tests_omitted = pick(report.tests, scaled(MAX_TESTS, scale), lambda t: _LIST_FIRST.get(t.status, 0))
+        gpus, gpus_omitted = pick(report.gpus, scaled(MAX_GPUS, scale), lambda g: _LIST_FIRST.get(g.status, 0))
+        return report.model_copy(
+            update={
+                "results": [
+                    r.model_copy(update={"entity_ids": r.entity_ids[:MAX_LISTED_IDS]})
+                    if len(r.entity_ids) > MAX_LISTED_IDS
+                    else r
+                    for r in results
+                ],
+                "results_total": len(report.results),
+                "results_omitted": results_omitted,
+                "tests": tests,
+                "tests_omitted": tests_omitted,
+                "gpus": gpus,
+                "gpus_omitted": gpus_omitted,
+                "warnings": cap_notes(report.warnings, scaled(MAX_NOTES, scale)),
+            }
+        )
+
+    return fit(build)
+
+
 def _entities(groups: object, root: dict[str, Any]) -> dict[int, tuple[str | None, str | None]]:
     """GPU id -> (PCI device id, serial) from 4.x entity_groups or 3.x 'GPU Device IDs' / 'GPU Device Serials'."""
     out: dict[int, tuple[str | None, str | None]] = {}
@@ -413,18 +505,19 @@ def _entities(groups: object, root: dict[str, Any]) -> dict[int, tuple[str | Non
                     continue
                 gpu = _opt_int(entity.get("entity_id"))
                 if gpu is not None:
-                    serial = _first(entity.get("serial_num"))
-                    out[gpu] = (_first(entity.get("device_id")), None if serial == "<<<NOT_SUPPORTED>>>" else serial)
+                    serial = clip(_first(entity.get("serial_num")), MAX_NAME)
+                    device = clip(_first(entity.get("device_id")), MAX_NAME)
+                    out[gpu] = (device, None if serial == "<<<NOT_SUPPORTED>>>" else serial)
     device_ids = root.get("GPU Device IDs")
     serials = root.get("GPU Device Serials")
     if isinstance(device_ids, list):
         for index, device in enumerate(device_ids):
-            out.setdefault(index, (_first(device), None))
+            out.setdefault(index, (clip(_first(device), MAX_NAME), None))
     if isinstance(serials, dict):
         for key, serial in serials.items():
             gpu = _opt_int(key)
             if gpu is not None:
-                out[gpu] = (out.get(gpu, (None, None))[0], _first(serial))
+                out[gpu] = (out.get(gpu, (None, None))[0], clip(_first(serial), MAX_NAME))
     return out
 
 
@@ -444,9 +537,15 @@ def _gpu_summaries(
                 summary.status = result.status
             bucket = {"fail": summary.failed_tests, "warn": summary.warned_tests, "skip": summary.skipped_tests}
             names = bucket.get(result.status)
-            if names is not None and result.test not in names:
+            if names is not None and len(names) < MAX_NAMES and result.test not in names:
                 names.append(result.test)
     return [per_gpu[g] for g in sorted(per_gpu)]
+
+
+def _names(names: list[str], limit: int = 10) -> str:
+    """'a, b, c' for at most `limit` names, then 'and N more'."""
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def _overall(tests: list[DcgmTest], gpus: list[DcgmGpuSummary], runtime_error: str | None) -> tuple[Overall, str]:
@@ -454,20 +553,20 @@ def _overall(tests: list[DcgmTest], gpus: list[DcgmGpuSummary], runtime_error: s
         reason = f": {runtime_error}" if runtime_error else ""
         return "error", f"ERROR: the document holds no test results{reason}."
     worst = max((t.status for t in tests), key=lambda s: _RANK[s])
-    failed = [t.name for t in tests if t.status == "fail"]
-    warned = [t.name for t in tests if t.status == "warn"]
-    bad_gpus = [str(g.gpu_id) for g in gpus if g.status == "fail"]
+    failed = _names([t.name for t in tests if t.status == "fail"])
+    warned = _names([t.name for t in tests if t.status == "warn"])
+    bad_gpus = _names([str(g.gpu_id) for g in gpus if g.status == "fail"])
     if worst == "fail":
-        where = f" on GPU {', '.join(bad_gpus)}" if bad_gpus else ""
+        where = f" on GPU {bad_gpus}" if bad_gpus else ""
         return "fail", (
-            f"FAIL: {', '.join(failed)} failed{where}; drain the affected GPUs, read the warnings (error ids) and "
+            f"FAIL: {failed} failed{where}; drain the affected GPUs, read the warnings (error ids) and "
             "rerun at the same level after the fix."
         )
     if worst == "warn":
-        return "warn", f"WARN: {', '.join(warned)} passed with warnings; read them before trusting the node."
+        return "warn", f"WARN: {warned} passed with warnings; read them before trusting the node."
     if worst == "pass":
         skipped = [t.name for t in tests if t.status == "skip"]
-        extra = f" ({len(skipped)} skipped: {', '.join(skipped)})" if skipped else ""
+        extra = f" ({len(skipped)} skipped: {_names(skipped)})" if skipped else ""
         return "pass", f"PASS: {sum(t.status == 'pass' for t in tests)} tests passed{extra}."
     return "skip", "SKIP: every test was skipped or not run; nothing was checked."
 

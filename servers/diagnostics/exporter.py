@@ -3,24 +3,36 @@
 parse_prometheus_text never raises: lines it cannot read are skipped and counted (``skipped_lines`` on the list it
 returns). summarise_dcgm maps the DCGM metrics of each GPU into a GpuSnapshot and judges it with health.evaluate, so
 the findings follow the same rules as nvidia-smi and NVML input; a non-zero Xid metric adds an xid_reported finding.
-scrape fetches a metrics URL with bounded time and size and raises InputError for anything that is not a 200 answer.
+scrape fetches a metrics URL with bounded time and size, only when the URL is one the person allowed (the setting
+LLM_INFRA_MCP_EXPORTER_URLS, see `check_allowed`), and raises InputError for anything that is not a 200 answer of
+Prometheus text. Nothing of a response that is not Prometheus text is quoted back (the URL could be any local service).
+summarise_dcgm lists at most MAX_GPUS GPUs and MAX_METRICS metrics per GPU, counting the rest.
 """
 
 from __future__ import annotations
 
+import http
 import math
 import re
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import anyio
 from pydantic import BaseModel, Field
 
 from servers.core.errors import InputError
+from servers.core.settings import ENV_PREFIX
+from servers.diagnostics.bounds import MAX_NOTES, MAX_STR, cap_notes, clip, clip_str, fit, pick, scaled
 from servers.diagnostics.health import evaluate
 from servers.diagnostics.smi import decode_clock_events, normalise_bus_id
 from servers.diagnostics.snapshot import GpuHealth, GpuSnapshot
 
 DEFAULT_MAX_BYTES = 8 * 2**20
+ALLOW_SETTING = ENV_PREFIX + "EXPORTER_URLS"
+MAX_GPUS = 64  # GPUs one summary lists (an exporter serves one node); status and counts cover them all
+MAX_METRICS = 128  # DCGM metrics listed per GPU (dcgm-exporter's default set has about 40)
+MAX_METRIC_NAME = 128
+PROMETHEUS_TYPES = ("text/plain", "application/openmetrics-text")
 
 
 class Sample(BaseModel):
@@ -176,8 +188,10 @@ class ExporterGpu(BaseModel):
     model_name: str | None = None
     pci_bus_id: str | None = None
     metrics: dict[str, float | None] = Field(
-        default_factory=dict, description="The DCGM values read for this GPU, by DCGM field name; NaN/Inf as None"
+        default_factory=dict,
+        description=f"The DCGM values read for this GPU, by DCGM field name; NaN/Inf as None; at most {MAX_METRICS}",
     )
+    metrics_omitted: int = Field(default=0, description="DCGM metrics read for this GPU but not listed")
     tensor_active: float | None = Field(default=None, description="DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, 0-1")
     nvlink_bandwidth_total: float | None = Field(default=None, description="DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")
     health: GpuHealth
@@ -188,8 +202,9 @@ class ExporterSummary(BaseModel):
     dcgm_samples: int = Field(description="Samples of DCGM_FI_* metrics")
     skipped_lines: int = Field(default=0, description="Lines that were not valid Prometheus text")
     status: Literal["healthy", "degraded", "unhealthy", "unknown"] = Field(description="The worst GPU status")
-    counts: dict[str, int] = Field(default_factory=dict, description="GPUs per status")
-    gpus: list[ExporterGpu]
+    counts: dict[str, int] = Field(default_factory=dict, description="GPUs per status, listed or not")
+    gpus: list[ExporterGpu] = Field(description=f"At most {MAX_GPUS}, those not healthy first; see gpus_omitted")
+    gpus_omitted: int = Field(default=0, description="GPUs summarised but not listed")
     warnings: list[str] = Field(default_factory=list)
     text: str = Field(description="A short human summary")
 
@@ -240,16 +255,24 @@ def _finite(value: float) -> float | None:
 
 
 def _gpu_key(labels: dict[str, str]) -> tuple[str, str] | None:
-    host = labels.get("Hostname") or labels.get("hostname") or ""
+    host = clip_str(labels.get("Hostname") or labels.get("hostname") or "")
     ident = labels.get("UUID") or labels.get("uuid")
     if ident:
-        return host, ident
+        return host, clip_str(ident)
     gpu = labels.get("gpu")
     if gpu is not None and gpu != "":
-        return host, f"gpu:{gpu}"
+        return host, f"gpu:{clip_str(gpu)}"
     bus = labels.get("pci_bus_id")
     if bus:
-        return host, f"pci:{bus}"
+        return host, f"pci:{clip_str(bus)}"
+    return None
+
+
+def _label(labels: dict[str, str], *names: str) -> str | None:
+    for name in names:
+        value = labels.get(name)
+        if value:
+            return clip_str(value, MAX_STR)
     return None
 
 
@@ -284,12 +307,8 @@ def summarise_dcgm(
             unlabelled += 1
             continue
         groups.setdefault(key, []).append(sample)
-    if skipped:
-        examples = getattr(samples, "skipped_examples", [])
-        warnings.append(
-            f"{skipped} line(s) were not valid Prometheus text and were skipped"
-            + (f" (e.g. {examples[0]!r})" if examples else "")
-        )
+    if skipped:  # not quoted: lines that are not Prometheus text may come from anything
+        warnings.append(f"{skipped} line(s) were not valid Prometheus text and were skipped")
     if unlabelled:
         warnings.append(f"{unlabelled} DCGM sample(s) had no gpu/UUID label and were not attributed to a GPU")
 
@@ -301,10 +320,15 @@ def summarise_dcgm(
                 labels.setdefault(k, v)
         values: dict[str, object] = {}
         metrics: dict[str, float | None] = {}
+        metrics_omitted = 0
         extras: dict[str, float | None] = {}
         clock_mask: int | None = None
         for sample in group:
-            metrics.setdefault(sample.name, _finite(sample.value))
+            if sample.name not in metrics:
+                if len(metrics) < MAX_METRICS and len(sample.name) <= MAX_METRIC_NAME:
+                    metrics[sample.name] = _finite(sample.value)
+                else:
+                    metrics_omitted += 1
             if sample.name in _SNAPSHOT_FIELDS:
                 field, kind = _SNAPSHOT_FIELDS[sample.name]
                 converted = _convert(sample.value, kind)
@@ -316,13 +340,14 @@ def summarise_dcgm(
                     clock_mask = converted
             elif sample.name in _EXTRA_FIELDS:
                 extras.setdefault(_EXTRA_FIELDS[sample.name], _finite(sample.value))
-        index = labels.get("gpu")
+        index = clip(labels.get("gpu"), 32)
+        bus_label = labels.get("pci_bus_id")
         snapshot = GpuSnapshot(
-            index=int(index) if index is not None and index.isdigit() and len(index) < 6 else None,
-            name=labels.get("modelName") or None,
-            uuid=labels.get("UUID") or labels.get("uuid") or None,
-            pci_bus_id=normalise_bus_id(labels.get("pci_bus_id")),
-            driver_version=labels.get("DCGM_FI_DRIVER_VERSION") or None,
+            index=int(index) if index is not None and index.isascii() and index.isdigit() and len(index) < 6 else None,
+            name=_label(labels, "modelName"),
+            uuid=_label(labels, "UUID", "uuid"),
+            pci_bus_id=normalise_bus_id(bus_label) if bus_label and len(bus_label) <= 64 else None,
+            driver_version=_label(labels, "DCGM_FI_DRIVER_VERSION"),
             clock_events=decode_clock_events(clock_mask) if clock_mask is not None else {},
             **values,  # type: ignore[arg-type]
         )
@@ -335,6 +360,7 @@ def summarise_dcgm(
                 model_name=snapshot.name,
                 pci_bus_id=snapshot.pci_bus_id,
                 metrics=metrics,
+                metrics_omitted=metrics_omitted,
                 tensor_active=extras.get("tensor_active"),
                 nvlink_bandwidth_total=extras.get("nvlink_bandwidth_total"),
                 health=health,
@@ -352,26 +378,35 @@ def summarise_dcgm(
             else "DCGM metrics were found but none carried a gpu or UUID label"
         )
         warnings.insert(0, reason)
-        text = reason
-    else:
-        lines = [
-            f"{len(gpus)} GPU(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f"; worst {worst}"
-        ]
-        for g in gpus:
-            where = f"{g.hostname + ' ' if g.hostname else ''}GPU {g.gpu if g.gpu is not None else g.uuid}"
-            problems = [f"{f.severity}: {f.what}" for f in g.health.findings if f.severity != "info"]
-            lines.append(f"- {where}: {g.health.status}" + (f" ({'; '.join(problems)})" if problems else ""))
-        text = "\n".join(lines)
-    return ExporterSummary(
-        samples=len(samples),
-        dcgm_samples=dcgm,
-        skipped_lines=skipped,
-        status=worst,
-        counts=counts,
-        gpus=gpus,
-        warnings=warnings,
-        text=text,
-    )
+
+    def build(scale: float) -> ExporterSummary:
+        listed, omitted = pick(gpus, scaled(MAX_GPUS, scale), lambda g: _STATUS_ORDER[g.health.status])
+        if not gpus:
+            text = warnings[0]
+        else:
+            lines = [
+                f"{len(gpus)} GPU(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f"; worst {worst}"
+            ]
+            for g in listed:
+                where = f"{g.hostname + ' ' if g.hostname else ''}GPU {g.gpu if g.gpu is not None else g.uuid}"
+                problems = [f"{f.severity}: {f.what}" for f in g.health.findings if f.severity != "info"]
+                lines.append(f"- {where}: {g.health.status}" + (f" ({'; '.join(problems)})" if problems else ""))
+            if omitted:
+                lines.append(f"- {omitted} more GPU(s) counted above but not listed (those not healthy come first)")
+            text = "\n".join(lines)
+        return ExporterSummary(
+            samples=len(samples),
+            dcgm_samples=dcgm,
+            skipped_lines=skipped,
+            status=worst,
+            counts=counts,
+            gpus=listed,
+            gpus_omitted=omitted,
+            warnings=cap_notes(warnings, scaled(MAX_NOTES, scale)),
+            text=text,
+        )
+
+    return fit(build)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -382,27 +417,98 @@ def _check_url(url: str) -> Any:
     import httpx  # here, not at the top: the server imports this module at start-up
 
     if not isinstance(url, str) or not url.strip():
-        raise InputError("a metrics URL is required, e.g. http://node-7:9400/metrics")
+        raise InputError("url: a metrics URL is required, e.g. http://node-7:9400/metrics")
     try:
         parsed = httpx.URL(url.strip())
     except (httpx.InvalidURL, ValueError, TypeError) as exc:
-        raise InputError(f"{url!r} is not a valid URL: {exc}") from None
+        raise InputError(f"url: {clip_str(url, 200)!r} is not a valid URL ({exc})") from None
     if parsed.scheme not in ("http", "https"):
-        raise InputError(f"only http and https URLs can be scraped, not {parsed.scheme or 'a scheme-less'} URL {url!r}")
+        raise InputError(
+            f"url: only http and https URLs can be scraped, not {clip_str(parsed.scheme, 20) or 'a scheme-less'} URL "
+            f"{clip_str(url, 200)!r}"
+        )
     if not parsed.host:
-        raise InputError(f"the URL {url!r} has no host")
+        raise InputError(f"url: {clip_str(url, 200)!r} has no host")
+    if parsed.userinfo:
+        raise InputError("url: a user name or password in the URL is not accepted (nor needed by dcgm-exporter)")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise InputError(f"url: port {parsed.port} is outside 1-65535 (dcgm-exporter listens on 9400)")
     return parsed
 
 
-async def scrape(url: str, *, timeout_s: float = 10, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
-    """GET a metrics URL; the body as text. InputError for a bad URL, a non-200 answer, a timeout or too much data.
+def _shown(url: Any) -> str:
+    """scheme://host:port/path of a parsed URL, for messages (no query, no user info)."""
+    host = f"[{url.host}]" if ":" in url.host else url.host
+    port = f":{url.port}" if url.port is not None else ""
+    return f"{url.scheme}://{host}{port}{url.path}"
 
-    The whole exchange (connect, headers, body) must finish within timeout_s. Proxies from the environment are not
-    used: exporters are reached on the cluster network. Redirects are not followed (the error names the target).
+
+def _effective_port(url: Any) -> int:
+    return url.port if url.port is not None else (443 if url.scheme == "https" else 80)
+
+
+def check_allowed(url: str, allowed: Sequence[str]) -> Any:
+    """The parsed URL when `allowed` (the setting exporter_urls) permits it, else InputError saying what to set.
+
+    An entry permits a URL with exactly its scheme, host and port (80/443 when not written) whose path is the entry's
+    path or lies below it, segment by segment (/metrics permits /metrics and /metrics/x, not /metricsx); its query
+    is free. A URL with user info, dot segments or encoded slashes is refused whatever the list says.
     """
     import httpx
 
     target = _check_url(url)
+    path = target.path
+    raw_path = target.raw_path.split(b"?", 1)[0].lower()
+    if b"%2f" in raw_path or b"%5c" in raw_path or "\\" in path or any(s in (".", "..") for s in path.split("/")):
+        raise InputError("url: the path must not hold '.' or '..' segments or encoded slashes")
+    for entry in allowed:
+        try:
+            rule = httpx.URL(entry)
+        except (httpx.InvalidURL, ValueError, TypeError):
+            continue
+        if (rule.scheme, rule.host.lower(), _effective_port(rule)) != (
+            target.scheme,
+            target.host.lower(),
+            _effective_port(target),
+        ):
+            continue
+        base = rule.path.rstrip("/")
+        if not base or path == base or path.startswith(base + "/"):
+            return target
+    how = (
+        f"to allow it, add it (or a prefix: scheme://host:port/path) to the setting {ALLOW_SETTING} (URLs separated "
+        "by commas) where the server is configured, and restart the server"
+    )
+    if not allowed:
+        raise InputError(f"url: reading exporters is switched off ({ALLOW_SETTING} is empty); {how}")
+    listed = ", ".join(clip_str(a, 100) for a in list(allowed)[:10]) + (" ..." if len(allowed) > 10 else "")
+    raise InputError(f"url: {clip_str(_shown(target), 300)} is not an allowed exporter URL; accepted: {listed}; {how}")
+
+
+def _socket_failure(exc: BaseException) -> bool:
+    """An OS-level connect failure, alone or grouped (anyio's happy-eyeballs connect raises exception groups)."""
+    if isinstance(exc, OSError | OverflowError):
+        return True
+    inner = getattr(exc, "exceptions", None)
+    return isinstance(inner, tuple) and bool(inner) and all(_socket_failure(e) for e in inner)
+
+
+def _media_type(value: str) -> str:
+    return value.split(";", 1)[0].strip().lower()
+
+
+async def scrape(url: str, *, allowed: Sequence[str], timeout_s: float = 10, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
+    """GET a metrics URL that `allowed` permits (see check_allowed); the body as text. InputError for a URL not
+    allowed or not valid, a non-200 answer, a body that is not text (Content-Type other than text/plain or
+    OpenMetrics), a timeout or too much data. No error quotes the response.
+
+    The whole exchange (connect, headers, body) must finish within timeout_s. Proxies from the environment are not
+    used: exporters are reached on the cluster network. Redirects are not followed (they could lead anywhere).
+    """
+    import httpx
+
+    target = check_allowed(url, allowed)
+    shown = clip_str(_shown(target), 300)
     if not (isinstance(timeout_s, int | float) and 0 < timeout_s <= 600):
         raise InputError(f"timeout_s must be between 0 and 600 seconds, not {timeout_s!r}")
     if not (isinstance(max_bytes, int) and max_bytes > 0):
@@ -414,33 +520,71 @@ async def scrape(url: str, *, timeout_s: float = 10, max_bytes: int = DEFAULT_MA
                 httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), trust_env=False, follow_redirects=False) as client,
                 client.stream("GET", target, headers={"Accept": "text/plain"}) as response,
             ):
-                if response.status_code != 200:
-                    where = response.headers.get("location")
+                status = response.status_code
+                if status != 200:
+                    try:
+                        phrase = http.HTTPStatus(status).phrase
+                    except ValueError:
+                        phrase = "unknown status"
+                    moved = " (a redirect; redirects are not followed)" if 300 <= status < 400 else ""
+                    raise InputError(f"{shown} answered HTTP {status} {phrase}{moved}")
+                kind = _media_type(response.headers.get("content-type", ""))
+                if kind and kind not in PROMETHEUS_TYPES:
+                    named = kind if re.fullmatch(r"[a-z0-9.+-]{1,40}/[a-z0-9.+-]{1,40}", kind) else "another type"
                     raise InputError(
-                        f"{url} answered HTTP {response.status_code} {response.reason_phrase}"
-                        + (f" (redirect to {where}; scrape that URL)" if where else "")
+                        f"{shown} answered with {named}, not Prometheus text exposition (text/plain); its body is "
+                        "not read"
                     )
                 declared = response.headers.get("content-length", "")
-                if declared.isdigit() and int(declared) > max_bytes:
-                    raise InputError(f"the response from {url} is larger than {max_bytes} bytes ({declared} declared)")
+                if declared.isascii() and declared.isdigit() and len(declared) < 20 and int(declared) > max_bytes:
+                    raise InputError(
+                        f"the response from {shown} is larger than {max_bytes} bytes ({declared} declared)"
+                    )
                 size = 0
                 async for chunk in response.aiter_bytes():
                     size += len(chunk)
                     if size > max_bytes:
-                        raise InputError(f"the response from {url} is larger than {max_bytes} bytes; not read further")
+                        raise InputError(
+                            f"the response from {shown} is larger than {max_bytes} bytes; not read further"
+                        )
                     chunks.append(chunk)
-    except TimeoutError:
-        raise InputError(f"{url} did not answer within {timeout_s:g} s") from None
-    except httpx.TimeoutException:
-        raise InputError(f"{url} did not answer within {timeout_s:g} s") from None
-    except httpx.HTTPError as exc:
-        raise InputError(f"could not fetch {url}: {type(exc).__name__}: {exc}") from None
+    except (TimeoutError, httpx.TimeoutException):
+        raise InputError(f"{shown} did not answer within {timeout_s:g} s") from None
+    except httpx.ConnectError as exc:
+        raise InputError(f"could not connect to {shown}: {clip_str(str(exc), 200) or 'connection failed'}") from None
+    except httpx.HTTPError as exc:  # protocol errors may quote the response: name the kind only
+        raise InputError(f"could not fetch {shown}: {type(exc).__name__} (not a well-formed HTTP answer)") from None
+    except InputError:
+        raise
+    except Exception as exc:
+        if not _socket_failure(exc):
+            raise
+        raise InputError(f"could not connect to {shown} ({type(exc).__name__})") from None
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
+def check_exposition(samples: SampleList, body: str) -> None:
+    """InputError when a body is not Prometheus text: nothing readable in it, or more unreadable lines than samples.
+    Nothing of the body is quoted."""
+    if samples.skipped_lines and samples.skipped_lines >= max(1, len(samples)):
+        raise InputError(
+            f"the response is not Prometheus text exposition ({samples.skipped_lines} unreadable line(s), "
+            f"{len(samples)} sample(s)); nothing of it is shown. Is the URL a dcgm-exporter /metrics endpoint?"
+        )
+    if not samples and "\x00" in body:
+        raise InputError("the response is binary, not Prometheus text exposition; nothing of it is shown")
+
+
 async def read_exporter(
-    url: str, *, timeout_s: float = 10, max_bytes: int = DEFAULT_MAX_BYTES, interconnect_expected: str | None = None
+    url: str,
+    *,
+    allowed: Sequence[str],
+    timeout_s: float = 10,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    interconnect_expected: str | None = None,
 ) -> ExporterSummary:
-    """scrape + parse_prometheus_text + summarise_dcgm."""
-    body = await scrape(url, timeout_s=timeout_s, max_bytes=max_bytes)
-    return summarise_dcgm(parse_prometheus_text(body), interconnect_expected=interconnect_expected)
+    """scrape + parse_prometheus_text + check_exposition + summarise_dcgm."""
+    body = await scrape(url, allowed=allowed, timeout_s=timeout_s, max_bytes=max_bytes)
+    samples = await anyio.to_thread.run_sync(parse_prometheus_text, body)
+    check_exposition(samples, body)
+    return await anyio.to_thread.run_sync(lambda: summarise_dcgm(samples, interconnect_expected=interconnect_expected))

@@ -34,6 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from servers.core.errors import InputError, NotFoundError
+from servers.diagnostics.bounds import fit, scaled
 
 EventKind = Literal["xid", "sxid", "nccl_segfault", "fallen_off_bus", "recovery_action"]
 Classifier = Callable[[str, int | None, str], tuple[str, str]]
@@ -49,6 +50,10 @@ MAX_NOTES = 50
 MAX_GPUS = 4_096
 MAX_UNITS = 16
 MAX_TEXT = 1_000  # characters kept of a message or raw line
+# Most items a result lists (the scan counts everything): summary rows (worst first), unknown codes, GPU identities.
+MAX_SUMMARY_LISTED = 200
+MAX_UNKNOWN_LISTED = 50
+MAX_GPUS_LISTED = 256
 MAX_PARSE = 4_096  # characters of a line given to the regular expressions (printk lines are <= 1024)
 MAX_LINE = 1 << 20  # a "line" longer than this is cut; the rest up to its newline is skipped
 CHUNK_BYTES = 4 << 20
@@ -168,9 +173,17 @@ class GpuIdentity(BaseModel):
 class KernelLogScan(BaseModel):
     events: list[KernelEvent] = Field(default_factory=list, description="In log order, capped (see events_truncated)")
     summary: list[EventSummary] = Field(
-        default_factory=list, description="One row per GPU (PCI or UUID) and kind+code; worst severity first"
+        default_factory=list,
+        description=f"One row per GPU (PCI or UUID) and kind+code; worst severity first; at most {MAX_SUMMARY_LISTED} "
+        "(see summary_omitted)",
     )
-    gpus: list[GpuIdentity] = Field(default_factory=list, description="PCI address to UUID (and serial) as logged")
+    summary_rows: int = Field(default=0, description="Distinct GPU/code rows found, listed or not")
+    summary_omitted: int = Field(default=0, description="Summary rows found but not listed (the least severe)")
+    gpus: list[GpuIdentity] = Field(
+        default_factory=list,
+        description=f"PCI address to UUID (and serial) as logged; at most {MAX_GPUS_LISTED} (see gpus_omitted)",
+    )
+    gpus_omitted: int = 0
     boots: int = Field(default=0, description="Boots the log covers (reboot markers seen + 1); 0 for an empty log")
     lines_read: int = 0
     bytes_read: int | None = Field(default=None, description="Known when reading a file or bytes")
@@ -178,8 +191,10 @@ class KernelLogScan(BaseModel):
         default=0, description="Lines recognised: events, their continuation lines, PCI-UUID maps and boot markers"
     )
     unknown_codes: list[UnknownCode] = Field(
-        default_factory=list, description="Codes the classifier could not place, each with its raw first line"
+        default_factory=list,
+        description=f"Codes the classifier could not place, each with its raw first line; at most {MAX_UNKNOWN_LISTED}",
     )
+    unknown_codes_omitted: int = 0
     events_truncated: bool = Field(default=False, description="True when some events are counted but not listed")
     events_omitted: int = Field(default=0, description="How many events are counted but not listed")
     summary_truncated: bool = False
@@ -799,21 +814,34 @@ class _Scanner:
                 )
             )
         summary.sort(key=lambda s: (-severity_rank(s.severity), s.first_line))
-        return KernelLogScan(
-            events=events,
-            summary=summary,
-            gpus=list(self.gpus.values()),
-            boots=self.boot + 1 if self.lines_read else 0,
-            lines_read=self.lines_read,
-            bytes_read=self.bytes_read,
-            matched_lines=self.matched,
-            unknown_codes=list(self.unknown.values()),
-            events_truncated=self.omitted > 0,
-            events_omitted=self.omitted,
-            summary_truncated=self.summary_truncated,
-            parse_errors=self.parse_errors,
-            notes=self.notes,
-        )
+        gpus = list(self.gpus.values())
+        unknown = list(self.unknown.values())
+
+        def build(scale: float) -> KernelLogScan:
+            listed = events[: scaled(len(events), scale)] if events else []
+            rows = summary[: scaled(MAX_SUMMARY_LISTED, scale)]
+            omitted = self.omitted + len(events) - len(listed)
+            return KernelLogScan(
+                events=listed,
+                summary=rows,
+                summary_rows=len(summary),
+                summary_omitted=len(summary) - len(rows),
+                gpus=gpus[: scaled(MAX_GPUS_LISTED, scale)],
+                gpus_omitted=max(0, len(gpus) - scaled(MAX_GPUS_LISTED, scale)),
+                boots=self.boot + 1 if self.lines_read else 0,
+                lines_read=self.lines_read,
+                bytes_read=self.bytes_read,
+                matched_lines=self.matched,
+                unknown_codes=unknown[: scaled(MAX_UNKNOWN_LISTED, scale)],
+                unknown_codes_omitted=max(0, len(unknown) - scaled(MAX_UNKNOWN_LISTED, scale)),
+                events_truncated=omitted > 0,
+                events_omitted=omitted,
+                summary_truncated=self.summary_truncated,
+                parse_errors=self.parse_errors,
+                notes=self.notes[: scaled(MAX_NOTES, scale)],
+            )
+
+        return fit(build)
 
 
 def _after_nvrm(line: str) -> str:

@@ -28,6 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from servers.core.errors import InputError
+from servers.diagnostics.bounds import MAX_LINE_TEXT, MAX_NOTES, cap_notes, clip, clip_str, fit, pick, safe_int, scaled
 
 FLOOR_SOURCE = "Azure HPC health checks, single node, 16 GB messages"
 # (collective, GPU catalog name, ranks on one node) -> all-reduce bus bandwidth floor in GB/s
@@ -38,6 +39,11 @@ BUSBW_FLOORS_GBPS: dict[tuple[str, str, int], float] = {
 }
 LARGE_MESSAGE_BYTES = 256 * 1024 * 1024  # peak bus bandwidth needs messages above ~256 MB
 MAX_TEXT_CHARS = 20_000_000
+# Most items a report lists (every count and the verdict still cover them all): result rows (the rows with wrong
+# elements and the verdict's best row are always among them), devices, hosts.
+MAX_ROWS = 256
+MAX_DEVICES = 256
+MAX_HOSTS = 64
 
 KNOWN_COLLECTIVES = (
     "all_reduce",
@@ -132,30 +138,56 @@ class NcclTestsReport(BaseModel):
     ngpus_per_thread: int | None = None
     min_bytes: int | None = None
     max_bytes: int | None = None
-    devices: list[NcclDevice] = Field(default_factory=list)
-    nranks: int | None = None
-    hosts: list[str] = Field(default_factory=list)
-    rows: list[NcclRow] = Field(default_factory=list)
+    devices: list[NcclDevice] = Field(default_factory=list, description=f"at most {MAX_DEVICES}; see devices_omitted")
+    devices_omitted: int = Field(default=0, description="device lines read but not listed")
+    nranks: int | None = Field(default=None, description="distinct ranks over every device line")
+    hosts: list[str] = Field(default_factory=list, description=f"at most {MAX_HOSTS}; see hosts_omitted")
+    hosts_omitted: int = 0
+    rows: list[NcclRow] = Field(
+        default_factory=list,
+        description=f"result rows in output order, at most {MAX_ROWS} (rows with #wrong > 0 and the verdict's best "
+        "row first); the verdict uses every row",
+    )
+    rows_total: int = Field(default=0, description="result rows read")
+    rows_omitted: int = Field(default=0, description="result rows read but not listed")
     avg_busbw_gbps: float | None = None
     out_of_bounds: int | None = None
-    errors: list[str] = Field(default_factory=list, description="failure lines the run printed")
+    errors: list[str] = Field(
+        default_factory=list, description=f"failure lines the run printed (at most {MAX_NOTES}, each clipped)"
+    )
+    errors_omitted: int = 0
     warnings: list[str] = Field(default_factory=list)
     verdict: NcclVerdict
 
+    def listing_note(self) -> str:
+        """What the report leaves out, for the text summary ('' when it lists everything)."""
+        parts = [
+            f"{omitted} of {omitted + len(listed)} {what}"
+            for what, listed, omitted in (
+                ("result rows", self.rows, self.rows_omitted),
+                ("devices", self.devices, self.devices_omitted),
+                ("hosts", self.hosts, self.hosts_omitted),
+                ("failure lines", self.errors, self.errors_omitted),
+            )
+            if omitted
+        ]
+        return f" Not listed (counted and judged all the same): {', '.join(parts)}." if parts else ""
+
 
 _DEVICE = re.compile(
-    r"^#\s*Rank\s+(\d+)\s+Group\s+(\d+)\s+Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[([^\]]*)\]\s+(.+?)\s*$"
+    r"^#\s*Rank\s+(\d{1,18})\s+Group\s+(\d{1,18})\s+Pid\s+(\d{1,18})\s+on\s+(\S+)\s+device\s+(\d{1,18})\s+\[([^\]]*)\]\s+"
+    r"(.+?)\s*$"
 )
-_DEVICE_LOOSE = re.compile(r"^#\s*Rank\s+(\d+)\b.*?\bdevice\s+(\d+)\s+(?:\[([^\]]*)\]\s+)?(.+?)\s*$")
+_DEVICE_LOOSE = re.compile(r"^#\s*Rank\s+(\d{1,18})\b.*?\bdevice\s+(\d{1,18})\s+(?:\[([^\]]*)\]\s+)?(.+?)\s*$")
 _AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)")
-_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)")
+_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d{1,18})(?!\d)")
 _TESTS_VERSION = re.compile(r"nccl-tests version\s+(\S+)")
 _NCCL_VERSION = re.compile(r"\bNCCL version\s+(\S+)")
-_LIBRARY_CODE = re.compile(r"nccl-library=(\d+)")
+_LIBRARY_CODE = re.compile(r"nccl-library=(\d{1,9})(?!\d)")
 _STARTING = re.compile(r"Collective test (?:starting|concluded):\s*(\S+)")
 _PROGRAM = re.compile(r"\b([a-z_]+?)_perf(?:_mpi)?\b")
 _PARAMS = re.compile(
-    r"#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)",
+    r"#\s*nThread\s+(\d{1,18})\s+nGpus\s+(\d{1,18})\s+minBytes\s+(\d{1,18})\s+maxBytes\s+(\d{1,18})(?!\d)",
 )
 _ERROR_LINE = re.compile(r"(Test (?:NCCL|CUDA) failure|NCCL WARN|^#\s*error:|Test failure|segmentation fault)", re.I)
 _INT = re.compile(r"^[+-]?\d+$")
@@ -174,7 +206,7 @@ def _float(token: str) -> float | None:
 
 def _int(token: str) -> int | None:
     if _INT.match(token):
-        return int(token)
+        return safe_int(token)
     value = _float(token)
     if value is not None and value == int(value) and abs(value) < 1e18:
         return int(value)
@@ -259,9 +291,9 @@ def _parse_row(tokens: list[str], layout: _Layout) -> tuple[NcclRow | None, bool
         if name == "type":
             if _float(token) is not None:
                 return None, False
-            row.type = token
+            row.type = clip_str(token, 64)
         elif name == "redop":
-            row.redop = None if token.lower() in ("none", "n/a", "-") else token
+            row.redop = None if token.lower() in ("none", "n/a", "-") else clip_str(token, 64)
         elif name == "root":
             root = _int(token)
             row.root = root if root is not None and root >= 0 else None
@@ -505,10 +537,10 @@ def parse_nccl_tests(text: str, *, expected_busbw_gbps: float | None = None) -> 
                         rank=int(rank),
                         group=int(group),
                         pid=int(pid),
-                        host=host,
+                        host=clip_str(host),
                         device=int(dev),
-                        bus_id=bus,
-                        name=name,
+                        bus_id=clip(bus, 64),
+                        name=clip_str(name),
                     )
                 )
                 markers += 1
@@ -516,7 +548,10 @@ def parse_nccl_tests(text: str, *, expected_busbw_gbps: float | None = None) -> 
             if match := _DEVICE_LOOSE.match(line):
                 devices.append(
                     NcclDevice(
-                        rank=int(match.group(1)), device=int(match.group(2)), bus_id=match.group(3), name=match.group(4)
+                        rank=int(match.group(1)),
+                        device=int(match.group(2)),
+                        bus_id=clip(match.group(3), 64),
+                        name=clip_str(match.group(4)),
                     )
                 )
                 markers += 1
@@ -533,18 +568,18 @@ def parse_nccl_tests(text: str, *, expected_busbw_gbps: float | None = None) -> 
                 params = (int(match.group(1)), int(match.group(2)), int(match.group(3)), int(match.group(4)))
                 markers += 1
             if match := _TESTS_VERSION.search(line):
-                tests_version = match.group(1)
+                tests_version = clip_str(match.group(1), 64)
                 library = _LIBRARY_CODE.search(line)
                 library_code = int(library.group(1)) if library else library_code
                 markers += 1
             elif (match := _NCCL_VERSION.search(line)) and nccl_version is None:
-                nccl_version = match.group(1)
+                nccl_version = clip_str(match.group(1), 64)
                 markers += 1
             if match := _STARTING.search(line):
                 named_collective = named_collective or _collective_from_name(match.group(1))
                 markers += 1
             if _ERROR_LINE.search(line):
-                errors.append(line)
+                errors.append(clip_str(line, MAX_LINE_TEXT))
             tokens = line.lstrip("#").split()
             lowered = [t.lower() for t in tokens]
             if "size" in lowered and "busbw" in lowered:
@@ -557,11 +592,11 @@ def parse_nccl_tests(text: str, *, expected_busbw_gbps: float | None = None) -> 
                     warnings.append(f"a column header was not understood: {line[:160]!r}")
             continue
         if (match := _NCCL_VERSION.search(line)) and "nccl-tests" not in line:
-            nccl_version = nccl_version or match.group(1)
+            nccl_version = nccl_version or clip_str(match.group(1), 64)
             markers += 1
             continue
         if _ERROR_LINE.search(line):
-            errors.append(line[:500])
+            errors.append(clip_str(line, MAX_LINE_TEXT))
             continue
         if program_collective is None and (match := _PROGRAM.search(line)):
             program_collective = _collective_from_name(match.group(1))
@@ -627,4 +662,44 @@ def parse_nccl_tests(text: str, *, expected_busbw_gbps: float | None = None) -> 
         verdict=NcclVerdict(status="UNKNOWN", severity="info", text="not judged yet"),
     )
     report.verdict = _verdict(report, expected_busbw_gbps, gpu_model, device_name)
-    return report
+    return _bounded(report)
+
+
+def _bounded(report: NcclTestsReport) -> NcclTestsReport:
+    """The report with its lists capped (counts of the rest in *_omitted); the verdict was made on all of it."""
+    verdict = report.verdict
+
+    best = next(
+        (
+            i
+            for i, row in enumerate(report.rows)
+            if row.size_bytes == verdict.measured_at_bytes and _row_busbw(row) == verdict.measured_busbw_gbps
+        ),
+        None,
+    )
+    ranks = {id(row): 2 if _wrong(row) > 0 else 1 if i == best else 0 for i, row in enumerate(report.rows)}
+
+    def keep(row: NcclRow) -> int:  # rows with wrong elements first, then the verdict's best row
+        return ranks[id(row)]
+
+    def build(scale: float) -> NcclTestsReport:
+        rows, rows_omitted = pick(report.rows, scaled(MAX_ROWS, scale), keep)
+        devices, devices_omitted = pick(report.devices, scaled(MAX_DEVICES, scale))
+        hosts, hosts_omitted = pick(report.hosts, scaled(MAX_HOSTS, scale))
+        errors, errors_omitted = pick(report.errors, scaled(MAX_NOTES, scale))
+        return report.model_copy(
+            update={
+                "rows": rows,
+                "rows_total": len(report.rows),
+                "rows_omitted": rows_omitted,
+                "devices": devices,
+                "devices_omitted": devices_omitted,
+                "hosts": hosts,
+                "hosts_omitted": hosts_omitted,
+                "errors": errors,
+                "errors_omitted": errors_omitted,
+                "warnings": cap_notes(report.warnings, scaled(MAX_NOTES, scale)),
+            }
+        )
+
+    return fit(build)

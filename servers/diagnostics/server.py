@@ -18,6 +18,7 @@ from servers.core.jobs import JobKind
 from servers.core.jobview import JobView
 from servers.core.mcp_layer import App, WaitS, agent_tool, in_thread, run_job, summarize_job, tool_result
 from servers.core.paths import resolve_inside_roots
+from servers.diagnostics.bounds import MAX_NOTES, cap_notes, fit, omitted_note, pick, scaled
 from servers.diagnostics.snapshot import GpuHealth, GpuSnapshot
 
 NAME = "diagnostics"
@@ -30,6 +31,8 @@ JOB_KINDS = [
     JobKind("dcgm_diag", "servers.diagnostics.dcgm:run_dcgm_diag_job", "dcgmi diag -r N -j", default_timeout_s=7200),
 ]
 MAX_TEXT = 64 * 2**20  # captured nvidia-smi, nccl-tests and DCGM outputs are far smaller; logs are streamed
+MAX_GPUS_LISTED = 128  # GPUs one inventory or health result lists; counts cover them all
+MAX_EVENTS_LISTED = 500  # kernel-log events one scan lists (max_events' upper bound)
 
 Text = Annotated[str, Field(max_length=MAX_TEXT)]
 PathArg = Annotated[str, Field(max_length=4096)]
@@ -69,8 +72,9 @@ class Inventory(BaseModel):
     format: str | None = Field(default=None, description="q, xml or csv for captured nvidia-smi output")
     driver_version: str | None = None
     cuda_version: str | None = None
-    gpu_count: int
-    gpus: list[GpuSnapshot]
+    gpu_count: int = Field(description="GPUs found, listed or not")
+    gpus: list[GpuSnapshot] = Field(description=f"At most {MAX_GPUS_LISTED}, in input order; see gpus_omitted")
+    gpus_omitted: int = Field(default=0, description="GPUs found but not listed")
     warnings: list[str] = Field(default_factory=list)
 
 
@@ -79,9 +83,45 @@ class NodeHealth(BaseModel):
     available: bool
     reason: str | None = None
     node_status: Literal["healthy", "degraded", "unhealthy", "unknown"] = Field(description="The worst GPU status")
-    counts: dict[str, int] = Field(description="GPUs per status")
-    gpus: list[GpuHealth]
+    counts: dict[str, int] = Field(description="GPUs per status, listed or not")
+    gpus: list[GpuHealth] = Field(
+        description=f"At most {MAX_GPUS_LISTED} (unhealthy, degraded and unknown ones first), in input order; "
+        "see gpus_omitted"
+    )
+    gpus_omitted: int = Field(default=0, description="GPUs judged but not listed")
     warnings: list[str] = Field(default_factory=list)
+
+
+def bounded_inventory(inventory: Inventory) -> Inventory:
+    """The inventory listing at most MAX_GPUS_LISTED GPUs; gpu_count and gpus_omitted count them all."""
+
+    def build(scale: float) -> Inventory:
+        gpus, omitted = pick(inventory.gpus, scaled(MAX_GPUS_LISTED, scale))
+        return inventory.model_copy(
+            update={
+                "gpus": gpus,
+                "gpus_omitted": omitted,
+                "warnings": cap_notes(inventory.warnings, scaled(MAX_NOTES, scale)),
+            }
+        )
+
+    return fit(build)
+
+
+def bounded_health(health: NodeHealth) -> NodeHealth:
+    """The health listing at most MAX_GPUS_LISTED GPUs, those not healthy first; counts cover them all."""
+
+    def build(scale: float) -> NodeHealth:
+        gpus, omitted = pick(health.gpus, scaled(MAX_GPUS_LISTED, scale), lambda h: STATUS_ORDER[h.status])
+        return health.model_copy(
+            update={
+                "gpus": gpus,
+                "gpus_omitted": omitted,
+                "warnings": cap_notes(health.warnings, scaled(MAX_NOTES, scale)),
+            }
+        )
+
+    return fit(build)
 
 
 def snapshots(app: App, nvidia_smi_output: str, path: str | None, fields: list[str] | None) -> Inventory:
@@ -158,13 +198,14 @@ def register(server: MCPServer, app: App) -> None:
     ) -> Annotated[CallToolResult, Inventory]:
         """List the GPUs of a node: index, name, UUID, PCI bus id, serial, driver and CUDA versions, memory. Live from
         NVML on the machine this server runs on when no input is given (where there is no NVIDIA driver, available
-        is false and reason says so), or from captured nvidia-smi output (text, XML or CSV). Instant."""
-        inventory = await in_thread(snapshots, app, nvidia_smi_output, path, fields)
+        is false and reason says so), or from captured nvidia-smi output (text, XML or CSV). Lists at most 128 GPUs
+        (gpu_count and gpus_omitted count them all). Instant."""
+        inventory = await in_thread(lambda: bounded_inventory(snapshots(app, nvidia_smi_output, path, fields)))
         if not inventory.available:
             return tool_result(inventory, f"no GPU inventory: {inventory.reason}")
         lines = [
             f"{inventory.gpu_count} GPU(s) from {inventory.source}, driver {inventory.driver_version}, "
-            f"CUDA {inventory.cuda_version}"
+            f"CUDA {inventory.cuda_version}" + omitted_note(len(inventory.gpus), inventory.gpus_omitted, "GPUs")
         ]
         lines += [f"- {g.index}: {g.name} {g.pci_bus_id} {g.uuid} serial {g.serial}" for g in inventory.gpus]
         lines += [f"warning: {w}" for w in inventory.warnings]
@@ -178,12 +219,17 @@ def register(server: MCPServer, app: App) -> None:
         recommended action): uncorrectable ECC (SRAM, DRAM; volatile, aggregate), remapped rows pending or failed,
         retired pages, reset required or drain recommended, recovery action set, HW slowdown / thermal / power
         brake, temperature and power against limits, PCIe link below max, NVLink links down, persistence mode,
-        fabric state. Live from NVML, or from captured nvidia-smi output. Unknown fields stay unknown. Instant."""
+        fabric state. Live from NVML, or from captured nvidia-smi output. Unknown fields stay unknown. Lists at most
+        128 GPUs, those not healthy first (counts and gpus_omitted cover them all). Instant."""
         inventory = await in_thread(snapshots, app, nvidia_smi_output, path, fields)
-        health = await in_thread(node_health, inventory)
+        health = await in_thread(lambda: bounded_health(node_health(inventory)))
         if not health.available:
             return tool_result(health, f"no GPU health: {health.reason}")
-        lines = [f"node {health.node_status}: " + ", ".join(f"{n} {s}" for s, n in sorted(health.counts.items()))]
+        lines = [
+            f"node {health.node_status}: "
+            + ", ".join(f"{n} {s}" for s, n in sorted(health.counts.items()))
+            + omitted_note(len(health.gpus), health.gpus_omitted, "GPUs")
+        ]
         for h in health.gpus:
             lines.append(f"- GPU {h.gpu.index} {h.gpu.pci_bus_id or ''}: {h.status}")
             lines += [
@@ -207,14 +253,20 @@ def register(server: MCPServer, app: App) -> None:
             Field(description="Read this machine's kernel log live: `dmesg` or `journalctl -k` (needs permission)"),
         ] = None,
         max_events: Annotated[
-            int, Field(ge=1, le=100_000, description="Most events listed (counts stay exact)")
-        ] = 2000,
+            int,
+            Field(
+                ge=1,
+                le=MAX_EVENTS_LISTED,
+                description="Most events listed (counts stay exact; the summary rows cover every event)",
+            ),
+        ] = 200,
     ) -> Annotated[CallToolResult, KernelLogScan]:
         """Find GPU errors in a kernel log: Xid lines of every shape (with their PCI address, process, NVLink5
         sub-unit and intrinfo, recovery-action changes), NVSwitch SXid, NCCL segfaults, and GPUs fallen off the
         bus; every timestamp form. Maps PCI addresses to UUIDs, classifies each event with the Xid catalog, and
         summarises per GPU and code (count, first and last time, worst severity, action), collapsing floods (Xid
-        45) and escalating codes that recur across reboots. Streams files of any size (>= 100 MB/s)."""
+        45) and escalating codes that recur across reboots. Streams files of any size (>= 100 MB/s). Lists at most
+        max_events events and 200 summary rows (worst first); events_omitted and summary_omitted count the rest."""
         from servers.diagnostics.kmsg import scan_file, scan_text
         from servers.diagnostics.xid import classify
 
@@ -232,8 +284,10 @@ def register(server: MCPServer, app: App) -> None:
             scan = await in_thread(scan_text, live, classify=classify, max_events=max_events)
         await ctx.report_progress(1, 1, "scanned")
         lines = [
-            f"{scan.matched_lines} GPU-related line(s) in {scan.lines_read} lines; {len(scan.summary)} "
-            "distinct GPU/code pair(s)"
+            f"{scan.matched_lines} GPU-related line(s) in {scan.lines_read} lines; {scan.summary_rows} "
+            f"distinct GPU/code pair(s); {len(scan.events)} event(s) listed"
+            + (f", {scan.events_omitted} more counted but not listed" if scan.events_omitted else "")
+            + (f"; {scan.summary_omitted} least severe pair(s) not listed" if scan.summary_omitted else "")
         ]
         for row in scan.summary[:30]:
             lines.append(
@@ -289,12 +343,13 @@ def register(server: MCPServer, app: App) -> None:
         """Parse the output of any nccl-tests binary: per-size rows (size, count, type, redop, root, out-of-place
         and in-place time, algbw, busbw, #wrong), the average bus bandwidth, the devices, and a verdict against the
         expected bus bandwidth for the GPU model found (e.g. 8x H100 all-reduce >= 460 GB/s), with any #wrong > 0
-        flagged as data corruption. Instant."""
+        flagged as data corruption. Lists at most 256 rows (those with #wrong > 0 and the best one first; rows_total
+        and rows_omitted count them; the verdict uses every row). Instant."""
         from servers.diagnostics.nccl_tests import parse_nccl_tests as parse
 
         body, _ = await in_thread(read_text_input, app, text, path, "nccl-tests output")
         report = await in_thread(parse, body, expected_busbw_gbps=expected_busbw_gbps)
-        return tool_result(report, report.verdict.text)
+        return tool_result(report, report.verdict.text + report.listing_note())
 
     from servers.diagnostics.dcgm import DcgmDiagReport
 
@@ -309,12 +364,13 @@ def register(server: MCPServer, app: App) -> None:
     ) -> Annotated[CallToolResult, DcgmDiagReport]:
         """Read the JSON of a DCGM diagnostic run (DCGM 3.x "DCGM GPU Diagnostic" and 4.x "DCGM Diagnostic"
         layouts): per test and GPU, pass / fail / warn / skip with the warning texts and error ids, and an overall
-        verdict. Instant."""
+        verdict. Lists at most 256 results (failed and warned first), 128 tests and 128 GPUs, counting the rest.
+        Instant."""
         from servers.diagnostics.dcgm import parse_dcgm_diag as parse
 
         body, _ = await in_thread(read_text_input, app, text, path, "DCGM diagnostic JSON")
         report = await in_thread(parse, body)
-        return tool_result(report, f"DCGM diagnostic: {report.verdict}. {report.summary}")
+        return tool_result(report, f"DCGM diagnostic: {report.verdict}. {report.summary}{report.listing_note()}")
 
     @agent_tool(
         server, title="Run DCGM diagnostics", read_only=False, destructive=False, idempotent=False, open_world=False
@@ -360,19 +416,24 @@ def register(server: MCPServer, app: App) -> None:
         url: Annotated[
             str,
             Field(
-                max_length=2048, pattern=r"^https?://", description="The metrics URL, e.g. http://node-7:9400/metrics"
+                max_length=2048,
+                pattern=r"^https?://",
+                description="The metrics URL, e.g. http://127.0.0.1:9400/metrics; it must be one the setting "
+                "LLM_INFRA_MCP_EXPORTER_URLS allows (default: port 9400 on loopback)",
             ),
         ],
         timeout_s: Annotated[float, Field(gt=0, le=30, description="Give up after this many seconds")] = 10,
     ) -> Annotated[CallToolResult, ExporterSummary]:
-        """Scrape a dcgm-exporter (or any Prometheus) endpoint and summarise each GPU: temperature, power,
-        utilisation, tensor activity, last Xid, ECC and row-remap counters, NVLink bandwidth, clock event reasons,
-        with findings by the same rules as gpu_health. http and https only; bounded time and size."""
-        from servers.diagnostics.exporter import parse_prometheus_text, scrape, summarise_dcgm
+        """Scrape a dcgm-exporter endpoint and summarise each GPU: temperature, power, utilisation, tensor activity,
+        last Xid, ECC and row-remap counters, NVLink bandwidth, clock event reasons, with findings by the same rules
+        as gpu_health. Only URLs the person allowed (setting LLM_INFRA_MCP_EXPORTER_URLS; by default
+        dcgm-exporter's port 9400 on this machine's loopback): the error for another URL says what to set. http and
+        https; bounded time (timeout_s) and size (8 MiB); redirects are not followed; a response that is not
+        Prometheus text is refused without being quoted. Lists at most 64 GPUs (those not healthy first)."""
+        from servers.diagnostics.exporter import read_exporter
 
-        body = await scrape(url, timeout_s=timeout_s)
-        summary = await in_thread(lambda: summarise_dcgm(parse_prometheus_text(body)))
-        return tool_result(summary, getattr(summary, "text", None) or f"{len(summary.gpus)} GPU(s) at {url}")
+        summary = await read_exporter(url, allowed=app.settings.exporter_urls, timeout_s=timeout_s)
+        return tool_result(summary, summary.text)
 
 
 def read_live_kernel_log(source: str | None) -> str:

@@ -6,7 +6,12 @@ Every field is optional: None means "unknown" (not reported, [N/A], deprecated, 
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+from servers.diagnostics.bounds import MAX_STR, clip_str
+
+MAX_LINKS_LISTED = 64  # NVLink link numbers kept per GPU (GPUs have at most 18)
+MAX_CLOCK_EVENTS = 32
 
 Severity = Literal["info", "warning", "critical"]
 Status = Literal["healthy", "degraded", "unhealthy", "unknown"]
@@ -83,6 +88,36 @@ class GpuSnapshot(BaseModel):
     # activity
     utilization_gpu_pct: float | None = None
     xid_errors: int | None = Field(default=None, description="Last Xid seen (dcgm-exporter), when known")
+
+    @field_validator(
+        "name",
+        "uuid",
+        "pci_bus_id",
+        "serial",
+        "vbios_version",
+        "driver_version",
+        "cuda_version",
+        "recovery_action",
+        "fabric_state",
+        "fabric_status",
+        mode="after",
+    )
+    @classmethod
+    def _clip_text(cls, value: str | None) -> str | None:
+        """Text read from the input is kept to MAX_STR characters (a captured file may hold anything)."""
+        return clip_str(value, MAX_STR) if value is not None else None
+
+    @field_validator("nvlink_links_down", mode="after")
+    @classmethod
+    def _clip_links(cls, value: list[int] | None) -> list[int] | None:
+        return value[:MAX_LINKS_LISTED] if value is not None else None
+
+    @field_validator("clock_events", mode="after")
+    @classmethod
+    def _clip_events(cls, value: dict[str, bool]) -> dict[str, bool]:
+        if len(value) <= MAX_CLOCK_EVENTS and all(len(k) <= 64 for k in value):
+            return value
+        return {clip_str(k, 64): v for k, v in list(value.items())[:MAX_CLOCK_EVENTS]}
 
 
 class Finding(BaseModel):

@@ -115,12 +115,13 @@ def run_gemm_benchmark(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
             elapsed = (time.perf_counter() - t0) * 1e3
         times_ms.append(elapsed)
         flops = 2.0 * spec.m * spec.n * spec.k
-        ctx.log_metrics(step=i, time_ms=round(elapsed, 6), tflops=round(flops / (elapsed * 1e-3) / 1e12, 6))
+        step_tflops = flops / (elapsed * 1e-3) / 1e12 if elapsed > 0 else 0.0  # a timer may read 0 for tiny GEMMs
+        ctx.log_metrics(step=i, time_ms=round(elapsed, 6), tflops=round(step_tflops, 6))
         ctx.progress(spec.warmup + i + 1, total, f"iteration {i + 1}/{spec.iters}")
 
     ordered = sorted(times_ms)
     median = statistics.median(ordered)
-    tflops = 2.0 * spec.m * spec.n * spec.k / (median * 1e-3) / 1e12
+    tflops = 2.0 * spec.m * spec.n * spec.k / (median * 1e-3) / 1e12 if median > 0 else 0.0
     catalog_name = peak = fraction = None
     note = None
     if use_cuda:

@@ -20,6 +20,7 @@ over iterations of the slowest rank, with a barrier before each iteration. torch
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
@@ -51,6 +52,11 @@ CPU_NOTE = "timings on CPU (gloo) check plumbing and correctness, not performanc
 _ELEM = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 _OUT_ELEM = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 _RUNTIME_OVERHEAD = {"gloo": 256 * 2**20, "nccl": 2**30}  # torch, its allocator and NCCL buffers, per rank
+# Raw timings a result keeps per method (a result must stay small enough for a client to read: 64 ranks x 10000
+# iterations x 11 methods would be tens of MiB): the first RAW_RANKS ranks, the first RAW_ITERS iterations each.
+# A tune result keeps none (one entry per layer and method, up to 32 layers).
+RAW_RANKS = 8
+RAW_ITERS = 32
 
 Dim = Annotated[int, Field(ge=1, le=131072)]
 ChunkCount = Annotated[int, Field(ge=2, le=64)]
@@ -614,7 +620,10 @@ def _summarize(spec: OverlapSpec, backend: str, ranks: list[dict[str, Any]]) -> 
             efficiency=(t_gemm + t_comm - t) / t_comm if t_comm > 0 else None,
             speedup=(t_gemm + t_comm) / t if t > 0 else None,
             tflops=flops / (t * 1e-3) / 1e12 if t > 0 else None,
-            raw_times_ms=[e["times_ms"] for e in per_rank],  # per rank, per iteration: the raw timings, kept
+            # per rank, per iteration: the raw timings, kept up to RAW_RANKS x RAW_ITERS
+            raw_times_ms=[e["times_ms"][:RAW_ITERS] for e in per_rank[:RAW_RANKS]],
+            raw_times_omitted=sum(len(e["times_ms"]) for e in per_rank)
+            - sum(min(len(e["times_ms"]), RAW_ITERS) for e in per_rank[:RAW_RANKS]),
         )
         methods.append(row)
     for row in methods:
@@ -650,6 +659,26 @@ def _summarize(spec: OverlapSpec, backend: str, ranks: list[dict[str, Any]]) -> 
     }
     result["table"] = format_table(result)
     return result
+
+
+def finite(value: Any) -> Any:
+    """value with every NaN or infinite float replaced by None (an overflowing fp16/fp8 output gives NaN or inf
+    differences; JSON has no such numbers, and a result must stay valid JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+def _without_raw_times(row: dict[str, Any]) -> dict[str, Any]:
+    """A method row of a tune result: its raw timings left out (counted in raw_times_omitted)."""
+    if "raw_times_ms" not in row:
+        return row
+    kept = sum(len(r) for r in row["raw_times_ms"])
+    return {**row, "raw_times_ms": [], "raw_times_omitted": row.get("raw_times_omitted", 0) + kept}
 
 
 def _shapes_text(pattern: str, m: int, n: int, k: int, p: int) -> str:
@@ -710,7 +739,7 @@ def run_overlap_benchmark(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]
     backend = resolve_backend(spec.backend)
     _validate(spec, backend, [(spec.pattern, spec.m, spec.n, spec.k)])
     ctx.progress(0, None, f"starting {spec.world_size} ranks ({backend})")
-    result = _measure(spec, backend, ctx.log_path("rank0").parent, ctx.progress)
+    result = finite(_measure(spec, backend, ctx.log_path("rank0").parent, ctx.progress))
     for step, row in enumerate(result["methods"]):
         if row.get("available"):
             ctx.log_metrics(
@@ -759,7 +788,7 @@ def run_overlap_tune(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
     log_dir = ctx.log_path("rank0").parent
     for index, (layer, layer_spec) in enumerate(zip(spec.layers, layer_specs, strict=True)):
         ctx.progress(index, len(spec.layers), f"layer {layer.layer} ({layer.pattern} {layer.m}x{layer.n}x{layer.k})")
-        measured = _measure(layer_spec, backend, log_dir, None)
+        measured = finite(_measure(layer_spec, backend, log_dir, None))
         best = next((row for row in measured["methods"] if row["name"] == measured["best"]), None)
         t_seq = measured["t_sequential_ms"]
         entry = {
@@ -776,7 +805,7 @@ def run_overlap_tune(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
             "t_comm_ms": measured["t_comm_ms"],
             "all_passed": measured["all_passed"],
             "skipped_chunks": skipped.get(layer.layer, []),
-            "methods": measured["methods"],
+            "methods": [_without_raw_times(row) for row in measured["methods"]],
             "table": measured["table"],
         }
         results.append(entry)
@@ -801,7 +830,7 @@ def run_overlap_tune(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
         "dtype": spec.dtype,
         "backend": backend,
         **describe_device(backend),
-        "layers": results,
+        "layers": finite(results),
         "table": table,
         "tolerance": {"rule": TOLERANCE_RULE, "rtol": RTOL[spec.dtype]},
         "note": CPU_NOTE if backend == "gloo" else None,

@@ -166,16 +166,17 @@ def register_model_tools(server: MCPServer, app: App) -> None:
             prediction=base, calibrated=calibrated, calibration_source=calibration.source if calibration else None
         )
         p = base
+        efficiency = "n/a, nothing to hide" if p.efficiency is None else f"{p.efficiency:.2f}"
         text = (
             f"{pattern} {m}x{n}x{k} TP={world_size} {dtype} on {p.gpu} ({p.interconnect}): gemm "
-            f"{p.t_gemm_ms:.3f} ms, comm {p.t_comm_ms:.3f} ms, sequential {p.t_sequential_ms:.3f} ms, overlapped "
-            f"{p.t_overlap_ms:.3f} ms at {p.best_chunks} chunks (E={p.efficiency:.2f}, speedup "
+            f"{p.t_gemm_ms:.4g} ms, comm {p.t_comm_ms:.4g} ms, sequential {p.t_sequential_ms:.4g} ms, overlapped "
+            f"{p.t_overlap_ms:.4g} ms at {p.best_chunks} chunks (E={efficiency}, speedup "
             f"{p.speedup:.2f}x). {p.advice}"
         )
         if calibrated is not None:
             text += (
-                f"\ncalibrated ({result.calibration_source}): sequential {calibrated.t_sequential_ms:.3f} ms, "
-                f"overlapped {calibrated.t_overlap_ms:.3f} ms"
+                f"\ncalibrated ({result.calibration_source}): sequential {calibrated.t_sequential_ms:.4g} ms, "
+                f"overlapped {calibrated.t_overlap_ms:.4g} ms"
             )
         return tool_result(result, text)
 
@@ -356,7 +357,9 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
     async def tune_overlap(
         ctx: Context,
         preset: Annotated[str | None, Field(max_length=64, description="Tune every TP layer of this preset")] = None,
-        layers: Annotated[list[OverlapLayer] | None, Field(max_length=32, description="Or these layers")] = None,
+        layers: Annotated[
+            list[OverlapLayer] | None, Field(max_length=32, description="Or these layers (1 to 32)")
+        ] = None,
         seq_len: Annotated[int, Field(ge=1, le=1 << 20, description="Preset sequence length")] = 4096,
         micro_batch: Annotated[int, Field(ge=1, le=4096, description="Preset micro-batch")] = 1,
         world_size: Annotated[int, Field(ge=1, le=64, description="Tensor-parallel degree")] = 2,
@@ -384,6 +387,11 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
 
         if (preset is None) == (layers is None):
             raise InputError("give exactly one of preset or layers")
+        if layers is not None and not layers:
+            raise InputError(
+                "layers: the list is empty; accepted: 1 to 32 layers, each {layer, pattern, m, n, k}, or a preset "
+                f"instead ({', '.join(PRESET_NAMES)})"
+            )
         if preset is not None:
             from servers.overlap.presets import get_preset
 

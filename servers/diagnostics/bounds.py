@@ -1,0 +1,88 @@
+"""Bounds on what one diagnostics result lists. Plain module (no MCP imports).
+
+A client validates a tool's structured content against its output schema before it reads it; tens of MiB of
+rows take the SDK's client past a minute, longer than clients wait. So every result lists at most a few hundred
+items per list, counts the rest exactly (``*_omitted`` fields, said in the text summary too), clips free text
+taken from the input, and, as a last guard, lists fewer items until its JSON fits MAX_RESULT_BYTES.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+MAX_RESULT_BYTES = 768 * 1024  # structured content of one result, as JSON; the text summary comes on top
+MAX_STR = 256  # characters kept of a name, label or identifier read from the input
+MAX_LINE_TEXT = 500  # characters kept of a message or line quoted from the input
+MAX_NOTES = 50  # warnings / errors / notes listed per result
+
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+
+def clip(text: str | None, limit: int = MAX_STR) -> str | None:
+    """text cut to `limit` characters (the last one an ellipsis when cut); None stays None."""
+    if text is None or len(text) <= limit:
+        return text
+    return text[: max(0, limit - 1)] + "\u2026"
+
+
+def clip_str(text: str, limit: int = MAX_STR) -> str:
+    return text if len(text) <= limit else text[: max(0, limit - 1)] + "\u2026"
+
+
+def json_bytes(model: BaseModel) -> int:
+    return len(model.model_dump_json().encode())
+
+
+def scaled(cap: int, scale: float) -> int:
+    """`cap` shrunk by `scale` (0 < scale <= 1), at least 1."""
+    return max(1, math.floor(cap * scale))
+
+
+def fit(build: Callable[[float], M], budget: int = MAX_RESULT_BYTES) -> M:
+    """build(scale) makes a result whose list caps are multiplied by scale; the first (largest) that fits."""
+    scale = 1.0
+    while True:
+        model = build(scale)
+        if scale <= 1 / 1024 or json_bytes(model) <= budget:
+            return model
+        scale /= 2
+
+
+def pick(items: Sequence[T], limit: int, rank: Callable[[T], int] | None = None) -> tuple[list[T], int]:
+    """At most `limit` items in their original order, those of highest `rank` taken before the others (ties: the
+    earlier first); and how many were left out."""
+    if len(items) <= limit:
+        return list(items), 0
+    if rank is None:
+        return list(items[:limit]), len(items) - limit
+    order = sorted(range(len(items)), key=lambda i: (-rank(items[i]), i))
+    return [items[i] for i in sorted(order[:limit])], len(items) - limit
+
+
+def cap_notes(notes: Sequence[str], limit: int = MAX_NOTES, text_limit: int = MAX_LINE_TEXT) -> list[str]:
+    """At most `limit` notes, each clipped; when some are left out, the last entry says how many."""
+    clipped = [clip_str(n, text_limit) for n in notes[: limit if len(notes) <= limit else max(0, limit - 1)]]
+    if len(notes) > limit:
+        clipped.append(f"... and {len(notes) - len(clipped)} more not listed")
+    return clipped
+
+
+def safe_int(token: str, max_digits: int = 18) -> int | None:
+    """An ASCII decimal integer of at most max_digits digits (optional sign), else None (Python refuses to convert
+    strings of more than 4300 digits, and no counter here has more than 18)."""
+    digits = token[1:] if token[:1] in ("+", "-") else token
+    if not digits or len(digits) > max_digits or not (digits.isascii() and digits.isdigit()):
+        return None
+    return int(token)
+
+
+def omitted_note(listed: int, omitted: int, what: str) -> str:
+    """'' when nothing was left out, else ' (listed N of M WHAT; K more not listed)'."""
+    if not omitted:
+        return ""
+    return f" (listed {listed} of {listed + omitted} {what}; {omitted} more not listed)"
