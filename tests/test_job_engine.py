@@ -221,8 +221,12 @@ def test_a_job_whose_server_died_before_starting_it_is_lost(engine: JobEngine) -
 
 
 def test_exit_recorded_only_in_the_job_folder_is_picked_up(engine: JobEngine) -> None:
-    """The supervisor writes exit.json before the database; a server reading later trusts the file."""
+    """The supervisor writes exit.json before the database; a server reading later, once the supervisor is gone,
+    trusts the file (while the supervisor lives, only the database row is believed)."""
     done = wait_until_done(engine, engine.submit("test_count", {"steps": 1}).id)
+    deadline = time.monotonic() + 10
+    while done.supervisor_pid is not None and _alive(done.supervisor_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
     engine.store.update(done.id, state="RUNNING", ended_at=None, exit_code=None)
     assert engine.get(done.id).state == JobState.SUCCEEDED
 

@@ -2,17 +2,25 @@
 
 A job folder holds everything a job leaves behind, so that a server started later (or a person with a
 shell) can read it: job.json (what to run), logs/<process>.log, metrics.jsonl, progress.json,
-result.json, error.json (the exception that ended the work), exit.json (how the supervisor saw it end).
+result.json, error.json (the exception that ended the work), exit.json (how the supervisor saw it end),
+supervisor.json (the supervisor's and the worker's process identities), and run/, the work's working directory.
+
+The work runs in run/, apart from these files, but it can still write anything in the folder: every file read
+from a job folder is read as untrusted (regular files only, no symbolic links followed, bounded in size,
+validated by its reader).
 Plain module: imported by the worker process, so it stays small.
 """
 
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from servers.core.errors import InputError
 
 PROCESS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAIN_PROCESS = "main"
@@ -33,12 +41,65 @@ def atomic_write_json(path: Path, data: Any) -> None:
         raise
 
 
-def read_json(path: Path) -> Any | None:
-    """The JSON in `path`, or None when it is absent or not (yet) valid JSON."""
+DEFAULT_JSON_LIMIT = 64 * 1024 * 1024
+
+
+class BadJobFileError(InputError):
+    """A file in a job folder that cannot be used: not a regular file, too big, or not what its reader expects."""
+
+
+def open_regular(path: Path) -> IO[bytes]:
+    """Open a job folder's file for reading; only a regular file, and not through a symbolic link (so that a job
+    cannot point the server at a FIFO, a device or a file elsewhere). FileNotFoundError when it is absent."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        kind = "a symbolic link, which is not followed" if path.is_symlink() else f"not readable ({exc.strerror})"
+        raise BadJobFileError(f"{path.name} is {kind}") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BadJobFileError(f"{path.name} is not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def load_json(path: Path, max_bytes: int = DEFAULT_JSON_LIMIT) -> Any:
+    """The JSON in a job folder's file. FileNotFoundError when it is absent; BadJobFileError (saying why) when it is not
+    a regular file, is larger than max_bytes, or is not valid JSON."""
+    with open_regular(path) as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise BadJobFileError(f"{path.name} is larger than {max_bytes} bytes")
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise BadJobFileError(f"{path.name} is not valid JSON ({str(exc)[:200]})") from None
+
+
+def read_json(path: Path, max_bytes: int = DEFAULT_JSON_LIMIT) -> Any | None:
+    """The JSON in `path`, or None when it is absent, not (yet) valid JSON, or not a plain file of at most
+    max_bytes."""
+    try:
+        return load_json(path, max_bytes)
+    except (OSError, BadJobFileError):
         return None
+
+
+def worker_error(path: Path) -> dict[str, str] | None:
+    """error.json as the worker writes it ({"type": str, "message": str}), or None if absent or not of that shape."""
+    data = read_json(path, 1024 * 1024)
+    if not isinstance(data, dict):
+        return None
+    kind, message = data.get("type"), data.get("message")
+    if not isinstance(kind, str) or not isinstance(message, str):
+        return None
+    return {"type": kind[:200], "message": message[:4000]}
 
 
 class JobFiles:
@@ -61,9 +122,11 @@ class JobFiles:
         return self.logs_dir / f"{process}.log"
 
     def processes(self) -> list[str]:
+        """Names of the logs there are (only names read_job_logs accepts)."""
         if not self.logs_dir.is_dir():
             return []
-        return sorted(p.stem for p in self.logs_dir.glob("*.log"))
+        names = (p.stem for p in self.logs_dir.glob("*.log"))
+        return sorted(n for n in names if PROCESS_NAME.match(n) and ".." not in n)
 
     @property
     def metrics(self) -> Path:
@@ -84,6 +147,15 @@ class JobFiles:
     @property
     def exit(self) -> Path:
         return self.dir / "exit.json"
+
+    @property
+    def supervisor_identity(self) -> Path:
+        return self.dir / "supervisor.json"
+
+    @property
+    def run_dir(self) -> Path:
+        """The work's working directory (JOB/run), apart from the engine's files; created with the job folder."""
+        return self.dir / "run"
 
     @property
     def checkpoints(self) -> Path:

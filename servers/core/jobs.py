@@ -5,19 +5,40 @@ the engine stores the job (SQLite, the source of truth), starts a supervisor pro
 of its own, and answers questions about it. Jobs outlive the server: a server started later reconciles
 them, tracking those still running (by pid and start time) and marking LOST those whose processes vanished
 without recording an exit.
+
+What the engine believes, in order: the database row, which the supervisor writes; while the supervisor lives
+(pid and start time), nothing else. Files in the job folder are written by code the engine does not control (the
+work runs there), so they are read only once the supervisor is gone, and validated: exit.json (the supervisor's
+own record of the end, written just before the row), then the worker's result.json or error.json.
 """
 
 import contextlib
+import logging
+import math
 import os
 import secrets
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
+
+from servers.core.db import notices, record_event
 from servers.core.errors import InputError, NotFoundError, QuotaError
-from servers.core.jobfiles import JobFiles, atomic_write_json, read_json
+from servers.core.jobfiles import BadJobFileError, JobFiles, atomic_write_json, load_json, worker_error
 from servers.core.jobstore import ACTIVE_STATES, JobPage, JobRecord, JobState, JobStore
 from servers.core.procs import ProcessIdentity, boot_id, process_start_time, terminate_group
 from servers.core.settings import Settings
@@ -26,6 +47,13 @@ from servers.core.supervisor import child_command
 JOB_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,95}$"
 # A job row written but whose supervisor never recorded a pid: give the starting server this long.
 _SPAWN_GRACE_S = 30.0
+# How long a cancel waits for a supervisor that has not yet installed its signal handlers.
+_READY_WAIT_S = 20.0
+_SMALL_FILE = 1024 * 1024
+
+log = logging.getLogger(__name__)
+
+Admit = Callable[[list[JobRecord]], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -38,6 +66,88 @@ class JobKind:
     default_timeout_s: float = 3600.0
 
 
+def _number(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_number)]
+Text = Annotated[StrictStr, BeforeValidator(lambda v: v[:4000] if isinstance(v, str) else v)]
+
+
+class ExitRecord(BaseModel):
+    """exit.json, as the supervisor writes it; anything else in its place is not believed."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    state: JobState
+    exit_code: StrictInt | None = None
+    reason: Text | None = None
+    ended_at: Number | None = None
+
+    @field_validator("state")
+    @classmethod
+    def _final(cls, state: JobState) -> JobState:
+        if not state.terminal:
+            raise ValueError(f"{state.value} is not a final state")
+        return state
+
+
+class Descriptor(BaseModel):
+    """job.json, read back when a job's row has to be rebuilt from its folder."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: Annotated[StrictStr, Field(pattern=JOB_ID_PATTERN)]
+    kind: StrictStr
+    spec: dict[str, Any]
+    timeout_s: Number
+    created_at: Number
+    owner: StrictStr = "unknown"
+
+
+class Identity(BaseModel):
+    """supervisor.json: the supervisor's own pid and start time, and its worker's."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    pid: StrictInt
+    start_time: StrictInt | None = None
+    boot_id: StrictStr = ""
+    worker_pid: StrictInt | None = None
+    worker_start: StrictInt | None = None
+    started_at: Number | None = None
+
+
+def read_exit_record(files: JobFiles) -> tuple[ExitRecord | None, str | None]:
+    """(the validated exit record or None, what was wrong with the file if it was there but not valid)."""
+    try:
+        data = load_json(files.exit, _SMALL_FILE)
+        return ExitRecord.model_validate(data), None
+    except FileNotFoundError:
+        return None, None
+    except (OSError, BadJobFileError) as exc:
+        return None, f"exit.json is not usable: {exc}"
+    except (ValidationError, ValueError) as exc:
+        return None, f"exit.json is not a valid exit record: {_first_error(exc)}"
+
+
+def _first_error(exc: Exception) -> str:
+    if isinstance(exc, ValidationError) and exc.errors():
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"{where}: {first['msg']}" if where else str(first["msg"])
+    return str(exc)[:300]
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
 class JobEngine:
     def __init__(self, settings: Settings, *, owner: str, child_env: dict[str, str] | None = None) -> None:
         self.settings = settings
@@ -47,6 +157,7 @@ class JobEngine:
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         settings.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.store = JobStore(settings.db_path)
+        self.import_missing()
 
     # ---- kinds -------------------------------------------------------------------------------------
     def register_kind(self, kind: JobKind) -> None:
@@ -56,8 +167,17 @@ class JobEngine:
         self.kinds[kind.name] = kind
 
     # ---- submit ------------------------------------------------------------------------------------
-    def submit(self, kind: str, spec: dict[str, Any], *, timeout_s: float | None = None) -> JobRecord:
-        """Store a job and start its supervisor. Returns at once; the work runs in the background."""
+    def submit(
+        self, kind: str, spec: dict[str, Any], *, timeout_s: float | None = None, admit: Admit | None = None
+    ) -> JobRecord:
+        """Store a job and start its supervisor. Returns at once; the work runs in the background.
+
+        Admission is one write transaction of the database, so that concurrent submits (threads, or servers
+        sharing the state directory) never admit more than max_concurrent_jobs: the jobs in active states are
+        counted and the row inserted together. `admit`, if given, runs inside that transaction with the active
+        jobs' records and returns the spec to store (e.g. with GPUs assigned); if it raises (InputError,
+        QuotaError), nothing is written and the exception propagates. Keep it quick: it holds the write lock.
+        """
         job_kind = self.kinds.get(kind)
         if job_kind is None:
             raise InputError(f"unknown job kind {kind!r}; this server runs: {', '.join(sorted(self.kinds)) or 'none'}")
@@ -67,41 +187,51 @@ class JobEngine:
             raise InputError(
                 f"timeout_s must be in (0, {limit:g}] seconds (LLM_INFRA_MCP_MAX_JOB_WALL_S), got {timeout:g}"
             )
-        running = len(self.reconcile_all())
-        if running >= self.settings.max_concurrent_jobs:
-            raise QuotaError(
-                f"{running} jobs are active and at most {self.settings.max_concurrent_jobs} may run at once "
-                "(LLM_INFRA_MCP_MAX_CONCURRENT_JOBS); wait for one to end (wait_for_job) or cancel one (cancel_job)"
-            )
+        self.reconcile_all()  # outside the transaction: it reads /proc and may record ends
 
         job_id = self._new_id(kind)
         files = JobFiles(self.settings.jobs_dir / job_id)
-        files.logs_dir.mkdir(parents=True)
         created = time.time()
-        atomic_write_json(
-            files.descriptor,
-            {
-                "id": job_id,
-                "kind": kind,
-                "entry": job_kind.entry,
-                "spec": spec,
-                "timeout_s": timeout,
-                "created_at": created,
-                "owner": self.owner,
-            },
-        )
-        record = JobRecord(
-            id=job_id,
-            kind=kind,
-            spec=spec,
-            state=JobState.QUEUED,
-            created_at=created,
-            timeout_s=timeout,
-            owner=self.owner,
-            job_dir=str(files.dir),
-        )
-        self.store.insert(record)
+        max_jobs = self.settings.max_concurrent_jobs
+
+        def build(active: list[JobRecord]) -> JobRecord:
+            if len(active) >= max_jobs:
+                raise QuotaError(
+                    f"{len(active)} jobs are active and at most {max_jobs} may run at once "
+                    "(LLM_INFRA_MCP_MAX_CONCURRENT_JOBS); wait for one to end (wait_for_job) or cancel one "
+                    "(cancel_job)"
+                )
+            stored = spec if admit is None else admit(active)
+            if not isinstance(stored, dict):
+                raise TypeError(f"admit must return the spec to store (a dict), not {type(stored).__name__}")
+            return JobRecord(
+                id=job_id,
+                kind=kind,
+                spec=stored,
+                state=JobState.QUEUED,
+                created_at=created,
+                timeout_s=timeout,
+                owner=self.owner,
+                job_dir=str(files.dir),
+            )
+
+        record = self.store.admit(build)
+        # The folder (job.json last) only after the row: a folder with a job.json but no row is a lost row.
         try:
+            files.logs_dir.mkdir(parents=True)
+            files.run_dir.mkdir()
+            atomic_write_json(
+                files.descriptor,
+                {
+                    "id": job_id,
+                    "kind": kind,
+                    "entry": job_kind.entry,
+                    "spec": record.spec,
+                    "timeout_s": timeout,
+                    "created_at": created,
+                    "owner": self.owner,
+                },
+            )
             with open(files.log("supervisor"), "ab") as supervisor_log:
                 child = subprocess.Popen(
                     child_command(
@@ -123,18 +253,19 @@ class JobEngine:
                 only_if_active=True,
                 state=JobState.FAILED,
                 ended_at=time.time(),
-                reason=f"could not start the job's supervisor: {exc}",
+                reason=f"could not prepare the job folder or start the job's supervisor: {exc}",
             )
             return self._must_get(job_id)
         self._children[job_id] = child
+        # The supervisor may already have recorded more (RUNNING, or an end): never move its state back.
         self.store.update(
             job_id,
             only_if_active=True,
-            state=JobState.STARTING,
             supervisor_pid=child.pid,
             supervisor_start=process_start_time(child.pid),
             boot_id=boot_id(),
         )
+        self.store.update(job_id, only_in=frozenset({JobState.QUEUED}), state=JobState.STARTING)
         return self._must_get(job_id)
 
     @staticmethod
@@ -146,6 +277,8 @@ class JobEngine:
     # ---- read --------------------------------------------------------------------------------------
     def _must_get(self, job_id: str) -> JobRecord:
         record = self.store.get(job_id)
+        if record is None:
+            record = self._import_one(job_id)
         if record is None:
             raise NotFoundError(f"no job with id {job_id!r}; list_jobs shows the existing ones")
         return record
@@ -163,6 +296,136 @@ class JobEngine:
     def files(self, record: JobRecord) -> JobFiles:
         return JobFiles(record.job_dir)
 
+    def notices(self) -> list[str]:
+        """What happened to the state database that the tools should tell (moved aside, jobs re-imported)."""
+        return notices(self.settings.db_path)
+
+    # ---- rebuilding lost rows ----------------------------------------------------------------------
+    def import_missing(self) -> list[str]:
+        """Put back jobs that have a folder (with job.json) but no row: the database was replaced (moved aside as
+        damaged, truncated, restored from an old copy). Each becomes terminal if its folder holds an exit record,
+        is tracked if its supervisor or worker still runs, and otherwise ends as its files say (result.json,
+        error.json) or LOST. Returns the ids imported."""
+        try:
+            folders = sorted(p for p in self.settings.jobs_dir.iterdir() if p.is_dir() and not p.is_symlink())
+        except OSError:
+            return []
+        known = self.store.ids()
+        imported: list[str] = []
+        unreadable: list[str] = []
+        for folder in folders:
+            if folder.name in known:
+                continue
+            try:
+                record = self._record_from_folder(JobFiles(folder))
+            except FileNotFoundError:
+                continue  # no job.json: not a job folder, or one whose job is being created right now
+            except (OSError, BadJobFileError, ValidationError) as exc:
+                unreadable.append(f"{folder.name} ({_first_error(exc)})")
+                continue
+            if self.store.insert(record, or_ignore=True):
+                imported.append(record.id)
+        if imported or unreadable:
+            message = ""
+            if imported:
+                shown = ", ".join(imported[:10]) + (f" and {len(imported) - 10} more" if len(imported) > 10 else "")
+                message = (
+                    f"{len(imported)} job(s) had a folder in {self.settings.jobs_dir} but no row in the state "
+                    f"database (it was replaced, truncated or moved aside) and were re-imported from their folders: "
+                    f"{shown}"
+                )
+            if unreadable:
+                message += ("; " if message else "") + (
+                    f"{len(unreadable)} job folder(s) could not be read and were left out: " + ", ".join(unreadable[:5])
+                )
+            log.warning("%s", message)
+            with contextlib.suppress(Exception):
+                record_event(self.settings.db_path, "reimported", message)
+        for job_id in imported:
+            with contextlib.suppress(NotFoundError):
+                self.get(job_id)
+        return imported
+
+    def _import_one(self, job_id: str) -> JobRecord | None:
+        """A job asked for by id with no row: its folder, if it has one, is imported (the database was replaced
+        while this server ran)."""
+        if not isinstance(job_id, str) or not job_id or "/" in job_id or job_id.startswith("."):
+            return None
+        folder = self.settings.jobs_dir / job_id
+        if not folder.is_dir() or folder.is_symlink():
+            return None
+        try:
+            record = self._record_from_folder(JobFiles(folder))
+        except (OSError, BadJobFileError, ValidationError):
+            return None
+        self.store.insert(record, or_ignore=True)
+        return self.store.get(job_id)
+
+    def _record_from_folder(self, files: JobFiles) -> JobRecord:
+        descriptor = Descriptor.model_validate(load_json(files.descriptor, _SMALL_FILE))
+        if descriptor.id != files.dir.name:
+            raise BadJobFileError(f"job.json names job {descriptor.id!r}, not the folder's {files.dir.name!r}")
+        note = "re-imported from its folder (its row in the state database was lost)"
+        record = JobRecord(
+            id=descriptor.id,
+            kind=descriptor.kind,
+            spec=descriptor.spec,
+            state=JobState.STARTING,
+            created_at=descriptor.created_at,
+            timeout_s=descriptor.timeout_s,
+            owner=descriptor.owner,
+            job_dir=str(files.dir),
+            reason=note,
+        )
+        exit_record, exit_problem = read_exit_record(files)
+        if exit_record is not None:
+            return record.model_copy(
+                update={
+                    "state": exit_record.state,
+                    "exit_code": exit_record.exit_code,
+                    "ended_at": exit_record.ended_at or time.time(),
+                    "reason": f"{note}; {exit_record.reason}" if exit_record.reason else note,
+                }
+            )
+        identity = self._live_identity(files)
+        if identity is not None:
+            return record.model_copy(update={**identity, "state": JobState.RUNNING, "supervisor_ready": True})
+        state, exit_code, reason = self._vanished_outcome(record, files, exit_problem, note)
+        return record.model_copy(
+            update={"state": state, "exit_code": exit_code, "reason": reason, "ended_at": time.time()}
+        )
+
+    @staticmethod
+    def _live_identity(files: JobFiles) -> dict[str, Any] | None:
+        """Process fields for a re-imported job from supervisor.json, keeping only processes that still run and
+        are this job's (start time, and a command line naming the engine's module and this folder)."""
+        try:
+            identity = Identity.model_validate(load_json(files.supervisor_identity, _SMALL_FILE))
+        except (OSError, BadJobFileError, ValidationError):
+            return None
+        folder = str(files.dir)
+
+        def ours(pid: int | None, start: int | None, module: str) -> bool:
+            if pid is None or pid <= 0:
+                return False
+            if not ProcessIdentity(pid=pid, start_time=start, boot=identity.boot_id).is_alive():
+                return False
+            argv = _cmdline(pid)
+            return any(module in a for a in argv) and folder in argv
+
+        fields: dict[str, Any] = {"boot_id": identity.boot_id, "started_at": identity.started_at}
+        supervisor = ours(identity.pid, identity.start_time, "servers.core.supervisor")
+        worker = ours(identity.worker_pid, identity.worker_start, "servers.core.worker")
+        if not supervisor and not worker:
+            return None
+        if supervisor:
+            fields.update(supervisor_pid=identity.pid, supervisor_start=identity.start_time)
+        else:  # a pid no longer ours: record one that cannot match a live process
+            fields.update(supervisor_pid=identity.pid, supervisor_start=-1)
+        if worker:
+            fields.update(worker_pid=identity.worker_pid, worker_start=identity.worker_start)
+        return fields
+
     # ---- reconcile ---------------------------------------------------------------------------------
     def reconcile_all(self) -> list[JobRecord]:
         """Bring every active job up to date; returns those still active."""
@@ -174,58 +437,91 @@ class JobEngine:
         child = self._children.get(record.id)
         if child is not None and child.poll() is not None:  # reap our own supervisor once it ends
             self._children.pop(record.id, None)
-        files = self.files(record)
-        if self._apply_exit_record(record, files):
-            return self._must_get(record.id)
         if record.supervisor_pid is None:
             if time.time() - record.created_at > _SPAWN_GRACE_S:
+                cancelled = record.cancel_requested
                 self.store.update(
                     record.id,
                     only_if_active=True,
-                    state=JobState.LOST,
+                    state=JobState.CANCELLED if cancelled else JobState.LOST,
                     ended_at=time.time(),
-                    reason="never started: the server that created it stopped before starting it",
+                    reason=("cancelled before it started; " if cancelled else "never started: ")
+                    + "the server that created it stopped before starting its supervisor",
                 )
                 return self._must_get(record.id)
             return record
         if self._identity(record, "supervisor").is_alive():
-            return record
-        # The supervisor is gone. It may have recorded the end a moment ago; look once more.
-        if self._apply_exit_record(record, files):
-            return self._must_get(record.id)
+            return record  # while the supervisor lives, its row is the truth; the job folder's files are not read
+        # The supervisor is gone. It may have recorded the end a moment ago; read the row once more.
         current = self._must_get(record.id)
         if current.state not in ACTIVE_STATES:
             return current
+        files = self.files(current)
+        exit_record, exit_problem = read_exit_record(files)
+        if exit_record is not None:  # it wrote exit.json, then died before (or while) writing the row
+            self.store.update(
+                record.id,
+                only_if_active=True,
+                state=exit_record.state,
+                exit_code=exit_record.exit_code,
+                reason=exit_record.reason,
+                ended_at=exit_record.ended_at or time.time(),
+            )
+            return self._must_get(record.id)
         if current.worker_pid is not None and self._identity(current, "worker").is_alive():
             note = (
                 f"its supervisor (pid {current.supervisor_pid}) is gone; the worker (pid {current.worker_pid}) "
                 "still runs and is tracked directly"
             )
             if current.reason != note:
-                self.store.update(record.id, reason=note)
+                self.store.update(record.id, only_if_active=True, reason=note)
             return self._must_get(record.id)
-        rebooted = bool(current.boot_id) and current.boot_id != boot_id()
-        cause = "the machine restarted" if rebooted else "they were killed from outside (SIGKILL, the OOM killer)"
-        reason = (
-            f"its processes vanished without recording an exit (supervisor pid {current.supervisor_pid}, "
-            f"worker pid {current.worker_pid}); likely {cause}; logs so far remain readable"
+        state, exit_code, reason = self._vanished_outcome(current, files, exit_problem)
+        self.store.update(
+            record.id, only_if_active=True, state=state, exit_code=exit_code, ended_at=time.time(), reason=reason
         )
-        self.store.update(record.id, only_if_active=True, state=JobState.LOST, ended_at=time.time(), reason=reason)
         return self._must_get(record.id)
 
-    def _apply_exit_record(self, record: JobRecord, files: JobFiles) -> bool:
-        exit_record = read_json(files.exit)
-        if not isinstance(exit_record, dict):
-            return False
-        self.store.update(
-            record.id,
-            only_if_active=True,
-            state=JobState(exit_record["state"]),
-            exit_code=exit_record.get("exit_code"),
-            reason=exit_record.get("reason"),
-            ended_at=exit_record.get("ended_at"),
-        )
-        return True
+    def _vanished_outcome(
+        self, record: JobRecord, files: JobFiles, exit_problem: str | None, prefix: str | None = None
+    ) -> tuple[JobState, int | None, str]:
+        """How a job ended whose processes are gone without an exit record: as the worker's own files say
+        (result.json: it succeeded; error.json: it failed), else CANCELLED if a cancel was asked for, else LOST."""
+        supervisor = f"supervisor pid {record.supervisor_pid}" if record.supervisor_pid else "no supervisor recorded"
+        vanished = f"its supervisor vanished without recording the end ({supervisor})"
+        problems = [exit_problem] if exit_problem else []
+        has_result = False
+        try:
+            load_json(files.result)
+            has_result = True
+        except FileNotFoundError:
+            pass
+        except (OSError, BadJobFileError) as exc:
+            problems.append(f"result.json is not usable: {exc}")
+        error = None if has_result else worker_error(files.error)
+        if has_result:
+            state = JobState.SUCCEEDED
+            reason = f"{vanished}; the worker had written its result, so it succeeded (its exit code is unknown)"
+        elif error is not None:
+            state = JobState.FAILED
+            reason = f"{error['type']}: {error['message']} ({vanished}, so its exit code is unknown)"
+        elif record.cancel_requested:
+            state = JobState.CANCELLED
+            reason = (
+                f"cancelled on request; its processes ended without recording an exit ({supervisor}, worker pid "
+                f"{record.worker_pid})"
+            )
+        else:
+            state = JobState.LOST
+            rebooted = bool(record.boot_id) and record.boot_id != boot_id()
+            cause = "the machine restarted" if rebooted else "they were killed from outside (SIGKILL, the OOM killer)"
+            reason = (
+                f"its processes vanished without recording an exit ({supervisor}, worker pid {record.worker_pid}); "
+                f"likely {cause}; logs so far remain readable"
+            )
+        if problems:
+            reason += "; ignored: " + "; ".join(problems)
+        return state, None, f"{prefix}; {reason}" if prefix else reason
 
     @staticmethod
     def _identity(record: JobRecord, which: str) -> ProcessIdentity:
@@ -234,9 +530,17 @@ class JobEngine:
         assert pid is not None
         return ProcessIdentity(pid=pid, start_time=start, boot=record.boot_id or "")
 
+    def _supervisor_alive(self, record: JobRecord) -> bool:
+        return record.supervisor_pid is not None and self._identity(record, "supervisor").is_alive()
+
     # ---- cancel ------------------------------------------------------------------------------------
     def cancel(self, job_id: str, *, wait_s: float | None = None) -> JobRecord:
-        """End a job and its whole process group. Idempotent: a job already ended is returned as it is."""
+        """End a job and its whole process group. Idempotent: a job already ended is returned as it is.
+
+        The cancel is recorded in the row first. A supervisor that has installed its handlers (supervisor_ready)
+        gets SIGTERM; one still starting is not signalled (SIGTERM would kill it before it can record anything):
+        it reads the request once ready and ends the job as CANCELLED. Only if nothing answers in time does the
+        engine end the processes itself."""
         record = self.get(job_id)
         if record.state not in ACTIVE_STATES:
             return record
@@ -247,24 +551,32 @@ class JobEngine:
             )
         self.store.update(job_id, cancel_requested=True)
         grace = self.settings.cancel_grace_s
-        supervisor_alive = record.supervisor_pid is not None and self._identity(record, "supervisor").is_alive()
-        if supervisor_alive:
-            assert record.supervisor_pid is not None
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(record.supervisor_pid, signal.SIGTERM)
-            # The supervisor ends the worker's group within the grace period and records CANCELLED.
-            deadline = time.monotonic() + (grace + 5.0 if wait_s is None else wait_s)
-            while time.monotonic() < deadline:
-                record = self.get(job_id)
-                if record.state not in ACTIVE_STATES:
-                    return record
-                time.sleep(0.05)
+        ready_wait = 0.0 if record.supervisor_ready else _READY_WAIT_S
+        budget = wait_s if wait_s is not None else grace + 5.0 + ready_wait
+        deadline = time.monotonic() + budget
+        signalled = False
+        while True:
+            record = self.get(job_id)  # a supervisor gone while the cancel was asked for ends it CANCELLED
+            if record.state not in ACTIVE_STATES:
+                return record
+            if not signalled and record.supervisor_ready and self._supervisor_alive(record):
+                assert record.supervisor_pid is not None
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(record.supervisor_pid, signal.SIGTERM)
+                signalled = True
+                # The supervisor ends the worker's group within the grace period and records CANCELLED.
+                if wait_s is None:
+                    deadline = max(deadline, time.monotonic() + grace + 5.0)
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
         # No supervisor to do it (or it did not answer): end the processes here and record the cancel.
         record = self._must_get(job_id)
         how = "absent"
         if record.worker_pid is not None and self._identity(record, "worker").is_alive():
             how = terminate_group(record.worker_pid, grace)
-        if record.supervisor_pid is not None and self._identity(record, "supervisor").is_alive():
+        if self._supervisor_alive(record):
+            assert record.supervisor_pid is not None
             child = self._children.get(job_id)
             terminate_group(record.supervisor_pid, 1.0, reap=child.poll if child else None)
         note = "cancelled on request by the server (the job's supervisor was not there to do it)"

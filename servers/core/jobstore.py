@@ -2,20 +2,25 @@
 
 Several processes write it: the server that creates a job, the supervisor that runs it, and any later
 server that reconciles it. Each opens its own connection; writes are short transactions with a busy
-timeout, so they queue instead of failing.
+timeout, so they queue instead of failing. Admission (quota check and insert) is one transaction.
+
+A row that cannot be read as it should (a spec that is not JSON, a state that is not a job state, a column of
+the wrong type) does not break the listing: it comes back as a record with `damage` saying what is wrong and,
+unless only its spec is damaged, in state LOST (in memory; the row is left as it is).
 """
 
 import json
 import sqlite3
 import time
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
-from servers.core.db import BUSY_TIMEOUT_S, connect, initialise
+from servers.core.db import BUSY_TIMEOUT_S, SCHEMA_VERSION, as_state_error, connect, initialise
 
 
 class JobState(str, Enum):
@@ -35,7 +40,6 @@ class JobState(str, Enum):
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.LOST})
 ACTIVE_STATES = frozenset(set(JobState) - TERMINAL_STATES)
 
-SCHEMA_VERSION = 1
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
@@ -55,7 +59,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     worker_pid INTEGER,
     worker_start INTEGER,
     boot_id TEXT,
-    cancel_requested INTEGER NOT NULL DEFAULT 0
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    supervisor_ready INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_kind_created ON jobs(kind, created_at);
@@ -83,6 +88,22 @@ class JobRecord(BaseModel):
     worker_start: int | None = None
     boot_id: str | None = None
     cancel_requested: bool = False
+    supervisor_ready: bool = Field(
+        default=False, description="The supervisor has installed its signal handlers: a SIGTERM now means cancel"
+    )
+    damage: list[str] = Field(
+        default_factory=list, exclude=True, description="What could not be read from this job's row (not stored)"
+    )
+
+
+_ACTIVE_SQL = ", ".join(f"'{s.value}'" for s in sorted(ACTIVE_STATES, key=lambda s: s.value))
+_BOOL_COLUMNS = ("cancel_requested", "supervisor_ready")
+_REQUIRED_FALLBACK: dict[str, Any] = {"kind": "?", "created_at": 0.0, "timeout_s": 0.0, "owner": "?", "job_dir": ""}
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class JobPage(BaseModel):
@@ -91,59 +112,162 @@ class JobPage(BaseModel):
 
 
 class JobStore:
-    """Short-lived connections per operation: safe across threads and processes, cheap with WAL."""
+    """Short-lived connections per operation: safe across threads and processes, cheap with WAL.
 
-    def __init__(self, db_path: Path, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
+    With `prepare` (the servers) the file is checked, created or migrated first; the supervisor, which only
+    updates its own row, skips that."""
+
+    def __init__(self, db_path: Path, *, busy_timeout_s: float = BUSY_TIMEOUT_S, prepare: bool = True) -> None:
         self.db_path = db_path
         self._busy_timeout_s = busy_timeout_s
-        initialise(db_path, "")
-        with self._connect() as conn:
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"{db_path} was written by a newer llm-infra-mcp (schema {version} > {SCHEMA_VERSION}); "
-                    "upgrade this installation or point LLM_INFRA_MCP_HOME elsewhere"
-                )
-            conn.executescript(_SCHEMA)
-            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        if prepare:
+            initialise(db_path, _SCHEMA)
+            self._migrate()
 
-    def _connect(self) -> AbstractContextManager[sqlite3.Connection]:
-        return connect(self.db_path, busy_timeout_s=self._busy_timeout_s)
+    def _migrate(self) -> None:
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                columns = {r["name"] for r in conn.execute("PRAGMA table_info(jobs)").fetchall()}
+                if "supervisor_ready" not in columns:  # schema 1: its RUNNING jobs' supervisors were ready
+                    conn.execute("ALTER TABLE jobs ADD COLUMN supervisor_ready INTEGER NOT NULL DEFAULT 0")
+                    conn.execute("UPDATE jobs SET supervisor_ready = 1 WHERE state = 'RUNNING'")
+                if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+                    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        """A connection; a failing database becomes a StateDatabaseError saying what is wrong and what to do."""
+        try:
+            with connect(self.db_path, busy_timeout_s=self._busy_timeout_s) as conn:
+                yield conn
+        except sqlite3.Error as exc:
+            raise as_state_error(exc, self.db_path) from exc
 
     @staticmethod
     def _record(row: sqlite3.Row) -> JobRecord:
         data = dict(row)
-        data["spec"] = json.loads(data["spec"])
-        data["cancel_requested"] = bool(data["cancel_requested"])
-        return JobRecord.model_validate(data)
+        damage: list[str] = []
+        raw_spec = data.get("spec")
+        try:
+            spec = json.loads(raw_spec)
+        except (TypeError, ValueError, RecursionError):
+            spec = None
+        if not isinstance(spec, dict):
+            damage.append(f"its spec in the database is not a JSON object ({_short(raw_spec)}); shown empty")
+            spec = {}
+        data["spec"] = spec
+        for column in _BOOL_COLUMNS:
+            data[column] = data.get(column) in (1, True)
+        data["id"] = str(data.get("id"))
+        only_spec = bool(damage)
+        try:
+            data["state"] = JobState(data.get("state"))
+        except ValueError:
+            damage.append(f"its state {_short(data.get('state'))} is not a job state")
+            data["state"] = JobState.LOST
+        for _ in range(2):
+            try:
+                record = JobRecord.model_validate(data)
+                break
+            except ValidationError as exc:
+                for error in exc.errors():
+                    column = str(error["loc"][0]) if error["loc"] else ""
+                    if column not in JobRecord.model_fields or column in ("id", "spec", "state", "damage"):
+                        continue
+                    damage.append(f"its column {column} holds {_short(data.get(column))}, not a valid value")
+                    data[column] = _REQUIRED_FALLBACK.get(column)
+        else:  # cannot happen with the fallbacks above; keep the listing working regardless
+            record = JobRecord(
+                id=data["id"],
+                kind="?",
+                spec={},
+                state=JobState.LOST,
+                created_at=0.0,
+                timeout_s=0.0,
+                owner="?",
+                job_dir="",
+            )
+            damage.append("its row could not be read")
+        if damage:
+            updates: dict[str, Any] = {"damage": damage}
+            if len(damage) > 1 or not only_spec:  # more than the spec: the row cannot be tracked, show it as lost
+                updates["state"] = JobState.LOST
+            record = record.model_copy(update=updates)
+        return record
 
-    def insert(self, record: JobRecord) -> None:
+    @staticmethod
+    def _row(record: JobRecord) -> dict[str, Any]:
         data = record.model_dump(mode="json")
         data["spec"] = json.dumps(record.spec, sort_keys=True)
-        data["cancel_requested"] = int(record.cancel_requested)
+        for column in _BOOL_COLUMNS:
+            data[column] = int(bool(data[column]))
+        return data
+
+    def _insert(self, conn: sqlite3.Connection, record: JobRecord, *, or_ignore: bool = False) -> bool:
+        data = self._row(record)
         columns = ", ".join(data)
         placeholders = ", ".join(f":{c}" for c in data)
+        verb = "INSERT OR IGNORE" if or_ignore else "INSERT"
+        return conn.execute(f"{verb} INTO jobs ({columns}) VALUES ({placeholders})", data).rowcount > 0
+
+    def insert(self, record: JobRecord, *, or_ignore: bool = False) -> bool:
+        """Store a new row; with or_ignore, one whose id exists already is left as it is. Returns whether stored."""
         with self._connect() as conn:
-            conn.execute(f"INSERT INTO jobs ({columns}) VALUES ({placeholders})", data)
+            return self._insert(conn, record, or_ignore=or_ignore)
+
+    def admit(self, build: Callable[[list[JobRecord]], JobRecord]) -> JobRecord:
+        """Admit a job in one write transaction (BEGIN IMMEDIATE): `build` gets the jobs in active states as the
+        database has them and returns the record to insert, or raises (a quota is full) and nothing is written.
+        Two admissions, from threads or processes, never see the same set of active jobs."""
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                rows = conn.execute(f"SELECT * FROM jobs WHERE state IN ({_ACTIVE_SQL}) ORDER BY created_at").fetchall()
+                active = [r for r in (self._record(row) for row in rows) if r.state in ACTIVE_STATES]
+                record = build(active)
+                self._insert(conn, record)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        return record
 
     def get(self, job_id: str) -> JobRecord | None:
         with self._connect() as conn:
             row = conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if row is None else self._record(row)
 
-    def update(self, job_id: str, *, only_if_active: bool = False, **fields: Any) -> bool:
+    def ids(self) -> set[str]:
+        with self._connect() as conn:
+            return {str(r[0]) for r in conn.execute("SELECT id FROM jobs").fetchall()}
+
+    def update(
+        self,
+        job_id: str,
+        *,
+        only_if_active: bool = False,
+        only_in: frozenset[JobState] | None = None,
+        **fields: Any,
+    ) -> bool:
         """Set columns of one job. With only_if_active, a job already in a terminal state is left as it is,
-        so that of two processes recording an end, the first one wins. Returns whether a row changed."""
+        so that of two processes recording an end, the first one wins; only_in narrows that to the given
+        states. Returns whether a row changed."""
         if not fields:
             return False
         values = {k: (v.value if isinstance(v, JobState) else v) for k, v in fields.items()}
-        if "cancel_requested" in values:
-            values["cancel_requested"] = int(bool(values["cancel_requested"]))
+        for column in _BOOL_COLUMNS:
+            if column in values:
+                values[column] = int(bool(values[column]))
         assignments = ", ".join(f"{k} = :{k}" for k in values)
         sql = f"UPDATE jobs SET {assignments} WHERE id = :_id"
-        if only_if_active:
-            active = ", ".join(f"'{s.value}'" for s in ACTIVE_STATES)
-            sql += f" AND state IN ({active})"
+        states = only_in if only_in is not None else (ACTIVE_STATES if only_if_active else None)
+        if states is not None:
+            sql += f" AND state IN ({', '.join(repr(s.value) for s in sorted(states, key=lambda s: s.value))})"
         with self._connect() as conn:
             cursor = conn.execute(sql, {**values, "_id": job_id})
             return cursor.rowcount > 0
@@ -174,10 +298,10 @@ class JobStore:
         return JobPage(jobs=[self._record(r) for r in rows], total=total)
 
     def active(self) -> list[JobRecord]:
-        states = ", ".join(f"'{s.value}'" for s in ACTIVE_STATES)
+        """Jobs in active states (a damaged row, shown as LOST, is left out)."""
         with self._connect() as conn:
-            rows = conn.execute(f"SELECT * FROM jobs WHERE state IN ({states}) ORDER BY created_at").fetchall()
-        return [self._record(r) for r in rows]
+            rows = conn.execute(f"SELECT * FROM jobs WHERE state IN ({_ACTIVE_SQL}) ORDER BY created_at").fetchall()
+        return [r for r in (self._record(row) for row in rows) if r.state in ACTIVE_STATES]
 
 
 def now() -> float:

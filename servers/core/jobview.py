@@ -1,18 +1,27 @@
 """What the job tools return: a job's view, chunks of its logs, rows of its metrics. Plain pydantic models
-and functions over the job folder; the MCP layer only wraps them."""
+and functions over the job folder; the MCP layer only wraps them.
+
+The job folder is written by the job's own code, so nothing read from it may break a view: a file that is not
+what it should be (not JSON, a wrong type, a symbolic link, a FIFO) is left out of that one job's view and named
+in its `warnings`."""
 
 import json
+import os
+import stat
 import time
 from datetime import datetime, timezone
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from servers.core.errors import InputError, NotFoundError
-from servers.core.jobfiles import MAIN_PROCESS, JobFiles, read_json
+from servers.core.jobfiles import MAIN_PROCESS, BadJobFileError, JobFiles, load_json, open_regular
 from servers.core.jobstore import JobRecord, JobState
 
 RESULT_INLINE_LIMIT = 256 * 1024  # bytes of result.json shown inline; larger results are read as a resource
+_PROGRESS_LIMIT = 64 * 1024
+_METRICS_LINE_LIMIT = 1024 * 1024  # a longer metrics line is skipped
 
 
 def iso(ts: float | None) -> str | None:
@@ -53,36 +62,115 @@ class JobView(BaseModel):
     metrics_bytes: int = Field(default=0, description="Size of the metrics file; read_job_metrics reads it")
     resource_uri: str = Field(description="MCP resource with this view")
     next_step: str = Field(description="What to call next")
-
-
-def read_progress(files: JobFiles) -> Progress | None:
-    data = read_json(files.progress)
-    if not isinstance(data, dict) or "done" not in data:
-        return None
-    stamp = data.get("time")
-    return Progress(
-        done=data["done"],
-        total=data.get("total"),
-        message=data.get("message"),
-        updated_at=iso(stamp) if isinstance(stamp, int | float) else None,
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What could not be read for this job (a damaged database row, a job-folder file that is not "
+        "valid); the rest of the view stands",
     )
 
 
+def _finite(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or abs(value) == float("inf"):
+        raise ValueError("must be a finite number")
+    return value
+
+
+def _short_text(value: Any) -> Any:
+    if isinstance(value, str):
+        return value[:1000]
+    if value is not None:
+        raise ValueError("must be text")
+    return value
+
+
+class _ProgressFile(BaseModel):
+    """progress.json as JobContext.progress writes it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    done: Annotated[float, BeforeValidator(_finite)]
+    total: Annotated[float, BeforeValidator(_finite)] | None = None
+    message: Annotated[str | None, BeforeValidator(_short_text)] = None
+    time: Annotated[float, BeforeValidator(_finite)] | None = None
+
+
+def check_progress(files: JobFiles) -> tuple[Progress | None, str | None]:
+    """(the job's progress or None, what was wrong with progress.json if it was there but not valid)."""
+    try:
+        data = _ProgressFile.model_validate(load_json(files.progress, _PROGRESS_LIMIT))
+    except FileNotFoundError:
+        return None, None
+    except (OSError, BadJobFileError) as exc:
+        return None, f"progress.json is not usable ({exc}); progress is not shown"
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return None, f"progress.json is not valid ({where}: {first['msg']}); progress is not shown"
+    try:
+        updated = iso(data.time)
+    except (OverflowError, OSError, ValueError):
+        updated = None
+    return Progress(done=data.done, total=data.total, message=data.message, updated_at=updated), None
+
+
+def read_progress(files: JobFiles) -> Progress | None:
+    return check_progress(files)[0]
+
+
+def _regular_size(path: Path) -> int | None:
+    """Size of a regular file (not followed through a symbolic link); None if absent; BadJobFileError if not
+    a regular file."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise BadJobFileError(f"{path.name} cannot be read ({exc.strerror})") from exc
+    if stat.S_ISLNK(info.st_mode):
+        raise BadJobFileError(f"{path.name} is a symbolic link, which is not followed")
+    if not stat.S_ISREG(info.st_mode):
+        raise BadJobFileError(f"{path.name} is not a regular file")
+    return info.st_size
+
+
 def job_view(record: JobRecord) -> JobView:
+    """The view of one job. Never raises for what is in the job folder: problems become warnings."""
     files = JobFiles(record.job_dir)
+    warnings = [f"the database row of this job is damaged: {d}" for d in record.damage]
     finished = record.state.terminal
     result: Any | None = None
     truncated = False
-    if record.state == JobState.SUCCEEDED and files.result.exists():
-        if files.result.stat().st_size <= RESULT_INLINE_LIMIT:
-            result = read_json(files.result)
-        else:
-            truncated = True
+    if record.state == JobState.SUCCEEDED:
+        try:
+            size = _regular_size(files.result)
+            if size is not None and size > RESULT_INLINE_LIMIT:
+                truncated = True
+            elif size is not None:
+                result = load_json(files.result, RESULT_INLINE_LIMIT)
+        except FileNotFoundError:
+            pass
+        except (OSError, BadJobFileError) as exc:
+            warnings.append(f"the result is not shown: {exc}")
     elapsed = None
     if record.started_at is not None:
         elapsed = round((record.ended_at or time.time()) - record.started_at, 3)
-    logs = [LogInfo(process=p, size_bytes=files.log(p).stat().st_size) for p in files.processes()]
-    metrics_bytes = files.metrics.stat().st_size if files.metrics.exists() else 0
+    logs = []
+    for process in files.processes():
+        try:
+            size = _regular_size(files.log(process))
+        except BadJobFileError as exc:
+            warnings.append(f"log {process!r} is left out: {exc}")
+            continue
+        if size is not None:
+            logs.append(LogInfo(process=process, size_bytes=size))
+    try:
+        metrics_bytes = _regular_size(files.metrics) or 0
+    except BadJobFileError as exc:
+        warnings.append(f"the metrics are not readable: {exc}")
+        metrics_bytes = 0
+    progress, progress_problem = check_progress(files)
+    if progress_problem:
+        warnings.append(progress_problem)
     if finished:
         next_step = (
             "read_job_logs and read_job_metrics show what it left"
@@ -106,11 +194,12 @@ def job_view(record: JobRecord) -> JobView:
         spec=record.spec,
         result=result,
         result_truncated=truncated,
-        progress=read_progress(files),
+        progress=progress,
         logs=logs,
         metrics_bytes=metrics_bytes,
         resource_uri=f"infra://jobs/{record.id}",
         next_step=next_step,
+        warnings=warnings,
     )
 
 
@@ -133,10 +222,14 @@ def read_log_chunk(record: JobRecord, process: str | None, offset: int, limit_by
         listed = ", ".join(available) or "none yet"
         raise NotFoundError(f"job {record.id!r} has no log for process {name!r}; its logs: {listed}")
     path = files.log(name)
-    size = path.stat().st_size
-    if offset > size:
-        raise InputError(f"offset {offset} is past the end of the log ({size} bytes); use an offset in [0, {size}]")
-    with open(path, "rb") as f:
+    try:
+        f = open_regular(path)
+    except FileNotFoundError:
+        raise NotFoundError(f"job {record.id!r} has no log for process {name!r} any more") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if offset > size:
+            raise InputError(f"offset {offset} is past the end of the log ({size} bytes); use an offset in [0, {size}]")
         f.seek(offset)
         data = f.read(limit_bytes)
     end = offset + len(data)
@@ -179,14 +272,23 @@ def read_metrics(record: JobRecord, keys: list[str] | None, since_step: int | No
     rows: list[dict[str, Any]] = []
     skipped = 0
     truncated = False
-    if files.metrics.exists():
-        with open(files.metrics) as f:
-            for line in f:
-                if not line.endswith("\n"):
-                    break  # a line still being written
+    try:
+        f = open_regular(files.metrics)
+    except FileNotFoundError:
+        f = None
+    if f is not None:
+        with f:
+            while line := f.readline(_METRICS_LINE_LIMIT):
+                if not line.endswith(b"\n"):
+                    if len(line) < _METRICS_LINE_LIMIT:
+                        break  # a line still being written
+                    skipped += 1  # an overlong line: skip to its end
+                    while (rest := f.readline(_METRICS_LINE_LIMIT)) and not rest.endswith(b"\n"):
+                        pass
+                    continue
                 try:
                     row = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):
                     skipped += 1
                     continue
                 if not isinstance(row, dict):

@@ -1,10 +1,15 @@
 """The small process that runs one job: `python -m servers.core.supervisor JOB_DIR DB_PATH GRACE_S`.
 
 It lives in a session of its own, so it outlives the server that started it (a client may kill or
-restart its server at any time). It starts the worker in a further process group, enforces the wall-time
-limit, turns SIGTERM (a cancel) into ending the worker's whole group (SIGTERM, a grace period, SIGKILL),
-and records how the job ended: first in exit.json in the job folder, then in the database. A server that
-is not its parent, and so cannot wait() for it, learns the outcome from either.
+restart its server at any time). It starts the worker in a further process group, with the job's run/ folder
+as its working directory, enforces the wall-time limit, turns SIGTERM (a cancel) into ending the worker's whole
+group (SIGTERM, a grace period, SIGKILL), and records how the job ended: first in exit.json in the job folder,
+then in the database. A server that is not its parent, and so cannot wait() for it, learns the outcome from
+the database, or from exit.json once this process is gone.
+
+Its first act is to install its signal handlers; then it marks its row supervisor_ready, and only from then on
+does a server cancel by SIGTERM (before, SIGTERM would kill it unrecorded). It reads the row's cancel request
+right after, so a cancel asked for while it started is not missed.
 """
 
 import json
@@ -16,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from servers.core.jobfiles import JobFiles, atomic_write_json, read_json
+from servers.core.jobfiles import JobFiles, atomic_write_json, read_json, worker_error
 from servers.core.jobstore import JobState, JobStore
 from servers.core.procs import boot_id, group_alive, process_start_time, signal_group, terminate_group
 
@@ -33,7 +38,7 @@ def child_command(module: str, *args: str) -> list[str]:
     return [sys.executable, "-c", bootstrap, package_root, *args]
 
 
-def describe_exit(returncode: int, error: dict | None) -> str:
+def describe_exit(returncode: int, error: dict[str, str] | None) -> str:
     """A reason a person can act on, from the worker's exit status and its error.json."""
     if returncode < 0:
         try:
@@ -48,17 +53,34 @@ def describe_exit(returncode: int, error: dict | None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    files = JobFiles(Path(argv[0]))
-    store = JobStore(Path(argv[1]))
-    grace_s = float(argv[2])
-    descriptor = read_json(files.descriptor) or {}
-    job_id = descriptor["id"]
-    timeout_s = float(descriptor["timeout_s"])
-
     cancel = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: cancel.set())
     signal.signal(signal.SIGINT, lambda *_: cancel.set())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    files = JobFiles(Path(argv[0]).resolve())
+    store = JobStore(Path(argv[1]), prepare=False)  # the server made and checked the file; only our row is written
+    grace_s = float(argv[2])
+    descriptor = read_json(files.descriptor, 1024 * 1024)
+    if not isinstance(descriptor, dict) or not isinstance(descriptor.get("id"), str):
+        print(f"supervisor: cannot read {files.descriptor}", file=sys.stderr)
+        return 2
+    job_id = descriptor["id"]
+    timeout_s = float(descriptor["timeout_s"])
+    me = os.getpid()
+    identity = {"pid": me, "start_time": process_start_time(me), "boot_id": boot_id()}
+    atomic_write_json(files.supervisor_identity, identity)
+    try:
+        store.update(
+            job_id,
+            only_if_active=True,
+            supervisor_ready=True,
+            supervisor_pid=me,
+            supervisor_start=identity["start_time"],
+            boot_id=identity["boot_id"],
+        )
+    except Exception as exc:  # not marked ready: a cancel then waits, and we still see it in the row below
+        print(f"supervisor: marking the job ready failed ({exc!r})", file=sys.stderr)
 
     def finish(state: JobState, exit_code: int | None, reason: str | None) -> int:
         ended = time.time()
@@ -84,6 +106,7 @@ def main(argv: list[str]) -> int:
         return finish(JobState.CANCELLED, None, "cancelled before it started")
 
     files.logs_dir.mkdir(parents=True, exist_ok=True)
+    files.run_dir.mkdir(parents=True, exist_ok=True)
     with open(files.log(), "ab") as log:
         try:
             worker = subprocess.Popen(
@@ -92,19 +115,24 @@ def main(argv: list[str]) -> int:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: ending the job ends everything it started
-                cwd=files.dir,
+                cwd=files.run_dir,  # apart from the engine's files (exit.json, result.json...)
                 env={**os.environ, "PYTHONUNBUFFERED": "1", "LLM_INFRA_MCP_JOB_ID": job_id},
             )
         except OSError as exc:
             return finish(JobState.FAILED, None, f"could not start the worker: {exc}")
     started = time.time()
+    worker_start = process_start_time(worker.pid)
+    atomic_write_json(
+        files.supervisor_identity,
+        {**identity, "worker_pid": worker.pid, "worker_start": worker_start, "started_at": started},
+    )
     store.update(
         job_id,
         only_if_active=True,
         state=JobState.RUNNING,
         started_at=started,
         worker_pid=worker.pid,
-        worker_start=process_start_time(worker.pid),
+        worker_start=worker_start,
         boot_id=boot_id(),
     )
 
@@ -129,12 +157,9 @@ def main(argv: list[str]) -> int:
     if outcome == "exited":
         if group_alive(worker.pid):  # the worker is gone; leftovers in its group would run unsupervised
             signal_group(worker.pid, signal.SIGKILL)
-        error = read_json(files.error)
         if returncode == 0:
             return finish(JobState.SUCCEEDED, 0, None)
-        return finish(
-            JobState.FAILED, returncode, describe_exit(returncode, error if isinstance(error, dict) else None)
-        )
+        return finish(JobState.FAILED, returncode, describe_exit(returncode, worker_error(files.error)))
 
     how = terminate_group(worker.pid, grace_s, reap=worker.poll)
     returncode = worker.wait()

@@ -1,6 +1,7 @@
 """The process that does a job's work: `python -m servers.core.worker JOB_DIR`.
 
-Started by the supervisor in a process group of its own, with stdout and stderr going to logs/main.log.
+Started by the supervisor in a process group of its own, in the job's run/ folder (JobFiles.run_dir), with
+stdout and stderr going to logs/main.log.
 It imports the job kind's work function named in job.json, calls it with the spec and a JobContext, and
 writes result.json on success or error.json (type and message of the exception) on failure.
 """
@@ -14,8 +15,8 @@ from servers.core.jobfiles import JobContext, JobFiles, atomic_write_json, read_
 
 
 def main(argv: list[str]) -> int:
-    files = JobFiles(Path(argv[0]))
-    descriptor = read_json(files.descriptor)
+    files = JobFiles(Path(argv[0]).resolve())
+    descriptor = read_json(files.descriptor, 1024 * 1024)
     if not isinstance(descriptor, dict):
         print(f"worker: cannot read {files.descriptor}", file=sys.stderr)
         return 2

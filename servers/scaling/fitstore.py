@@ -1,15 +1,24 @@
 """Fits kept in the state database (table `fits`), so that later calls, other servers and resources can use
-them: the outcome with its bootstrap draws, the data it was fitted on, and the options."""
+them: the outcome with its bootstrap draws, the data it was fitted on, and the options.
+
+The file is shared with the jobs, and may be damaged: opening the store checks it (servers.core.db.prepare: a
+newer schema is refused unchanged, a damaged file is moved aside), every failing operation raises a
+StateDatabaseError saying what is wrong, and a row that cannot be read is skipped by list_fits (and named by
+get) rather than breaking the listing."""
 
 import json
+import logging
 import secrets
+import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from servers.core.db import connect, initialise
-from servers.core.errors import NotFoundError
+from servers.core.db import as_state_error, connect, initialise, notices
+from servers.core.errors import InputError, NotFoundError
 from servers.core.settings import Settings
 from servers.scaling.data import DataPoint, Excluded
 from servers.scaling.fitting import FitOutcome
@@ -51,10 +60,45 @@ class StoredFit(BaseModel):
         return f"infra://fits/{self.id}"
 
 
+log = logging.getLogger(__name__)
+_JSON_COLUMNS = ("options", "outcome", "points", "excluded")
+
+
 class FitStore:
     def __init__(self, settings: Settings) -> None:
         self.db_path = settings.db_path
-        initialise(self.db_path, _SCHEMA)
+        initialise(self.db_path, _SCHEMA)  # StateDatabaseError (what is wrong, what to do) if it cannot be used
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        try:
+            with connect(self.db_path) as conn:
+                yield conn
+        except sqlite3.Error as exc:
+            raise as_state_error(exc, self.db_path) from exc
+
+    def notices(self) -> list[str]:
+        """A damaged state database moved aside lately: the fits stored before are only in the moved-aside file."""
+        return notices(self.db_path, kinds=("moved_aside",))
+
+    @staticmethod
+    def _parse(row: sqlite3.Row) -> StoredFit:
+        """A row as a StoredFit; InputError saying what is wrong if it cannot be read."""
+        data = dict(row)
+        try:
+            for key in _JSON_COLUMNS:
+                data[key] = json.loads(data[key])
+            return StoredFit.model_validate(data)
+        except (TypeError, ValueError, RecursionError) as exc:  # ValidationError is a ValueError
+            if isinstance(exc, ValidationError) and exc.errors():
+                first = exc.errors()[0]
+                problem = f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+            else:
+                problem = f"{type(exc).__name__}: {str(exc)[:200]}"
+            raise InputError(
+                f"fit {data.get('id')!r} is damaged in the state database ({problem}) and cannot be used; other "
+                "fits are unaffected. Fit again (fit_scaling_law) to replace it"
+            ) from None
 
     def add(
         self,
@@ -81,9 +125,9 @@ class FitStore:
             excluded=excluded,
         )
         row = fit.model_dump(mode="json")
-        for key in ("options", "outcome", "points", "excluded"):
+        for key in _JSON_COLUMNS:
             row[key] = json.dumps(row[key])
-        with connect(self.db_path) as conn:
+        with self._connect() as conn:
             conn.execute(
                 "INSERT INTO fits (id, label, model, method, compute_unit, created_at, source, options, outcome, "
                 "points, excluded) VALUES (:id, :label, :model, :method, :compute_unit, :created_at, :source, "
@@ -93,24 +137,30 @@ class FitStore:
         return fit
 
     def get(self, fit_id: str) -> StoredFit:
-        with connect(self.db_path) as conn:
+        with self._connect() as conn:
             row = conn.execute("SELECT * FROM fits WHERE id = ?", (fit_id,)).fetchone()
         if row is None:
-            raise NotFoundError(
+            message = (
                 f"no fit with id {fit_id!r}; fit_scaling_law returns fit ids, list_scaling_fits lists the stored ones"
             )
-        data = dict(row)
-        for key in ("options", "outcome", "points", "excluded"):
-            data[key] = json.loads(data[key])
-        return StoredFit.model_validate(data)
+            moved = self.notices()
+            if moved:
+                message += f". Note: {moved[0]}"
+            raise NotFoundError(message)
+        return self._parse(row)
 
     def list_fits(self, *, limit: int, offset: int) -> tuple[list[StoredFit], int]:
-        with connect(self.db_path) as conn:
+        """A page of fits, newest first, and the number of rows. A damaged row is left out of the page (and
+        logged); get names what is wrong with it."""
+        with self._connect() as conn:
             total = conn.execute("SELECT COUNT(*) FROM fits").fetchone()[0]
-            ids = [
-                r[0]
-                for r in conn.execute(
-                    "SELECT id FROM fits ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?", (limit, offset)
-                ).fetchall()
-            ]
-        return [self.get(i) for i in ids], total
+            rows = conn.execute(
+                "SELECT * FROM fits ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?", (limit, offset)
+            ).fetchall()
+        fits = []
+        for row in rows:
+            try:
+                fits.append(self._parse(row))
+            except InputError as exc:
+                log.warning("%s", exc)
+        return fits, total
