@@ -111,8 +111,10 @@ def test_plan_has_no_side_effects_and_binds_to_the_job_folder(tmp_path: Path) ->
     assert bound.env["FOO"] == "1"
     assert bound.env["LLM_INFRA_MCP_METRICS"] == str(job_dir / "metrics.jsonl")
     assert bound.env["LLM_INFRA_MCP_CHECKPOINT_DIR"] == str(job_dir / "checkpoints")
-    assert bound.cwd == str(job_dir) and bound.gpus == [2, 5] and bound.nproc_per_node == 2
-    assert "CUDA_VISIBLE_DEVICES" not in backend.plan(spec_for("echo_args.py"), job_dir=job_dir).env
+    assert bound.cwd == str(job_dir / "run") and bound.gpus == [2, 5] and bound.nproc_per_node == 2
+    # A job given no GPUs sees none (never the GPUs of the server's environment).
+    assert backend.plan(spec_for("echo_args.py"), job_dir=job_dir).env["CUDA_VISIBLE_DEVICES"] == ""
+    assert backend.plan(spec_for("echo_args.py", gpus=[]), job_dir=job_dir).env["CUDA_VISIBLE_DEVICES"] == ""
     with pytest.raises(ValueError, match="need 2 GPUs"):
         backend.plan(spec_for("echo_args.py", gpus=[0]), job_dir=job_dir)
     assert map_state({"COMPLETED": JobState.SUCCEEDED}, "completed") is JobState.SUCCEEDED
@@ -169,7 +171,7 @@ def test_root_cause_parsing_without_an_error_file(tmp_path: Path) -> None:
 def test_args_reach_the_script_literally_with_per_rank_logs_and_metrics(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path)
     out = tmp_path / "argv.json"
-    result = run_training_job(spec_for("echo_args.py", args=HOSTILE_ARGS, env={"ECHO_ARGS_OUT": str(out)}), ctx)
+    result = run_training_job(spec_for("echo_args.py", args=HOSTILE_ARGS, env={"JOB_ECHO_ARGS_OUT": str(out)}), ctx)
     assert json.loads(out.read_text()) == HOSTILE_ARGS
     assert result["exit_code"] == 0 and result["restarts"] == 0 and result["ranks"] == 2
     assert result["last_step"] == 2
@@ -189,7 +191,7 @@ def test_rank_logs_are_readable_while_the_job_runs(tmp_path: Path) -> None:
 
     def work() -> None:
         try:
-            outcome["result"] = run_training_job(spec_for("wait_go.py", env={"GO_FILE": str(go)}), ctx)
+            outcome["result"] = run_training_job(spec_for("wait_go.py", env={"JOB_GO_FILE": str(go)}), ctx)
         except BaseException as exc:
             outcome["error"] = exc
 
@@ -260,7 +262,7 @@ def test_cancel_ends_torchrun_and_every_rank(tmp_path: Path) -> None:
     engine = JobEngine(settings, owner="test", child_env=CHILD_ENV)
     engine.register_kind(JobKind("train", ENTRY, "torchrun training", 120))
     backend = LocalBackend(engine, kind="train")
-    spec = spec_for("wait_go.py", env={"GO_FILE": str(tmp_path / "never")})
+    spec = spec_for("wait_go.py", env={"JOB_GO_FILE": str(tmp_path / "never")})
     handle = backend.submit(backend.plan(spec, settings), SubmitRequest(key="k-2", spec=spec))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not all("waiting" in backend.logs(handle, f"rank{r}") for r in (0, 1)):

@@ -114,7 +114,7 @@ async def test_shell_syntax_reaches_the_script_literally(suite_client: Client, t
     job = await ok(
         suite_client,
         "submit_training_job",
-        {"spec": {"script": str(script), "args": tricky, "env": {"ECHO_ARGS_OUT": str(out)}}, "wait_s": 45},
+        {"spec": {"script": str(script), "args": tricky, "env": {"JOB_ECHO_ARGS_OUT": str(out)}}, "wait_s": 45},
     )
     done = await finish(suite_client, job["job_id"])
     assert done["state"] == "SUCCEEDED", done["reason"]
@@ -166,9 +166,9 @@ async def test_idempotency_key(suite_client: Client) -> None:
 @pytest.fixture
 def pretend_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two GPUs as far as planning goes, so that a launch costs GPU-hours (the scripts still run on CPU)."""
-    import servers.overlap.limits as limits
+    import servers.core.machine as machine
 
-    monkeypatch.setattr(limits, "gpus_present", lambda: 2)
+    monkeypatch.setattr(machine, "gpus_present", lambda: 2)
 
 
 def answer(accept: bool):
@@ -203,7 +203,9 @@ async def test_confirmation_accepted_and_declined(app: App, pretend_gpus: None) 
     assert events.count("decline") == 1 and events.count("confirm") == 1 and events.count("submit") == 1
 
 
-async def test_a_client_that_cannot_ask_needs_the_plan_token(app: App, pretend_gpus: None, mode: str) -> None:
+async def test_a_client_that_cannot_ask_needs_the_plan_token_and_the_persons_approval(
+    app: App, pretend_gpus: None, mode: str
+) -> None:
     async with Client(create_test_suite(app), mode=mode) as client:
         assert "plan_token" in await error(client, "submit_training_job", {"spec": COSTLY})
         plan = await ok(client, "plan_training_job", {"spec": COSTLY})
@@ -212,6 +214,11 @@ async def test_a_client_that_cannot_ask_needs_the_plan_token(app: App, pretend_g
         assert "different spec" in await error(
             client, "submit_training_job", {"spec": other, "plan_token": plan["plan_token"]}
         )
+        # The token binds the submit to the plan; it does not stand for the person (the agent holds it).
+        assert "llm-infra-mcp approve" in await error(client, "submit_training_job", {"plan_token": plan["plan_token"]})
+        from servers.launch.training import Approvals
+
+        assert Approvals(app.settings).approve(plan["plan_id"], "a person")
         job = await ok(client, "submit_training_job", {"plan_token": plan["plan_token"], "wait_s": 0})
         done = await finish(client, job["job_id"])
         assert done["state"] == "SUCCEEDED", done["reason"]

@@ -59,6 +59,7 @@ class BackendPlan(BaseModel):
                 "env": {k: sub(v) for k, v in self.env.items()},
                 "cwd": sub(self.cwd),
                 "rendered": sub(self.rendered) if self.rendered is not None else None,
+                "notes": [sub(n) for n in self.notes],
             }
         )
 

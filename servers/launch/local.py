@@ -21,6 +21,9 @@ Nothing here imports torch: torchrun runs in a child process.
 """
 
 import contextlib
+import ctypes
+import ctypes.util
+import functools
 import importlib.util
 import json
 import os
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from servers.core.jobfiles import JobContext, JobFiles
 from servers.core.jobstore import JobState
+from servers.core.netns import LOOPBACK_ENV, isolated_argv
 from servers.core.settings import Settings
 from servers.launch.backend import JOB_DIR_PLACEHOLDER, BackendHandle, BackendPlan, SubmitRequest
 
@@ -48,7 +52,16 @@ RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 METRICS_ENV = "LLM_INFRA_MCP_METRICS"
 CHECKPOINT_ENV = "LLM_INFRA_MCP_CHECKPOINT_DIR"
 JOB_ID_ENV = "LLM_INFRA_MCP_JOB_ID"
+RUN_DIR_NAME = "run"
 MAX_NPROC = 1024
+NETWORKS = ("isolated", "host")
+NETWORK_NOTES = {
+    "isolated": "network: a private namespace with only loopback; torchrun's rendezvous store (a TCPStore: no "
+    "authentication, and its rendezvous unpickles what it reads) is reachable from no other process or machine",
+    "host": "network: the host's (LLM_INFRA_MCP_JOB_NETWORK=host); torchrun's rendezvous store listens on every "
+    "interface without authentication, and anyone who reaches its port can run code as the job's user: use only "
+    "on a trusted network",
+}
 POLL_S = 0.5
 # After SIGTERM, how long torchrun gets to stop its ranks before it is killed (the supervisor's grace still rules).
 _STOP_WAIT_S = 30.0
@@ -163,17 +176,21 @@ class LocalBackend:
         user_env = dict(spec.get("env") or {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in user_env.items()):
             raise ValueError("env must map names to string values")
-        gpus = spec.get("gpus")
-        if gpus is not None:
-            gpus = [int(g) for g in gpus]
-            if len(set(gpus)) != len(gpus) or any(g < 0 for g in gpus):
-                raise ValueError(f"gpus must be distinct indices >= 0, got {gpus}")
-            if gpus and len(gpus) < nproc:
-                raise ValueError(f"{nproc} ranks need {nproc} GPUs, and gpus names {len(gpus)}")
+        # A job given no GPUs sees none: CUDA_VISIBLE_DEVICES is always set, "" when the list is empty or absent.
+        gpus = [int(g) for g in spec.get("gpus") or []]
+        if len(set(gpus)) != len(gpus) or any(g < 0 for g in gpus):
+            raise ValueError(f"gpus must be distinct indices >= 0, got {gpus}")
+        if gpus and len(gpus) < nproc:
+            raise ValueError(f"{nproc} ranks need {nproc} GPUs, and gpus names {len(gpus)}")
+        network = str(spec.get("network") or "isolated")
+        if network not in NETWORKS:
+            raise ValueError(f"network must be one of {', '.join(NETWORKS)}, got {network!r}")
 
         folder = str(job_dir) if job_dir is not None else JOB_DIR_PLACEHOLDER
         log_dir = Path(folder) / LOG_DIR_NAME
         argv = torchrun_argv(script, args, nproc, max_restarts, log_dir, run_id)
+        workdir = spec.get("workdir")
+        cwd = str(workdir) if workdir else str(Path(folder) / RUN_DIR_NAME)
 
         env = dict(user_env)
         env[METRICS_ENV] = str(Path(folder) / "metrics.jsonl")
@@ -182,21 +199,26 @@ class LocalBackend:
         if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = "1"
         notes = [f"{nproc} rank(s) on this machine; per-rank logs as processes rank0..rank{nproc - 1}"]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
             notes.append(f"GPUs {env['CUDA_VISIBLE_DEVICES']} (CUDA_VISIBLE_DEVICES); rank r uses cuda:r")
-        elif gpus == []:
-            env["CUDA_VISIBLE_DEVICES"] = ""
-            notes.append("no GPU: the ranks run on CPU (gloo)")
         else:
-            notes.append("no GPUs assigned: the ranks see the GPUs of the server's environment, if any")
+            notes.append("no GPU: CUDA_VISIBLE_DEVICES is empty, the ranks run on CPU (gloo)")
+        if network == "isolated":
+            argv = isolated_argv(argv)
+            for key, value in LOOPBACK_ENV.items():
+                env.setdefault(key, value)
+            notes.append(NETWORK_NOTES["isolated"])
+        else:
+            notes.append(NETWORK_NOTES["host"])
+        notes.append(f"working directory {cwd}" + ("" if workdir else " (a folder apart from the job's own files)"))
         if max_restarts:
             notes.append(f"torchrun restarts all ranks in place up to {max_restarts} time(s) after a failure")
         return BackendPlan(
             backend=self.name,
             argv=argv,
             env=env,
-            cwd=folder,
+            cwd=cwd,
             gpus=gpus,
             nnodes=1,
             nproc_per_node=nproc,
@@ -284,12 +306,22 @@ def attempt_dirs(log_dir: Path) -> list[tuple[int, Path]]:
 class RankLogMirror:
     """Copies what each rank has written (stdout.log and stderr.log of every attempt) to the job's rank<r> logs,
     by byte offset, whole lines at a time, so that the logs read well while the job runs. A line from a restart
-    is preceded by a marker line."""
+    is preceded by a marker line.
 
-    def __init__(self, log_dir: Path, log_path: Callable[[str], Path]) -> None:
+    One copy is kept: once copied, the bytes of torchrun's files are released (a hole is punched in them, the
+    file keeps its size so the rank writes on where it was), except the last `_TAIL` bytes that the root cause
+    reads. The job's logs together stop at `cap_bytes`: past it a marker line says where the log was cut, the
+    rest is dropped (and released) while the job goes on, and `cut` names the logs that were cut."""
+
+    def __init__(self, log_dir: Path, log_path: Callable[[str], Path], cap_bytes: int | None = None) -> None:
         self.log_dir = log_dir
         self.log_path = log_path
+        self.cap_bytes = cap_bytes
+        self.written = 0
+        self.dropped = 0
+        self.cut: set[str] = set()
         self._offsets: dict[Path, int] = {}
+        self._released: dict[Path, int] = {}
         self._started: set[tuple[int, int]] = set()
 
     def sync(self, *, final: bool = False) -> None:
@@ -314,17 +346,92 @@ class RankLogMirror:
                 if end < 0:
                     return  # a line still being written: copied once it ends
                 chunk = chunk[: end + 1]
-            marker = b""
-            if (attempt, rank) not in self._started:
-                self._started.add((attempt, rank))
-                if attempt > 0:
-                    marker = f"----- torchrun restart {attempt} (attempt_{attempt}) -----\n".encode()
-            with open(self.log_path(f"rank{rank}"), "ab") as out:
-                out.write(marker + chunk)
+            self._append(attempt, rank, chunk)
             offset += len(chunk)
             self._offsets[source] = offset
+            self._release(source, offset)
             if not final:
                 return
+
+    def _append(self, attempt: int, rank: int, chunk: bytes) -> None:
+        process = f"rank{rank}"
+        marker = b""
+        if (attempt, rank) not in self._started:
+            self._started.add((attempt, rank))
+            if attempt > 0 and process not in self.cut:
+                marker = f"----- torchrun restart {attempt} (attempt_{attempt}) -----\n".encode()
+        if process in self.cut:
+            self.dropped += len(chunk)
+            return
+        if self.cap_bytes is not None and self.written + len(marker) + len(chunk) > self.cap_bytes:
+            room = max(0, self.cap_bytes - self.written - len(marker))
+            keep = chunk[:room]
+            keep = keep[: keep.rfind(b"\n") + 1]  # whole lines only
+            self.dropped += len(chunk) - len(keep)
+            note = (
+                f"\n----- llm-infra-mcp: log cut here: the job's logs reached {self.cap_bytes} bytes "
+                "(LLM_INFRA_MCP_MAX_LOG_BYTES_PER_JOB); the job goes on, its further output is dropped -----\n"
+            ).encode()
+            self._write(process, marker + keep + note)
+            self.cut.add(process)
+            _write_cut_record(self.log_path(process), self.cap_bytes)
+            return
+        self._write(process, marker + chunk)
+
+    def _write(self, process: str, data: bytes) -> None:
+        with open(self.log_path(process), "ab") as out:
+            out.write(data)
+        self.written += len(data)
+
+    def _release(self, source: Path, copied: int) -> None:
+        """Punch out what was copied from `source`, keeping its last _TAIL bytes."""
+        upto = max(0, copied - _TAIL) // _PAGE * _PAGE
+        done = self._released.get(source, 0)
+        if upto > done and punch_hole(source, done, upto - done):
+            self._released[source] = upto
+        elif upto > done:
+            self._released[source] = upto  # not supported here: both copies stay, nothing else to do
+
+
+def _write_cut_record(log: Path, cap: int) -> None:
+    from servers.core.jobfiles import atomic_write_json
+
+    atomic_write_json(log.with_suffix(".cut"), {"cut_at_bytes": log.stat().st_size, "cap_bytes": cap})
+
+
+_PAGE = 4096
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+
+
+@functools.lru_cache(maxsize=1)
+def _fallocate() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.fallocate
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def punch_hole(path: Path, offset: int, length: int) -> bool:
+    """Free the disk blocks of bytes [offset, offset + length) of `path`, keeping its size (they read as zeros).
+    False where the platform or the file system cannot."""
+    fn = _fallocate()
+    if fn is None or length <= 0:
+        return False
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        return fn(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length) == 0
+    finally:
+        os.close(fd)
 
 
 # ---- root cause ----------------------------------------------------------------------------------------------------
@@ -498,11 +605,13 @@ def run_training_job(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     log_dir = job_dir / LOG_DIR_NAME
     log_dir.mkdir(parents=True, exist_ok=True)
     ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    Path(plan.cwd).mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **plan.env, JOB_ID_ENV: ctx.job_id}
     total = spec.get("total_steps")
     total_steps = float(total) if isinstance(total, int | float) else None
     torchrun_output = ctx.log_path("torchrun")
-    mirror = RankLogMirror(log_dir, ctx.log_path)
+    cap = spec.get("max_log_bytes")
+    mirror = RankLogMirror(log_dir, ctx.log_path, cap_bytes=int(cap) if isinstance(cap, int) else None)
 
     stop = threading.Event()
     previous = None
@@ -540,6 +649,8 @@ def run_training_job(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         "log_dir": str(log_dir),
         "last_step": step,
         "gpus": plan.gpus,
+        "logs_cut": sorted(mirror.cut),
+        "log_bytes_dropped": mirror.dropped,
     }
 
 

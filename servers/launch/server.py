@@ -2,6 +2,7 @@
 to follow them. Checks, plans, tokens, the audit log and idempotency keys live in training.py; the executor is
 the job engine running local.py's work function."""
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from mcp.server import MCPServer
@@ -11,11 +12,11 @@ from mcp.types import CallToolResult
 from pydantic import BaseModel, Field
 
 from servers.core.assemble import ServerPart, build_server
-from servers.core.errors import InputError
+from servers.core.errors import InputError, QuotaError
 from servers.core.jobs import JobKind
-from servers.core.jobstore import ACTIVE_STATES
+from servers.core.jobstore import ACTIVE_STATES, JobRecord
 from servers.core.jobview import JobView
-from servers.core.mcp_layer import App, WaitS, agent_tool, client_name, in_thread, run_job, summarize_job, tool_result
+from servers.core.mcp_layer import App, WaitS, agent_tool, client_name, in_thread, summarize_job, tool_result
 from servers.launch.backends import BackendStatus, detect_all
 from servers.launch.training import TrainingJobSpec, TrainingPlan
 
@@ -62,21 +63,20 @@ class Confirmation(BaseModel):
     confirm: bool = Field(description="Start this training job")
 
 
-def busy_gpus(app: App) -> set[int]:
-    """GPUs held by running training jobs (their spec records the assignment)."""
-    busy: set[int] = set()
-    for record in app.engine.store.active():
-        if record.kind == TRAINING_KIND and record.state in ACTIVE_STATES:
-            busy.update(record.spec.get("gpus") or [])
-    return busy
+def gpus_in_use(app: App) -> int:
+    """GPUs held by active training jobs (their spec records the assignment)."""
+    return sum(
+        len(record.spec.get("gpus") or [])
+        for record in app.engine.reconcile_all()
+        if record.kind == TRAINING_KIND and record.state in ACTIVE_STATES
+    )
 
 
 def make_plan(app: App, spec: TrainingJobSpec) -> TrainingPlan:
+    from servers.core.machine import gpus_present
     from servers.launch import training
-    from servers.overlap.limits import gpus_present
 
-    app.engine.reconcile_all()
-    return training.plan(app.settings, spec, gpus_present=gpus_present(), gpus_in_use=len(busy_gpus(app)))
+    return training.plan(app.settings, spec, gpus_present=gpus_present(), gpus_in_use=gpus_in_use(app))
 
 
 def recipe_docs() -> list[RecipeDoc]:
@@ -100,7 +100,7 @@ def recipe_docs() -> list[RecipeDoc]:
 
 def register(server: MCPServer, app: App) -> None:
     from servers.core.audit import AuditLog
-    from servers.launch.training import IdempotencyKeys, spec_from_token, spec_hash
+    from servers.launch.training import Approvals, IdempotencyKeys, spec_from_token, spec_hash
 
     register_resources(server)
 
@@ -130,7 +130,7 @@ def register(server: MCPServer, app: App) -> None:
         return tool_result(RecipeList(recipes=docs), "\n".join(lines))
 
     @agent_tool(
-        server, title="Plan a training job", read_only=True, destructive=False, idempotent=True, open_world=False
+        server, title="Plan a training job", read_only=False, destructive=False, idempotent=True, open_world=False
     )
     async def plan_training_job(
         ctx: Context,
@@ -138,9 +138,12 @@ def register(server: MCPServer, app: App) -> None:
     ) -> Annotated[CallToolResult, TrainingPlan]:
         """Check a training job and describe exactly what would run, without starting anything: the argv (no
         shell), resolved paths, environment added, GPUs, quotas checked, an estimate of GPU-hours (GPUs x wall-time
-        limit), warnings, whether the launch needs the person's confirmation, and a plan_token bound to this exact
-        spec for submit_training_job. Instant."""
+        limit), where its sockets live, warnings, whether the launch needs the person's approval (then its plan_id
+        is what they approve), and a plan_token bound to this exact spec for submit_training_job. Writes only the
+        audit line. Instant."""
         plan = await in_thread(make_plan, app, spec)
+        if plan.needs_confirmation:
+            await in_thread(Approvals(app.settings).request, plan)
         AuditLog(app.settings).record(
             "plan",
             who=client_name(ctx),
@@ -153,7 +156,7 @@ def register(server: MCPServer, app: App) -> None:
         text = (
             f"would run: {' '.join(plan.argv)}\nranks {plan.nproc_per_node}, GPUs {plan.gpus}, at most "
             f"{plan.estimated_gpu_hours:.3g} GPU-hours"
-            + ("; needs the person's confirmation" if plan.needs_confirmation else "")
+            + (f"; needs the person's approval (plan_id {plan.plan_id})" if plan.needs_confirmation else "")
             + "".join(f"\nwarning: {w}" for w in plan.warnings)
         )
         return tool_result(plan, text)
@@ -176,9 +179,10 @@ def register(server: MCPServer, app: App) -> None:
     ) -> Annotated[CallToolResult, JobView]:
         """Start a training job with torchrun (locally; one process per rank, gloo on CPU, one GPU per rank on
         GPUs) under the job engine: per-rank logs, metrics, checkpoints and restarts survive server restarts.
-        Above the GPU-hour threshold the person is asked first (or, if this client cannot ask, a plan_token from
-        plan_training_job is required). With an idempotency_key a retried submit returns the first job. Returns
-        the job after wait_s (or its result if it ended), else the handle to follow with wait_for_job."""
+        Above the GPU-hour threshold the person is asked first; a client that cannot ask gives the plan_token
+        from plan_training_job and the person approves that plan in a terminal (the error says the command). With
+        an idempotency_key a retried submit returns the first job. Returns the job after wait_s (or its result if
+        it ended), else the handle to follow with wait_for_job."""
         if spec is None and plan_token is None:
             raise InputError("give spec, plan_token, or both")
         audit = AuditLog(app.settings)
@@ -200,29 +204,38 @@ def register(server: MCPServer, app: App) -> None:
                     raise InputError("a submit with this idempotency_key is starting right now; get_job shortly")
                 view = await in_thread(lambda: job_view_of(app, job_id))
                 return tool_result(view, f"already submitted with this idempotency_key: {summarize_job(view)}")
+        approval_taken = False
         if plan.needs_confirmation:
-            confirmed = await confirm(ctx, plan, planned is not None)
+            how = await confirm(ctx, plan, planned is not None)
+            approval_taken = how == "approved by the person (llm-infra-mcp approve)"
             audit.record(
-                "confirm" if confirmed else "decline",
+                "confirm" if how else "decline",
                 who=client_name(ctx),
                 plan_hash=plan.plan_hash,
                 estimated_gpu_hours=plan.estimated_gpu_hours,
+                how=how or "declined by the person",
             )
-            if not confirmed:
+            if not how:
                 raise ToolError(
                     f"not started: the person declined the launch ({plan.estimated_gpu_hours:.3g} GPU-hours at most)"
                 )
         if keys is not None and not await in_thread(keys.claim, normalised.idempotency_key, plan.plan_hash):
+            if approval_taken:
+                await in_thread(Approvals(app.settings).used, plan.plan_id, None)
             raise InputError("another submit with this idempotency_key got there first; get_job to follow it")
         try:
-            job_spec = await in_thread(job_payload, app, plan, normalised)
-            view = await run_job(app, TRAINING_KIND, job_spec, wait_s=0, ctx=ctx, timeout_s=normalised.max_wall_s)
+            record = await in_thread(start_training, app, plan, normalised)
         except BaseException:
             if keys is not None:
                 await in_thread(keys.release, normalised.idempotency_key)
+            if approval_taken:
+                await in_thread(Approvals(app.settings).used, plan.plan_id, None)
             raise
+        view = job_view_of(app, record.id)
         if keys is not None:
             await in_thread(keys.bind, normalised.idempotency_key, view.job_id)
+        if approval_taken:
+            await in_thread(Approvals(app.settings).used, plan.plan_id, view.job_id)
         audit.record(
             "submit",
             who=client_name(ctx),
@@ -231,7 +244,8 @@ def register(server: MCPServer, app: App) -> None:
             recipe=plan.recipe,
             script=plan.script_path,
             args=normalised.args,
-            gpus=job_spec["gpus"],
+            gpus=record.spec.get("gpus"),
+            network=record.spec.get("network"),
         )
         if wait_s > 0:
             from servers.core.mcp_layer import wait_for
@@ -239,7 +253,9 @@ def register(server: MCPServer, app: App) -> None:
             view = (await wait_for(app, view.job_id, wait_s, ctx)).job
         return tool_result(view, summarize_job(view))
 
-    async def confirm(ctx: Context, plan: TrainingPlan, has_token: bool) -> bool:
+    async def confirm(ctx: Context, plan: TrainingPlan, has_token: bool) -> str | None:
+        """How the launch was approved, or None when the person declined. A plan_token alone approves only up to
+        LLM_INFRA_MCP_AUTO_APPROVE_GPU_HOURS: the agent holds the token, so it cannot stand for the person."""
         caps = ctx.client_capabilities
         if caps is not None and getattr(caps, "elicitation", None) is not None:
             message = (
@@ -252,14 +268,36 @@ def register(server: MCPServer, app: App) -> None:
             except Exception:
                 answer = None
             if answer is not None:
-                return answer.action == "accept" and bool(getattr(answer.data, "confirm", False))
-        if has_token:
-            return True  # the plan was made and shown for exactly this spec
-        raise InputError(
-            f"this launch (up to {plan.estimated_gpu_hours:.3g} GPU-hours) needs the person's "
-            "confirmation and this client cannot ask: call plan_training_job, show the plan to the "
-            "person, then submit with its plan_token"
-        )
+                accepted = answer.action == "accept" and bool(getattr(answer.data, "confirm", False))
+                return "confirmed by the person (elicitation)" if accepted else None
+        if not has_token:
+            raise InputError(
+                f"this launch (up to {plan.estimated_gpu_hours:.3g} GPU-hours) needs the person's "
+                "approval and this client cannot ask: call plan_training_job, show the plan to the "
+                "person, then submit with its plan_token"
+            )
+        if plan.estimated_gpu_hours <= app.settings.auto_approve_gpu_hours:
+            ceiling = app.settings.auto_approve_gpu_hours
+            return f"auto-approved: at most LLM_INFRA_MCP_AUTO_APPROVE_GPU_HOURS={ceiling:g}"
+        approvals = Approvals(app.settings)
+        if await in_thread(approvals.take, plan.plan_id):
+            return "approved by the person (llm-infra-mcp approve)"
+        await in_thread(approvals.request, plan)
+        raise InputError(approval_needed(app, plan))
+
+
+def approval_needed(app: App, plan: TrainingPlan) -> str:
+    """What the person must do to let a launch start when the client cannot ask them."""
+    from servers.core.settings import default_home
+
+    home = "" if app.settings.home == default_home().resolve() else f"LLM_INFRA_MCP_HOME={app.settings.home} "
+    return (
+        f"not started: this launch (up to {plan.estimated_gpu_hours:.3g} GPU-hours, above "
+        f"LLM_INFRA_MCP_CONFIRM_ABOVE_GPU_HOURS={app.settings.confirm_above_gpu_hours:g}) needs the person's "
+        "approval, and this client cannot ask them. Ask the person to run, in a terminal on this machine: "
+        f"`{home}llm-infra-mcp approve {plan.plan_id}` (it shows the plan and asks), then call submit_training_job "
+        "again with the same plan_token. An agent cannot approve its own launch"
+    )
 
 
 def register_resources(server: MCPServer) -> None:
@@ -280,21 +318,19 @@ def job_view_of(app: App, job_id: str) -> JobView:
 
 
 def job_payload(app: App, plan: TrainingPlan, spec: TrainingJobSpec) -> dict[str, Any]:
-    """What the local backend's work function gets: paths resolved, GPUs assigned now."""
-    from servers.launch.local import assign_gpus
-    from servers.overlap.limits import gpus_present
-
-    gpus = None
-    if plan.gpus:
-        busy = set() if spec.share_gpus else busy_gpus(app)
-        gpus = assign_gpus(plan.gpus, busy, gpus_present())
+    """What the local backend's work function gets: paths resolved; GPUs are assigned at admission."""
     return {
         "script": plan.script_path,
         "args": list(spec.args),
         "nproc_per_node": plan.nproc_per_node,
         "max_restarts": spec.max_restarts,
         "env": dict(spec.env),
-        "gpus": gpus,
+        "gpus": [],
+        "gpus_wanted": plan.gpus,
+        "share_gpus": spec.share_gpus,
+        "network": app.settings.job_network,
+        "workdir": plan.cwd if spec.workdir else None,
+        "max_log_bytes": app.settings.max_log_bytes_per_job,
         "run_id": plan.plan_hash,
         "recipe": plan.recipe,
         "name": spec.name,
@@ -302,6 +338,47 @@ def job_payload(app: App, plan: TrainingPlan, spec: TrainingJobSpec) -> dict[str
         "plan_hash": plan.plan_hash,
         "training_spec": spec.model_dump(mode="json"),
     }
+
+
+def gpu_admission(app: App, payload: dict[str, Any]) -> Callable[[list[JobRecord]], dict[str, Any]]:
+    """The admission step for a training job: run by the job engine inside the transaction that admits the job,
+    so that two submits (from this server or another) never count the same free GPU."""
+    from servers.core.machine import gpus_present
+    from servers.launch.local import assign_gpus
+
+    present = gpus_present()
+
+    def admit(active: list[JobRecord]) -> dict[str, Any]:
+        wanted = int(payload["gpus_wanted"])
+        if not wanted:
+            return {**payload, "gpus": []}
+        held: set[int] = set()
+        in_use = 0
+        for record in active:
+            if record.kind == TRAINING_KIND:
+                gpus = [g for g in record.spec.get("gpus") or [] if isinstance(g, int)]
+                in_use += len(gpus)
+                if not record.spec.get("share_gpus"):
+                    held.update(gpus)
+        limit = app.settings.max_concurrent_gpus
+        if not payload["share_gpus"] and in_use + wanted > limit:
+            raise QuotaError(
+                f"{in_use} GPUs are in use and this job needs {wanted}; at most {limit} at once "
+                "(LLM_INFRA_MCP_MAX_CONCURRENT_GPUS)"
+            )
+        busy = set() if payload["share_gpus"] else held
+        return {**payload, "gpus": assign_gpus(wanted, busy, present)}
+
+    return admit
+
+
+def start_training(app: App, plan: TrainingPlan, spec: TrainingJobSpec) -> JobRecord:
+    """Admit (concurrency quota, GPUs) and start the job in one step of the job engine."""
+    payload = job_payload(app, plan, spec)
+    try:
+        return app.engine.submit(TRAINING_KIND, payload, timeout_s=spec.max_wall_s, admit=gpu_admission(app, payload))
+    except ValueError as exc:  # assign_gpus: too few free GPUs
+        raise QuotaError(str(exc)) from exc
 
 
 PART = ServerPart(name=NAME, instructions=INSTRUCTIONS, register=register, job_kinds=JOB_KINDS, starts_jobs=True)

@@ -8,12 +8,14 @@ time except the audit line.
 """
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
 import os
 import re
 import secrets
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -25,39 +27,44 @@ from servers.core.errors import InputError, QuotaError
 from servers.core.paths import resolve_inside_roots
 from servers.core.settings import Settings
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-# Variables a job may not set: they would change what code runs (loader and interpreter hooks), or override what
-# the launcher itself decides (ranks, devices, the project's contract with the script).
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# A job may set only variables that tune the libraries a training run uses, or its own (JOB_*). An allow-list:
+# a deny list always misses one (GCONV_PATH, PYTHONWARNINGS importing a module, NCCL_NET_PLUGIN loading a
+# library, PET_* driving torchrun...).
+ALLOWED_ENV_PREFIXES = (
+    "NCCL_",
+    "TORCH_",
+    "PYTORCH_",
+    "CUDA_",
+    "CUBLAS_",
+    "CUDNN_",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "OPENBLAS_",
+    "GLOO_",
+    "NVTE_",
+    "JOB_",
+)
+ALLOWED_ENV_NAMES = frozenset(
+    {"TOKENIZERS_PARALLELISM", "PYTHONHASHSEED", "PYTHONFAULTHANDLER", "TZ", "NVIDIA_TF32_OVERRIDE"}
+)
+# Inside those prefixes, what still changes which code runs or what the launcher decides: plugins and library
+# or extension paths, torchrun's own variables, devices.
 DENIED_ENV = frozenset(
     {
-        "LD_PRELOAD",
-        "LD_LIBRARY_PATH",
-        "LD_AUDIT",
-        "DYLD_INSERT_LIBRARIES",
-        "DYLD_LIBRARY_PATH",
-        "PYTHONPATH",
-        "PYTHONHOME",
-        "PYTHONSTARTUP",
-        "PYTHONUSERBASE",
-        "PYTHONEXECUTABLE",
-        "PYTHONSAFEPATH",
-        "PATH",
-        "BASH_ENV",
-        "ENV",
-        "SHELL",
-        "IFS",
         "CUDA_VISIBLE_DEVICES",
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "GROUP_RANK",
-        "ROLE_RANK",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "CUDA_ROOT",
+        "TORCH_EXTENSIONS_DIR",
+        "TORCH_HOME",
+        "TORCH_CUDA_ARCH_LIST",
+        "NCCL_SOCKET_IFNAME_OVERRIDE",
     }
 )
-DENIED_ENV_PREFIXES = ("LLM_INFRA_MCP_", "TORCHELASTIC_", "TORCH_ELASTIC_")
+DENIED_ENV_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_")
+DENIED_ENV_SUFFIXES = ("_PLUGIN", "_PATH", "_LIB", "_LIBS", "_LIBRARY", "_HOME", "_DIR", "_PRELOAD")
 KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 
 
@@ -87,10 +94,13 @@ class TrainingJobSpec(BaseModel):
     )
     share_gpus: bool = Field(default=False, description="Allow GPUs that another running job already uses")
     env: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=dict, max_length=64, description="Extra environment variables (a deny list applies)"
+        default_factory=dict,
+        max_length=64,
+        description="Extra environment variables: NCCL_*, TORCH_*, PYTORCH_*, CUDA_*, OMP_*, JOB_* (the "
+        "script's own) and a few more; no plugin or library paths",
     )
     workdir: Annotated[str, Field(max_length=4096)] | None = Field(
-        default=None, description="Working directory inside the allowed roots; default: the job folder"
+        default=None, description="Working directory inside the allowed roots; default: a run folder in the job folder"
     )
     max_wall_s: float = Field(
         default=3600, gt=0, le=30 * 86400, description="Wall-time limit; the watchdog ends the job past it"
@@ -121,22 +131,38 @@ class TrainingPlan(BaseModel):
     estimated_gpu_hours: float = Field(description="Upper bound: GPUs x wall-time limit")
     expected_runtime: str | None = Field(default=None, description="The recipe's typical run time, when known")
     needs_confirmation: bool = Field(description="True above LLM_INFRA_MCP_CONFIRM_ABOVE_GPU_HOURS")
+    plan_id: str = Field(description="What the person names to approve this plan: `llm-infra-mcp approve PLAN_ID`")
+    network: str = Field(description="Where the job's sockets live, and the trust that assumes")
     quotas: list[str] = Field(description="The quotas checked, with their values")
     warnings: list[str]
 
 
+def env_refusal(key: str) -> str | None:
+    """Why a job may not set `key`, or None if it may."""
+    if not ENV_NAME.fullmatch(key):
+        return "not a valid name: a letter or '_', then letters, digits and '_' (at most 128)"
+    if key in DENIED_ENV or key.startswith(DENIED_ENV_PREFIXES) or key.endswith(DENIED_ENV_SUFFIXES):
+        return "it would change which code runs (a plugin, library or extension path) or what the launcher decides"
+    if key in ALLOWED_ENV_NAMES or key.startswith(ALLOWED_ENV_PREFIXES):
+        return None
+    return "not on the allow-list"
+
+
 def check_env(env: dict[str, str]) -> None:
+    problems = []
     for key, value in env.items():
-        if not ENV_NAME.match(key):
-            raise InputError(f"environment variable name {key!r} is not valid: letters, digits and '_' only")
-        if key.upper() in DENIED_ENV or key.upper().startswith(DENIED_ENV_PREFIXES):
-            raise InputError(
-                f"environment variable {key} may not be set by a job: it changes what code runs or "
-                "what the launcher decides (denied: loader and Python path hooks, PATH, rank and "
-                f"device variables, {', '.join(DENIED_ENV_PREFIXES)}*)"
-            )
-        if "\x00" in value:
-            raise InputError(f"environment variable {key} contains a NUL byte")
+        why = env_refusal(key)
+        if why is not None:
+            problems.append(f"env: {key!r} may not be set by a job: {why}")
+        elif "\x00" in value:
+            problems.append(f"env: {key} contains a NUL byte")
+    if problems:
+        accepted = ", ".join(f"{p}*" for p in ALLOWED_ENV_PREFIXES) + ", " + ", ".join(sorted(ALLOWED_ENV_NAMES))
+        suffixes = ", ".join(f"*{s}" for s in DENIED_ENV_SUFFIXES)
+        raise InputError(
+            "\n".join(problems) + f"\naccepted: {accepted} (not CUDA_VISIBLE_DEVICES, TORCHELASTIC_*, {suffixes}); "
+            "put the script's own settings in JOB_* variables or its args"
+        )
 
 
 def key_file(settings: Settings) -> Path:
@@ -231,6 +257,97 @@ class IdempotencyKeys:
             conn.execute("DELETE FROM launch_keys WHERE key = ? AND job_id IS NULL", (key,))
 
 
+_APPROVALS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS launch_approvals (
+    plan_id TEXT PRIMARY KEY,
+    summary TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    approved_at REAL,
+    approved_by TEXT,
+    used_by_job TEXT
+);
+"""
+APPROVAL_TTL_S = 24 * 3600.0
+PLAN_ID_PATTERN = re.compile(r"[0-9a-f]{16}")
+
+
+class Approvals:
+    """A person's approval of one plan, given outside the MCP session (`llm-infra-mcp approve PLAN_ID` in a
+    terminal), for clients that cannot ask the person themselves. An approval is for one launch of exactly that
+    plan and lapses after a day; the agent has no tool that gives one."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.db_path = settings.db_path
+        initialise(self.db_path, _APPROVALS_SCHEMA)
+
+    def request(self, plan: "TrainingPlan") -> None:
+        """Record that this plan waits for a person (again, if an earlier approval of it was used)."""
+        summary = json.dumps(
+            {
+                "recipe": plan.recipe,
+                "script": plan.script_path,
+                "args": plan.spec.get("args"),
+                "argv": plan.argv,
+                "nproc_per_node": plan.nproc_per_node,
+                "gpus": plan.gpus,
+                "max_wall_s": plan.spec.get("max_wall_s"),
+                "estimated_gpu_hours": plan.estimated_gpu_hours,
+                "env": plan.spec.get("env"),
+                "network": plan.network,
+            }
+        )
+        with connect(self.db_path) as conn:
+            conn.execute(
+                "INSERT INTO launch_approvals (plan_id, summary, created_at) VALUES (?, ?, ?) "
+                "ON CONFLICT(plan_id) DO UPDATE SET summary = excluded.summary, created_at = excluded.created_at, "
+                "approved_at = NULL, approved_by = NULL, used_by_job = NULL WHERE used_by_job IS NOT NULL",
+                (plan.plan_id, summary, time.time()),
+            )
+
+    def pending(self) -> list[dict[str, Any]]:
+        with connect(self.db_path) as conn:
+            rows = conn.execute(
+                "SELECT * FROM launch_approvals WHERE used_by_job IS NULL AND created_at > ? ORDER BY created_at",
+                (time.time() - APPROVAL_TTL_S,),
+            ).fetchall()
+        return [dict(r) for r in rows]
+
+    def get(self, plan_id: str) -> dict[str, Any] | None:
+        with connect(self.db_path) as conn:
+            row = conn.execute("SELECT * FROM launch_approvals WHERE plan_id = ?", (plan_id,)).fetchone()
+        return None if row is None else dict(row)
+
+    def approve(self, plan_id: str, who: str) -> bool:
+        with connect(self.db_path) as conn:
+            cursor = conn.execute(
+                "UPDATE launch_approvals SET approved_at = ?, approved_by = ? "
+                "WHERE plan_id = ? AND used_by_job IS NULL",
+                (time.time(), who, plan_id),
+            )
+        return cursor.rowcount > 0
+
+    def take(self, plan_id: str) -> bool:
+        """Whether the person approved this plan (within the last day, not used yet); marks it in use."""
+        with connect(self.db_path) as conn:
+            cursor = conn.execute(
+                "UPDATE launch_approvals SET used_by_job = '(starting)' WHERE plan_id = ? AND approved_at > ? "
+                "AND used_by_job IS NULL",
+                (plan_id, time.time() - APPROVAL_TTL_S),
+            )
+        return cursor.rowcount > 0
+
+    def used(self, plan_id: str, job_id: str | None) -> None:
+        """Bind a taken approval to the job it started (None: the start failed, the approval stands again)."""
+        with connect(self.db_path) as conn:
+            if job_id is None:
+                conn.execute(
+                    "UPDATE launch_approvals SET used_by_job = NULL WHERE plan_id = ? AND used_by_job = '(starting)'",
+                    (plan_id,),
+                )
+            else:
+                conn.execute("UPDATE launch_approvals SET used_by_job = ? WHERE plan_id = ?", (job_id, plan_id))
+
+
 def resolve_script(settings: Settings, spec: TrainingJobSpec) -> tuple[Path, str | None, str | None]:
     """(script path, recipe name, expected runtime text)."""
     if (spec.recipe is None) == (spec.script is None):
@@ -246,11 +363,45 @@ def resolve_script(settings: Settings, spec: TrainingJobSpec) -> tuple[Path, str
         return Path(info.path), info.name, f"CPU: {info.expected_time_cpu}; GPU: {info.expected_time_gpu}"
     assert spec.script is not None
     path = resolve_inside_roots(spec.script, settings.roots(), what="script")
+    refusal = interpreter_area(path)
+    if refusal is not None:
+        raise InputError(
+            f"script {spec.script!r} is {refusal}: a training script may not come from an installed Python, its "
+            "site-packages or a virtual environment (any module there would run with the job's rights); put the "
+            "script in a project folder inside the allowed roots"
+        )
     if not path.is_file():
         raise InputError(f"script {spec.script!r} does not exist or is not a file (resolved to {path})")
     if path.suffix != ".py":
         raise InputError(f"script {path} is not a Python file (.py); torchrun runs Python scripts")
     return path, None, None
+
+
+def interpreter_area(path: Path) -> str | None:
+    """What `path` belongs to if it lies in a Python installation (prefixes, site-packages, a virtual
+    environment: any folder above it holding pyvenv.cfg), else None."""
+    import site
+    import sysconfig
+
+    areas = {Path(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
+    areas.update(Path(p) for p in sysconfig.get_paths().values())
+    with contextlib.suppress(AttributeError):
+        areas.update(Path(p) for p in site.getsitepackages())
+    with contextlib.suppress(AttributeError, TypeError):
+        areas.add(Path(site.getusersitepackages()))
+    for area in areas:
+        with contextlib.suppress(OSError):
+            resolved = area.resolve()
+            if path == resolved or path.is_relative_to(resolved):
+                return f"inside the Python installation {resolved}"
+    for parent in path.parents:
+        if (parent / "pyvenv.cfg").is_file():
+            return f"inside the virtual environment {parent}"
+        if parent.name in ("site-packages", "dist-packages"):
+            return f"inside {parent}"
+        if parent.name.startswith("python") and (parent / "os.py").is_file():
+            return f"inside the standard library of a Python installation ({parent})"
+    return None
 
 
 def plan(settings: Settings, spec: TrainingJobSpec, *, gpus_present: int, gpus_in_use: int) -> TrainingPlan:
@@ -297,15 +448,29 @@ def plan(settings: Settings, spec: TrainingJobSpec, *, gpus_present: int, gpus_i
     )
     if spec.workdir and not Path(workdir).is_dir():
         raise InputError(f"workdir {spec.workdir!r} is not a directory")
-    from servers.launch.local import torchrun_argv
+    from servers.launch.local import NETWORK_NOTES, torchrun_argv
 
     argv = torchrun_argv(script, list(spec.args), nproc, spec.max_restarts, Path("<job folder>/torchrun"), "run")
     env = dict(spec.env) | {
         "LLM_INFRA_MCP_METRICS": "<job folder>/metrics.jsonl",
         "LLM_INFRA_MCP_CHECKPOINT_DIR": "<job folder>/checkpoints",
     }
-    if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = "<assigned at submit: free GPUs>"
+    env["CUDA_VISIBLE_DEVICES"] = "<assigned at submit: free GPUs>" if gpus else ""
+    if settings.job_network == "isolated":
+        from servers.core.netns import LOOPBACK_ENV, isolated_argv, probe
+
+        found = probe()
+        if not found.available:
+            raise InputError(
+                f"this machine cannot give the job a private network namespace ({found.detail}); without one, "
+                "torchrun's rendezvous store listens on every interface with no authentication and runs code "
+                "sent to it. To run in the host's network anyway (a trusted network only), the person sets "
+                "LLM_INFRA_MCP_JOB_NETWORK=host"
+            )
+        argv = isolated_argv(argv)
+        env = {k: v for k, v in LOOPBACK_ENV.items() if k not in env} | env
+    else:
+        warnings.append(NETWORK_NOTES["host"])
     estimated = gpus * spec.max_wall_s / 3600
     if any(a.strip().startswith(("$(", "`")) or ";" in a or "&&" in a or "|" in a for a in spec.args):
         warnings.append("some args look like shell syntax: they reach the script as literal strings, no shell runs")
@@ -325,6 +490,8 @@ def plan(settings: Settings, spec: TrainingJobSpec, *, gpus_present: int, gpus_i
         estimated_gpu_hours=estimated,
         expected_runtime=expected,
         needs_confirmation=estimated > settings.confirm_above_gpu_hours,
+        plan_id=spec_hash(normalised),
+        network=NETWORK_NOTES[settings.job_network],
         quotas=quotas,
         warnings=warnings,
     )

@@ -5,20 +5,9 @@ import contextlib
 import os
 from pathlib import Path
 
+from servers.core.machine import gpus_present
 
-def gpus_present() -> int:
-    """NVIDIA GPUs NVML sees (0 where there is no driver)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return 0
-    try:
-        return int(pynvml.nvmlDeviceGetCount())
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+__all__ = ["fmt_bytes", "gpu_memory_free", "gpus_present", "host_memory_available", "max_world_size"]
 
 
 def host_memory_available() -> int | None:
