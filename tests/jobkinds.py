@@ -68,3 +68,14 @@ def curve(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
 
 
 TEST_KINDS.append(JobKind("test_curve", "tests.jobkinds:curve", "log an RL curve", 60))
+
+
+def network(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Where the work's sockets live: its network namespace and its interfaces."""
+    import os
+    import socket
+
+    return {"netns": os.readlink("/proc/self/ns/net"), "interfaces": sorted(n for _, n in socket.if_nameindex())}
+
+
+TEST_KINDS.append(JobKind("test_network", "tests.jobkinds:network", "report the network namespace", 60, isolated_network=True))

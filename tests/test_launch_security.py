@@ -475,8 +475,62 @@ def test_rank_output_is_capped_and_kept_once(tmp_path: Path) -> None:
     cut = result["logs_cut"][0]
     assert "log cut here" in ctx.files.log(cut).read_text()[-400:]
     assert json.loads(ctx.files.log(cut).with_suffix(".cut").read_text())["cap_bytes"] == 2 * mib
+    # read_job_logs says so.
+    from servers.core.jobstore import JobRecord
+    from servers.core.jobview import read_log_chunk
+
+    record = JobRecord(
+        id="train-capped",
+        kind="training",
+        spec={},
+        state=JobState.SUCCEEDED,
+        created_at=0,
+        timeout_s=60,
+        owner="test",
+        job_dir=str(ctx.files.dir),
+    )
+    chunk = read_log_chunk(record, cut, 0, 1024)
+    assert chunk.cut_at_bytes == ctx.files.log(cut).stat().st_size
+    assert read_log_chunk(record, "torchrun", 0, 1024).cut_at_bytes is None
 
 
 def test_local_backend_plans_are_the_same_in_server_and_worker(tmp_path: Path) -> None:
     spec = {"script": str(FIXTURES / "echo_args.py"), "args": [], "nproc_per_node": 1, "gpus": [], "run_id": "r"}
     assert LocalBackend().plan(spec, job_dir=tmp_path).cwd == str(tmp_path / "run")
+
+
+# ---- 1. the same for the benchmarks whose ranks meet through a torch.distributed store -------------------------------
+@needs_netns
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("network", ["isolated", "host"])
+def test_distributed_job_kinds_run_in_a_namespace_of_their_own(tmp_path: Path, network: str) -> None:
+    from tests.jobkinds import TEST_KINDS
+
+    settings = Settings(home=tmp_path / "state", allowed_roots=[tmp_path], job_network=network)
+    engine = JobEngine(settings, owner="test", child_env=CHILD_ENV)
+    for kind in TEST_KINDS:
+        engine.register_kind(kind)
+    job_id = engine.submit("test_network", {}).id
+    deadline = time.monotonic() + 60
+    while not engine.get(job_id).state.terminal and time.monotonic() < deadline:
+        time.sleep(0.2)
+    record = engine.get(job_id)
+    assert record.state is JobState.SUCCEEDED, record.reason
+    seen = json.loads((Path(record.job_dir) / "result.json").read_text())
+    own = os.readlink("/proc/self/ns/net")
+    if network == "isolated":
+        assert seen["netns"] != own and seen["interfaces"] == ["lo"]
+    else:
+        assert seen["netns"] == own
+
+
+def test_the_overlap_benchmarks_that_start_ranks_are_isolated() -> None:
+    from servers.overlap.server import JOB_KINDS
+
+    kinds = {k.name: k.isolated_network for k in JOB_KINDS}
+    assert kinds == {
+        "gemm_benchmark": False,  # one process, no sockets
+        "collective_benchmark": True,
+        "overlap_benchmark": True,
+        "overlap_tune": True,
+    }

@@ -64,6 +64,10 @@ class JobKind:
     entry: str
     description: str
     default_timeout_s: float = 3600.0
+    # Work whose processes talk to each other through a torch.distributed store (an unauthenticated TCPStore that
+    # listens on every interface) runs in a network namespace of its own with only loopback, unless the person
+    # chose the host's network (LLM_INFRA_MCP_JOB_NETWORK=host). See servers/core/netns.py.
+    isolated_network: bool = False
 
 
 def _number(value: Any) -> Any:
@@ -187,6 +191,7 @@ class JobEngine:
             raise InputError(
                 f"timeout_s must be in (0, {limit:g}] seconds (LLM_INFRA_MCP_MAX_JOB_WALL_S), got {timeout:g}"
             )
+        network = self._network(job_kind)
         self.reconcile_all()  # outside the transaction: it reads /proc and may record ends
 
         job_id = self._new_id(kind)
@@ -226,6 +231,7 @@ class JobEngine:
                     "id": job_id,
                     "kind": kind,
                     "entry": job_kind.entry,
+                    "network": network,
                     "spec": record.spec,
                     "timeout_s": timeout,
                     "created_at": created,
@@ -267,6 +273,22 @@ class JobEngine:
         )
         self.store.update(job_id, only_in=frozenset({JobState.QUEUED}), state=JobState.STARTING)
         return self._must_get(job_id)
+
+    def _network(self, kind: JobKind) -> str:
+        """'isolated' (the worker enters a private network namespace) or 'host'; refuses when isolation is due
+        and this machine cannot provide it."""
+        if not kind.isolated_network or self.settings.job_network == "host":
+            return "host"
+        from servers.core.netns import probe
+
+        found = probe()
+        if not found.available:
+            raise InputError(
+                f"this machine cannot give the job a private network namespace ({found.detail}); without one its "
+                "torch.distributed store listens on every interface with no authentication. To run in the host's "
+                "network anyway (a trusted network only), the person sets LLM_INFRA_MCP_JOB_NETWORK=host"
+            )
+        return "isolated"
 
     @staticmethod
     def _new_id(kind: str) -> str:

@@ -211,6 +211,11 @@ class LogChunk(BaseModel):
     size_bytes: int = Field(description="Size of the log file now")
     eof: bool = Field(description="True if the chunk reaches the end of the file as it is now")
     job_finished: bool = Field(description="True once the job ended, so the log will not grow any more")
+    cut_at_bytes: int | None = Field(
+        default=None,
+        description="Set when this log was cut at the job's log cap (LLM_INFRA_MCP_MAX_LOG_BYTES_PER_JOB): nothing "
+        "the process wrote after this offset was kept",
+    )
     text: str
 
 
@@ -244,8 +249,18 @@ def read_log_chunk(record: JobRecord, process: str | None, offset: int, limit_by
         size_bytes=size,
         eof=end >= size,
         job_finished=record.state.terminal,
+        cut_at_bytes=_cut_at(files, name),
         text=data.decode("utf-8", errors="replace"),
     )
+
+
+def _cut_at(files: JobFiles, process: str) -> int | None:
+    """Where a log was cut at the job's cap (its `<process>.cut` record beside it), if it was."""
+    from servers.core.jobfiles import read_json
+
+    record = read_json(files.log(process).with_suffix(".cut"), 4096)
+    value = record.get("cut_at_bytes") if isinstance(record, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _trim_partial_utf8(data: bytes) -> bytes:

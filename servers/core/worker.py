@@ -7,6 +7,7 @@ writes result.json on success or error.json (type and message of the exception) 
 """
 
 import importlib
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -22,6 +23,19 @@ def main(argv: list[str]) -> int:
         return 2
     ctx = JobContext(descriptor["id"], descriptor["kind"], files)
     module_name, _, function_name = descriptor["entry"].partition(":")
+    if descriptor.get("network") == "isolated":
+        # Before the work is imported: a user namespace can be entered only while the process has one thread.
+        from servers.core import netns
+
+        try:
+            netns.enter()
+        except netns.IsolationError as exc:
+            message = f"could not isolate the job's network: {exc.strerror}; LLM_INFRA_MCP_JOB_NETWORK=host skips it"
+            atomic_write_json(files.error, {"type": "IsolationError", "message": message})
+            print(f"worker: {message}", file=sys.stderr)
+            return 1
+        for key, value in netns.LOOPBACK_ENV.items():
+            os.environ.setdefault(key, value)
     try:
         work = getattr(importlib.import_module(module_name), function_name)
         result = work(descriptor["spec"], ctx)

@@ -39,18 +39,21 @@ JOB_KINDS = [
         "servers.overlap.collectives:run_collective_benchmark",
         "nccl-tests-style sweep of one collective over world_size ranks",
         default_timeout_s=1800,
+        isolated_network=True,
     ),
     JobKind(
         "overlap_benchmark",
         "servers.overlap.overlap_bench:run_overlap_benchmark",
         "one TP GEMM + collective: sequential against the overlapped methods",
         default_timeout_s=1800,
+        isolated_network=True,
     ),
     JobKind(
         "overlap_tune",
         "servers.overlap.overlap_bench:run_overlap_tune",
         "methods x chunk counts for each layer of a model",
         default_timeout_s=3 * 3600,
+        isolated_network=True,
     ),
 ]
 
