@@ -255,20 +255,24 @@ positive = st.floats(min_value=1e-3, max_value=1e4)
 exponent = st.floats(min_value=0.01, max_value=2.0)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=15, deadline=None, derandomize=True)
 @given(e=st.floats(min_value=0.0, max_value=5.0), a=positive, b=positive, alpha=exponent, beta=exponent)
 def test_predict_loss_decreases_in_n_and_d(e: float, a: float, b: float, alpha: float, beta: float) -> None:
     params = {"E": e, "A": a, "B": b, "alpha": alpha, "beta": beta}
     sizes = np.geomspace(1e6, 1e12, 13)
     along_n = predict_loss(params, sizes, 1e10)
     along_d = predict_loss(params, 1e9, sizes)
-    # Non-increasing everywhere (a term can fall below float resolution at large sizes), strictly over the range.
+    # Non-increasing everywhere (a term can fall below float resolution at large sizes), strictly over the range
+    # where the term is resolvable at all (A / N^alpha = 1e-3 / 1e12 is below the resolution of a loss of 16).
     assert np.all(np.diff(along_n) <= 0) and np.all(np.diff(along_d) <= 0)
-    assert along_n[-1] < along_n[0] and along_d[-1] < along_d[0]
+    if a * 1e6**-alpha > 1e-9 * along_n[0]:
+        assert along_n[-1] < along_n[0]
+    if b * 1e6**-beta > 1e-9 * along_d[0]:
+        assert along_d[-1] < along_d[0]
     assert np.all(along_n >= e) and np.all(along_d >= e)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=15, deadline=None, derandomize=True)
 @given(
     shift=st.lists(st.floats(min_value=-0.3, max_value=0.3), min_size=5, max_size=5),
     seed=st.integers(min_value=0, max_value=1000),

@@ -23,7 +23,7 @@ from servers.scaling.server import first_value
     r0=st.floats(0.0, 0.25),
     fraction=st.floats(0.02, 0.98),
 )
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
 def test_compute_to_reach_inverts_the_scalerl_curve(
     a: float, b: float, c_mid: float, r0: float, fraction: float
 ) -> None:
@@ -37,7 +37,7 @@ def test_compute_to_reach_inverts_the_scalerl_curve(
 
 
 @given(a=st.floats(0.3, 2.0), b=st.floats(0.05, 2), d=st.floats(0.01, 100), gap=st.floats(1e-3, 0.9))
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
 def test_compute_to_reach_inverts_the_power_law(a: float, b: float, d: float, gap: float) -> None:
     params = {"A": a, "B": b, "D": d}
     needed = analysis.compute_to_reach("power_law", params, a - gap)
@@ -54,24 +54,27 @@ def test_chinchilla_target_along_the_compute_optimal_path() -> None:
 
 
 def test_reading_files(tmp_path: Path) -> None:
+    keys = ["compute", "value", "run"]
     good = tmp_path / "a.jsonl"
-    good.write_text('{"compute": 1, "value": 0.2}\n\n{"compute": 2, "value": 0.3, "run": 7}\n')
-    points = points_from_rows(read_rows(good), "scalerl", Columns(), "a.jsonl")
+    good.write_text('{"compute": 1, "value": 0.2, "other": "x"}\n\n{"compute": 2, "value": 0.3, "run": 7}\n')
+    rows, present = read_rows(good, keys, "a.jsonl")
+    assert rows[0] == {"compute": 1, "value": 0.2} and present == set(keys)  # only the named columns are kept
+    points = points_from_rows(rows, present, "scalerl", Columns(), "a.jsonl")
     assert [p.compute for p in points] == [1, 2] and points[1].run == "7"
     bad = tmp_path / "b.jsonl"
     bad.write_text('{"compute": 1}\nnot json\n')
     with pytest.raises(InputError, match="line 2 is not JSON"):
-        read_rows(bad)
+        read_rows(bad, keys, "b.jsonl")
     with pytest.raises(InputError, match=r"unsupported file type '\.parquet'"):
-        read_rows(tmp_path / "x.parquet")
+        read_rows(tmp_path / "x.parquet", keys, "x.parquet")
     negative = tmp_path / "c.csv"
     negative.write_text("compute,value\n-3,0.2\n")
     with pytest.raises(InputError, match="row 0: compute: Input should be greater than 0"):
-        points_from_rows(read_rows(negative), "scalerl", Columns(), "c.csv")
+        points_from_rows(*read_rows(negative, keys, "c.csv"), "scalerl", Columns(), "c.csv")
     empty = tmp_path / "d.csv"
     empty.write_text("")
     with pytest.raises(InputError, match="no header row"):
-        read_rows(empty)
+        read_rows(empty, keys, "d.csv")
 
 
 def test_default_r0_is_where_each_run_starts() -> None:

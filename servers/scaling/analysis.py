@@ -3,6 +3,7 @@ comparison of recipes (which asymptote is higher, which is more efficient, where
 
 import itertools
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,9 @@ from servers.core.errors import InputError
 from servers.scaling import laws
 from servers.scaling.fitstore import StoredFit
 from servers.scaling.fitting import Comparison, ComputeForTarget, FitInComparison, PairVerdict, PredictedValue
+
+MAX_CROSSINGS = 100  # crossings listed per pair (near-identical noisy curves could cross at many grid steps)
+MAX_COMPUTE = 1e40  # the largest compute the tools accept anywhere; targets beyond it count as out of reach
 
 
 def point_params(fit: StoredFit) -> dict[str, float]:
@@ -33,15 +37,34 @@ def _draw_matrix(fit: StoredFit, evaluate: Any) -> np.ndarray | None:
     return np.array([evaluate(d) for d in draws])
 
 
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
 def _intervals(center: np.ndarray, draws: np.ndarray | None, rmse: float, level: float) -> list[tuple]:
+    """(ci_low, ci_high, pi_low, pi_high) per point; an end that is not a finite number (a draw's curve overflowed
+    there) is None rather than infinity."""
     tail = (1 - level) / 2 * 100
     if draws is None:
         return [(None, None, None, None)] * len(center)
-    low, high = np.nanpercentile(draws, [tail, 100 - tail], axis=0)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
+        draws = np.where(np.isfinite(draws), draws, np.nan)
+        low, high = np.nanpercentile(draws, [tail, 100 - tail], axis=0)
     z = _normal_quantile(1 - (1 - level) / 2)
     return [
-        (float(lo), float(hi), float(lo - z * rmse), float(hi + z * rmse)) for lo, hi in zip(low, high, strict=True)
+        (_finite(float(lo)), _finite(float(hi)), _finite(float(lo - z * rmse)), _finite(float(hi + z * rmse)))
+        for lo, hi in zip(low, high, strict=True)
     ]
+
+
+def _check_center(center: np.ndarray, where: list[str], model: str) -> None:
+    bad = np.nonzero(~np.isfinite(center))[0]
+    if bad.size:
+        raise InputError(
+            f"{where[int(bad[0])]}: the {model} fit's prediction there is not a finite number (overflow); predict at "
+            "values within a few decades of the fitted data"
+        )
 
 
 def _normal_quantile(p: float) -> float:
@@ -52,9 +75,11 @@ def _normal_quantile(p: float) -> float:
 
 def predict_curve(fit: StoredFit, compute: list[float], level: float) -> list[PredictedValue]:
     x = np.asarray(compute, dtype=float)
-    center = curve(fit.model, point_params(fit), x)
-    draws = _draw_matrix(fit, lambda d: curve(fit.model, d, x))
-    used_max = max(p.compute for i, p in enumerate(fit.points) if p.compute is not None and not _is_excluded(fit, i))
+    with np.errstate(all="ignore"):
+        center = curve(fit.model, point_params(fit), x)
+        draws = _draw_matrix(fit, lambda d: curve(fit.model, d, x))
+    _check_center(center, [f"compute[{i}] = {c:g}" for i, c in enumerate(compute)], fit.model)
+    used_max = used_compute_max(fit)
     out = []
     for c, v, (lo, hi, plo, phi) in zip(x, center, _intervals(center, draws, fit.outcome.rmse, level), strict=True):
         out.append(
@@ -74,8 +99,10 @@ def predict_curve(fit: StoredFit, compute: list[float], level: float) -> list[Pr
 def predict_loss(fit: StoredFit, at: list[tuple[float, float]], level: float) -> list[PredictedValue]:
     n = np.array([a[0] for a in at], dtype=float)
     d = np.array([a[1] for a in at], dtype=float)
-    center = laws.chinchilla(n, d, **point_params(fit))
-    draws = _draw_matrix(fit, lambda p: laws.chinchilla(n, d, **p))
+    with np.errstate(all="ignore"):
+        center = laws.chinchilla(n, d, **point_params(fit))
+        draws = _draw_matrix(fit, lambda p: laws.chinchilla(n, d, **p))
+    _check_center(center, [f"at[{i}] (params {a[0]:g}, tokens {a[1]:g})" for i, a in enumerate(at)], fit.model)
     n_max = max(p.params or 0 for p in fit.points)
     d_max = max(p.tokens or 0 for p in fit.points)
     return [
@@ -95,12 +122,27 @@ def predict_loss(fit: StoredFit, at: list[tuple[float, float]], level: float) ->
     ]
 
 
-def _is_excluded(fit: StoredFit, index: int) -> bool:
-    return any(e.index == index for e in fit.excluded)
+def excluded_indices(fit: StoredFit) -> set[int]:
+    return {e.index for e in fit.excluded}
+
+
+def used_compute_max(fit: StoredFit) -> float:
+    """The largest compute among the points the fit did not exclude (beyond it, predictions extrapolate)."""
+    excluded = excluded_indices(fit)
+    return max(p.compute for i, p in enumerate(fit.points) if p.compute is not None and i not in excluded)
+
+
+def _power(base: float, exponent: float) -> float:
+    """base ** exponent for base >= 0, infinity where it overflows."""
+    try:
+        return base**exponent
+    except OverflowError:
+        return math.inf
 
 
 def compute_to_reach(model: str, params: dict[str, float], target: float) -> float | None:
-    """Compute at which the curve reaches `target`; None when it never does. 0 when it starts there."""
+    """Compute at which the curve reaches `target`; None when it never does, 0 when it starts there, infinity
+    when it gets there only beyond any representable compute."""
     if model == "scalerl":
         a, b, c_mid, r0 = params["A"], params["B"], params["C_mid"], params["R0"]
         rising = a > r0
@@ -108,44 +150,59 @@ def compute_to_reach(model: str, params: dict[str, float], target: float) -> flo
             return 0.0
         if (target >= a) if rising else (target <= a):
             return None
-        return c_mid * ((target - r0) / (a - target)) ** (1.0 / b)
+        return c_mid * _power((target - r0) / (a - target), 1.0 / b)
     if model == "power_law":
         a, b, d = params["A"], params["B"], params["D"]
         if target >= a:
             return None
-        return (d / (a - target)) ** (1.0 / b)
+        return _power(d / (a - target), 1.0 / b)
     if model == "chinchilla":
-        if target <= params["E"]:
+        if target <= params["E"] or not has_optimal_path(params):
             return None
-        low, high = 1.0, 1e40  # FLOPs; loss along the compute-optimal path falls monotonically in C
-        if laws.compute_optimal(high, params).loss > target:
-            return None
+        low, high = 1.0, MAX_COMPUTE  # FLOPs; loss along the compute-optimal path falls monotonically in C
+        if laws.optimal_loss(high, params) > target:
+            return math.inf
         for _ in range(200):
             mid = math.sqrt(low * high)
-            if laws.compute_optimal(mid, params).loss > target:
+            if laws.optimal_loss(mid, params) > target:
                 low = mid
             else:
                 high = mid
+            if high <= low * (1 + 1e-12):
+                break
         return high
     raise InputError(f"unknown model {model!r}")
+
+
+def has_optimal_path(params: dict[str, float]) -> bool:
+    """Whether a chinchilla law has a compute-optimal path: A, B, alpha and beta all > 0."""
+    return min(params["A"], params["B"], params["alpha"], params["beta"]) > 0
 
 
 def compute_for_target(fit: StoredFit, target: float, level: float, unit: str) -> ComputeForTarget:
     params = point_params(fit)
     needed = compute_to_reach(fit.model, params, target)
     draws = [compute_to_reach(fit.model, d, target) for d in fit.outcome.bootstrap_draws]
-    reached = [c for c in draws if c is not None]
+    reached = [c for c in draws if c is not None and c <= MAX_COMPUTE]
     share = len(reached) / len(draws) if draws else None
     lo = hi = None
     if reached and share is not None and share >= level:
         tail = (1 - level) / 2 * 100
         lo, hi = (float(v) for v in np.percentile(reached, [tail, 100 - tail]))
     asymptote = params["E"] if fit.model == "chinchilla" else params["A"]
-    if needed is None:
+    if fit.model == "chinchilla" and not has_optimal_path(params):
+        statement = (
+            "this fit has an exponent or coefficient at 0 (alpha, beta, A or B on its bound), so the compute-optimal "
+            "path is not defined; refit with runs that span more of N and D"
+        )
+    elif needed is None:
         statement = (
             f"the fitted asymptote {asymptote:.4g} does not reach the target {target:g}: more compute on "
             "this recipe will not get there"
         )
+    elif not needed <= MAX_COMPUTE:
+        statement = f"the curve gets to {target:g} only beyond {MAX_COMPUTE:g} {unit}: out of reach in practice"
+        needed = None
     elif needed == 0:
         statement = f"the curve already starts at or beyond {target:g}"
     else:
@@ -153,7 +210,7 @@ def compute_for_target(fit: StoredFit, target: float, level: float, unit: str) -
         if lo is not None:
             statement += f" ({level:.0%} interval {lo:.3g}..{hi:.3g})"
     if share is not None and share < 1:
-        statement += f"; {share:.0%} of bootstrap draws reach it at all"
+        statement += f"; {share:.0%} of bootstrap draws reach it within {MAX_COMPUTE:g} {unit}"
     return ComputeForTarget(
         target=target,
         reachable=needed is not None,
@@ -187,14 +244,20 @@ def crossings(first: StoredFit, second: StoredFit) -> list[float]:
     def gap(c: float | np.ndarray) -> np.ndarray:
         return curve(first.model, p1, np.asarray(c)) - curve(second.model, p2, np.asarray(c))
 
-    diff = gap(grid)
+    with np.errstate(all="ignore"):
+        diff = gap(grid)
     tie = max(first.outcome.rmse, second.outcome.rmse)
-    ahead = np.where(np.abs(diff) > tie, np.sign(diff), 0.0)
+    ahead = np.where(np.isfinite(diff) & (np.abs(diff) > tie), np.sign(diff), 0.0)
     clear = np.nonzero(ahead)[0]
     found = []
     for before, after in itertools.pairwise(clear):
-        if ahead[before] != ahead[after]:
-            found.append(float(brentq(lambda c: float(gap(c)), grid[before], grid[after])))
+        if ahead[before] != ahead[after] and len(found) < MAX_CROSSINGS:
+            try:
+                with np.errstate(all="ignore"):
+                    root = float(brentq(lambda c: float(gap(c)), grid[before], grid[after]))
+            except (ValueError, RuntimeError):  # not finite in between: the grid point stands for the crossing
+                root = float(grid[after])
+            found.append(root)
     return found
 
 

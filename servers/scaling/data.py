@@ -6,19 +6,22 @@ file. Curves (scalerl, power_law) are (compute, value, run) triples; pretraining
 """
 
 import csv
+import itertools
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, BinaryIO, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
 from servers.core.errors import InputError
+from servers.scaling.limits import MAX_FILE_BYTES, MAX_LINE_BYTES, MAX_ROWS
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 ModelName = Literal["scalerl", "power_law", "chinchilla"]
 FREE_PARAMETERS = {"scalerl": 4, "power_law": 3, "chinchilla": 5}
-MAX_POINTS = 100_000
+MAX_POINTS = MAX_ROWS  # inline points, file rows and metrics rows alike
 
 
 class DataPoint(BaseModel):
@@ -73,13 +76,26 @@ class Excluded(BaseModel):
     reason: str
 
 
+def _kind(raw: Any) -> str:
+    """What a cell holds, in words, without its content (a file inside the roots may hold anything)."""
+    if isinstance(raw, bool):
+        return "true/false"
+    if isinstance(raw, str):
+        return f"a text of {len(raw)} character(s)"
+    if isinstance(raw, (int, float)):
+        return "a number out of range"
+    return {dict: "a JSON object", list: "a JSON array"}.get(type(raw), type(raw).__name__)
+
+
 def _number(raw: Any, what: str, row: int) -> float:
     try:
         number = float(raw)
-    except (TypeError, ValueError):
-        raise InputError(f"row {row}: {what} is {raw!r}, not a number") from None
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"row {row}: column {what!r} holds {_kind(raw)}, not a number") from None
     if not math.isfinite(number):
-        raise InputError(f"row {row}: {what} is {raw!r}; only finite numbers are accepted (no NaN or inf)")
+        raise InputError(
+            f"row {row}: column {what!r} is not finite (NaN or infinity); only finite numbers are accepted"
+        )
     return number
 
 
@@ -87,46 +103,107 @@ JSON_LINES = (".jsonl", ".ndjson", ".json")
 DELIMITED = (".csv", ".tsv", ".txt")
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """Rows of a CSV (with a header) or JSON-lines file, as dicts."""
+def check_file_size(path: Path, source: str) -> int:
+    """The file's size in bytes; refused (before anything is read) above MAX_FILE_BYTES."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise InputError(f"cannot read {source}: {exc.strerror or type(exc).__name__}") from None
+    if size > MAX_FILE_BYTES:
+        raise InputError(
+            f"{source} is {size:,} bytes ({size / 2**20:,.1f} MiB); scaling data files are read up to "
+            f"{MAX_FILE_BYTES // 2**20} MiB ({MAX_FILE_BYTES:,} bytes): average or thin the data first, or split it"
+        )
+    return size
+
+
+def _lines(handle: BinaryIO, source: str) -> Iterator[str]:
+    """The file's lines as text, each at most MAX_LINE_BYTES, MAX_FILE_BYTES in all (even if the file grows)."""
+    total = 0
+    for number in itertools.count(1):
+        raw = handle.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        total += len(raw)
+        if total > MAX_FILE_BYTES:
+            raise InputError(
+                f"{source} grew past {MAX_FILE_BYTES // 2**20} MiB while it was read; at most that is read"
+            )
+        if len(raw) > MAX_LINE_BYTES:
+            raise InputError(
+                f"{source}: line {number} is longer than {MAX_LINE_BYTES // 2**10} KiB; rows of scaling data are "
+                "short (a few numbers): is this the right file?"
+            )
+        try:
+            text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError:
+            raise InputError(f"cannot read {source}: line {number} is not UTF-8 text") from None
+        yield text
+
+
+def read_rows(path: Path, keys: list[str], source: str) -> tuple[list[dict[str, Any]], set[str]]:
+    """The cells of `keys` in each row of a CSV (with a header) or JSON-lines file, and which of `keys` occur.
+
+    Bounded: refused above MAX_FILE_BYTES before reading; at most MAX_ROWS rows and MAX_LINE_BYTES per line; only
+    the named columns are kept. Errors name lines and columns, never the file's content."""
     suffix = path.suffix.lower()
     if suffix not in JSON_LINES + DELIMITED:
-        raise InputError(f"{path}: unsupported file type {path.suffix!r}; accepted: .csv, .tsv, .jsonl, .ndjson")
+        raise InputError(f"{source}: unsupported file type {path.suffix!r}; accepted: .csv, .tsv, .jsonl, .ndjson")
+    check_file_size(path, source)
+    rows: list[dict[str, Any]] = []
+    present: set[str] = set()
+
+    def add(row: dict[str, Any]) -> None:
+        if len(rows) >= MAX_ROWS:
+            raise InputError(f"{source} holds more than {MAX_ROWS:,} rows; at most {MAX_ROWS:,} are read")
+        rows.append(row)
+        present.update(row)
+
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {path}: {exc}") from None
-    if suffix in JSON_LINES:
-        rows = []
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
+        with path.open("rb") as handle:
+            lines = _lines(handle, source)
+            if suffix in JSON_LINES:
+                for number, line in enumerate(lines, start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise InputError(f"{source}: line {number} is not JSON ({exc.msg})") from None
+                    except (ValueError, RecursionError):
+                        raise InputError(f"{source}: line {number} is not JSON this reader accepts") from None
+                    if not isinstance(row, dict):
+                        raise InputError(f"{source}: line {number} is not a JSON object")
+                    add({k: row[k] for k in keys if k in row})
+                return rows, present
+            reader = csv.reader(lines, dialect="excel-tab" if suffix == ".tsv" else "excel")
             try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise InputError(f"{path}: line {number} is not JSON ({exc})") from None
-            if not isinstance(row, dict):
-                raise InputError(f"{path}: line {number} is not a JSON object")
-            rows.append(row)
-        return rows
-    reader = csv.DictReader(text.splitlines(), dialect="excel-tab" if suffix == ".tsv" else "excel")
-    if not reader.fieldnames:
-        raise InputError(f"{path}: no header row; the first line must name the columns")
-    return [dict(row) for row in reader]
+                header = next(reader, None)
+                if not header:
+                    raise InputError(f"{source}: no header row; the first line must name the columns")
+                where = {k: header.index(k) for k in keys if k in header}
+                for cells in reader:
+                    if cells:
+                        add({k: cells[i] if i < len(cells) else None for k, i in where.items()})
+            except csv.Error as exc:
+                raise InputError(f"{source}: line {reader.line_num} is not valid CSV ({str(exc)[:80]})") from None
+    except OSError as exc:
+        raise InputError(f"cannot read {source}: {exc.strerror or type(exc).__name__}") from None
+    return rows, present
 
 
-def points_from_rows(rows: list[dict[str, Any]], model: ModelName, columns: Columns, source: str) -> list[DataPoint]:
+def points_from_rows(
+    rows: list[dict[str, Any]], present: set[str], model: ModelName, columns: Columns, source: str
+) -> list[DataPoint]:
     if not rows:
         raise InputError(f"{source} holds no rows")
-    if len(rows) > MAX_POINTS:
-        raise InputError(f"{source} holds {len(rows)} rows; at most {MAX_POINTS} are accepted")
     wanted = ["params", "tokens", "loss"] if model == "chinchilla" else ["compute", "value"]
-    present = set().union(*(row.keys() for row in rows))
     missing = [getattr(columns, name) for name in wanted if getattr(columns, name) not in present]
     if missing:
+        expected = ", ".join(f"{name}={getattr(columns, name)!r}" for name in wanted)
         raise InputError(
-            f"{source} has no column(s) {missing}; its columns are {sorted(present)}; "
-            "name the right ones with `columns`"
+            f"{source} has no column(s) {', '.join(repr(m) for m in missing)}; {model} reads the columns {expected}: "
+            "name the file's own columns with `columns`, e.g. columns={'compute': 'gpu_hours', 'value': 'pass_rate'}"
         )
     points = []
     for i, row in enumerate(rows):

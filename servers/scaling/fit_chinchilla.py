@@ -411,7 +411,7 @@ def fit_chinchilla(
             lo, hi = (float(v) for v in np.percentile(values, [2.5, 97.5]))
         estimates[name] = ParameterEstimate(value=point[name], ci_low=lo, ci_high=hi)
 
-    l_hat = predict_loss(point, n, d)
+    l_hat = np.exp(log_loss_lse(theta, data[0], data[1]))  # the fit's own loss (an exponent may sit on 0)
     rmse = float(np.sqrt(np.mean((l_hat - loss_) ** 2)))
     warnings = _warnings(n, d, best, theta, estimates, draws)
     reached = sum(fit.objective <= best.objective * (1 + 1e-9) + 1e-300 for fit in fits)
@@ -469,7 +469,7 @@ def _warnings(
                 f"least a decade (ideally two or more) of {name.split()[0]}."
             )
     point = theta_to_params(theta)
-    total = predict_loss(point, n, d)
+    total = np.exp(log_loss_lse(theta, np.log(n), np.log(d)))
     terms = (
         ("E", "E", np.full_like(n, point["E"]), "an irreducible loss"),
         ("A / N^alpha", "A and alpha", point["A"] * np.power(n, -point["alpha"]), "a dependence on N (params)"),

@@ -75,6 +75,7 @@ SEARCH_CMID_SPAN = 1e4
 SEARCH_B = (0.05, 20.0)
 SEARCH_B_POWER = (0.005, 20.0)
 STARTS = 3
+CHUNK_CELLS = 1_000_000  # rows x points per batch of the vectorised solvers (about 8 MB per array)
 
 # The ScaleRL paper's grid.
 PAPER_A = np.round(np.arange(0.450, 0.8 + 1e-9, 0.005), 3)
@@ -189,7 +190,9 @@ class _Spec:
     def params(self, theta: Array, lin: Array) -> dict[str, float]:
         b = float(np.exp(theta[-1]))
         if self.model == "power_law":
-            return {"A": float(lin[0]), "B": b, "D": float(lin[1] * math.exp(b * self.xref))}
+            scale = b * self.xref  # D = lin1 e^(B xref); infinite when that overflows (the caller refuses it)
+            d = float(lin[1]) * math.exp(scale) if scale < 700.0 or lin[1] == 0 else math.inf
+            return {"A": float(lin[0]), "B": b, "D": d}
         cmid = float(np.exp(theta[0]))
         if self.r0 is not None:
             return {"A": float(self.r0 + lin[0]), "B": b, "C_mid": cmid, "R0": float(self.r0)}
@@ -368,7 +371,22 @@ def _lm(spec: _Spec, theta: Array, x: Array, Y: Array, W: Array, max_iter: int =
     return theta, done
 
 
+def _chunks(rows: int, n: int) -> list[slice]:
+    """Row slices of at most CHUNK_CELLS cells (rows x n) each: batched work in bounded memory. Every batched
+    routine here treats its rows independently, so the results are the same as in one batch."""
+    size = max(1, CHUNK_CELLS // max(n, 1))
+    return [slice(lo, min(lo + size, rows)) for lo in range(0, rows, size)]
+
+
 def _irls(spec: _Spec, theta0: Array, x: Array, Y: Array, c: float, max_rounds: int = 100) -> _Solved:  # noqa: N803
+    """_irls_batch over chunks of rows (memory bounded by CHUNK_CELLS)."""
+    parts = [_irls_batch(spec, theta0[sl], x, Y[sl], c, max_rounds) for sl in _chunks(theta0.shape[0], x.size)]
+    if len(parts) == 1:
+        return parts[0]
+    return _Solved(*(np.concatenate([getattr(p, f) for p in parts]) for f in _Solved.__dataclass_fields__))
+
+
+def _irls_batch(spec: _Spec, theta0: Array, x: Array, Y: Array, c: float, max_rounds: int = 100) -> _Solved:  # noqa: N803
     """Huber M-estimate by IRLS: weights from the residuals, weighted VarPro-LM, until the weights settle (or the
     objective and the parameters stop moving: IRLS is slow, linear, when many residuals lie beyond c)."""
     m = theta0.shape[0]
@@ -404,9 +422,12 @@ def _irls(spec: _Spec, theta0: Array, x: Array, Y: Array, c: float, max_rounds: 
 
 def _grid_starts(spec: _Spec, data: _Data, c: float) -> Array:
     """The best grid local minima (up to STARTS) of the Huber objective of the projected residuals."""
-    Y = np.broadcast_to(data.y - spec.offset, (spec.grid.shape[0], data.y.size))  # noqa: N806
-    _, r = _project(spec, spec.grid, data.x, Y, np.ones_like(Y))
-    obj = np.sum(_huber(r, c), axis=1)
+    obj = np.empty(spec.grid.shape[0])
+    for sl in _chunks(spec.grid.shape[0], data.y.size):
+        cells = spec.grid[sl]
+        Y = np.broadcast_to(data.y - spec.offset, (cells.shape[0], data.y.size))  # noqa: N806
+        _, r = _project(spec, cells, data.x, Y, np.ones_like(Y))
+        obj[sl] = np.sum(_huber(r, c), axis=1)
     obj = np.where(np.isfinite(obj), obj, np.inf)
     grid = obj.reshape(spec.grid_shape)
     padded = np.pad(grid, 1, constant_values=np.inf)
@@ -455,7 +476,15 @@ def _sse(r: Array) -> Array:
 
 
 def _grid_b_vectorised(x: Array, y: Array, r0: float, a: Array, lc: Array, max_iter: int = 100) -> tuple[Array, Array]:
-    """For every cell (A - R0 = a, log C_mid = lc), the least-squares B > 0 from B = 1 (damped Gauss-Newton)."""
+    """For every cell (A - R0 = a, log C_mid = lc), the least-squares B > 0 from B = 1 (damped Gauss-Newton), in
+    chunks of cells of bounded memory."""
+    b, cost = np.empty(a.size), np.empty(a.size)
+    for sl in _chunks(a.size, x.size):
+        b[sl], cost[sl] = _grid_b_batch(x, y, r0, a[sl], lc[sl], max_iter)
+    return b, cost
+
+
+def _grid_b_batch(x: Array, y: Array, r0: float, a: Array, lc: Array, max_iter: int) -> tuple[Array, Array]:
     m = a.size
     b = np.ones(m)
     lam = np.full(m, 1e-3)

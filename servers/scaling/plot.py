@@ -1,12 +1,13 @@
 """Pictures of fits: PNG bytes from matplotlib's Agg backend (no display needed)."""
 
 import io
+import warnings
 from types import ModuleType
 
 import numpy as np
 
 from servers.scaling import laws
-from servers.scaling.analysis import curve, point_params
+from servers.scaling.analysis import curve, excluded_indices, point_params, used_compute_max
 from servers.scaling.fitstore import StoredFit
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
@@ -29,18 +30,13 @@ def plot_curves(
     fig, ax = plt.subplots(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
     try:
         all_compute = [p.compute for f in fits for p in f.points if p.compute]
-        used_max = max(
-            p.compute
-            for f in fits
-            for i, p in enumerate(f.points)
-            if p.compute and all(e.index != i for e in f.excluded)
-        )
+        used_max = max(used_compute_max(f) for f in fits)
         right = max(max(all_compute), extrapolate_to or 0) * 1.05
         grid = np.geomspace(min(all_compute) * 0.8, right, 400)
         for k, fit in enumerate(fits):
             color = COLORS[k % len(COLORS)]
             name = fit.label or fit.id
-            excluded = {e.index for e in fit.excluded}
+            excluded = excluded_indices(fit)
             used = [(p.compute, p.value) for i, p in enumerate(fit.points) if i not in excluded]
             dropped = [(p.compute, p.value) for i, p in enumerate(fit.points) if i in excluded]
             if used:
@@ -55,18 +51,25 @@ def plot_curves(
                     label=f"{name}: excluded points",
                 )
             params = point_params(fit)
+            with np.errstate(all="ignore"):
+                fitted = curve(fit.model, params, grid)
             ax.plot(
                 grid,
-                curve(fit.model, params, grid),
+                np.where(np.isfinite(fitted), fitted, np.nan),
                 color=color,
                 lw=2,
                 label=f"{name}: {fit.model} A={params['A']:.3f}",
             )
             if fit.outcome.bootstrap_draws:
-                draws = np.array([curve(fit.model, d, grid) for d in fit.outcome.bootstrap_draws])
-                tail = (1 - level) / 2 * 100
-                low, high = np.nanpercentile(draws, [tail, 100 - tail], axis=0)
-                ax.fill_between(grid, low, high, color=color, alpha=0.18, lw=0)
+                with np.errstate(all="ignore"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns where every draw overflowed
+                    draws = np.array([curve(fit.model, d, grid) for d in fit.outcome.bootstrap_draws])
+                    draws = np.where(np.isfinite(draws), draws, np.nan)
+                    tail = (1 - level) / 2 * 100
+                    low, high = np.nanpercentile(draws, [tail, 100 - tail], axis=0)
+                ax.fill_between(
+                    grid, low, high, where=np.isfinite(low) & np.isfinite(high), color=color, alpha=0.18, lw=0
+                )
             ax.axhline(params["A"], color=color, lw=0.8, ls=":")
         if right > used_max:
             ax.axvspan(used_max, right, color="0.85", alpha=0.5, lw=0, label="extrapolated")
@@ -101,7 +104,8 @@ def plot_chinchilla(fit: StoredFit, width_px: int, height_px: int) -> bytes:
         fig.colorbar(points, ax=ax, label="log10 parameters")
         params = point_params(fit)
         budgets = np.geomspace(flops.min(), flops.max() * 100, 200)
-        frontier = [laws.compute_optimal(float(c), params).loss for c in budgets]
+        frontier = [laws.optimal_loss(float(c), params) for c in budgets]
+        frontier = [v if np.isfinite(v) else np.nan for v in frontier]
         ax.plot(budgets, frontier, color="#d62728", lw=2, label="compute-optimal loss")
         ax.axhline(params["E"], color="0.4", lw=0.8, ls=":", label=f"E={params['E']:.3f}")
         ax.axvspan(flops.max(), budgets.max(), color="0.85", alpha=0.5, lw=0, label="extrapolated")

@@ -3,12 +3,14 @@ pretraining laws (Chinchilla); predictions with bootstrap intervals; plots. Nume
 beside this one (imported when a tool runs, so the server starts without numpy or scipy)."""
 
 import base64
+import math
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError
-from mcp.types import CallToolResult, ImageContent
+from mcp.types import CallToolResult, ContentBlock, ImageContent
 from pydantic import BaseModel, Field
 
 from servers.core.assemble import ServerPart, build_server
@@ -16,10 +18,10 @@ from servers.core.errors import InputError
 from servers.core.jobs import JOB_ID_PATTERN
 from servers.core.mcp_layer import App, agent_tool, in_thread, tool_result
 from servers.core.paths import resolve_inside_roots
-from servers.scaling import laws
+from servers.scaling import laws, limits
 from servers.scaling.data import Columns, DataPoint, Excluded, ModelName, points_from_rows, read_rows
 from servers.scaling.fitstore import FIT_ID_PATTERN, FitStore, StoredFit
-from servers.scaling.fitting import Comparison, ComputeForTarget, ParameterEstimate, PredictedValue
+from servers.scaling.fitting import Comparison, ComputeForTarget, FitOutcome, ParameterEstimate, PredictedValue
 
 NAME = "scaling"
 INSTRUCTIONS = (
@@ -37,18 +39,52 @@ class DataSource(BaseModel):
 
     points: list[DataPoint] | None = Field(
         default=None,
-        max_length=100_000,
+        max_length=limits.MAX_ROWS,
         description="Inline data: "
         "[{compute, value, run?}] for scalerl/power_law, [{params, tokens, loss}] "
-        "for chinchilla",
+        f"for chinchilla; at most {limits.MAX_ROWS:,} ({limits.THINNING_RULE})",
     )
     path: Annotated[str, Field(max_length=4096)] | None = Field(
-        default=None, description="A CSV (with header) or JSONL file inside the allowed roots"
+        default=None,
+        description=f"A CSV (with header) or JSONL file inside the allowed roots; {limits.FILE_RULE} (a larger file "
+        "is refused before it is read)",
     )
     job_id: Annotated[str, Field(pattern=JOB_ID_PATTERN, max_length=96)] | None = Field(
-        default=None, description="A job whose metrics rows hold the data (columns name the keys)"
+        default=None,
+        description="A job whose metrics rows hold the data (columns name the keys); its metrics file is read under "
+        "the same caps as a file",
     )
     columns: Columns = Field(default_factory=Columns, description="Column (or metrics key) names in the file or job")
+
+
+def non_finite(value: Any, path: str = "") -> str | None:
+    """Where the first float in `value` (a model dump) that is not finite sits, or None if there is none."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path or "result"
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list | tuple):
+        items = ((f"[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for key, item in items:
+        found = non_finite(item, f"{path}{key}" if str(key).startswith("[") else f"{path}.{key}" if path else key)
+        if found is not None:
+            return found
+    return None
+
+
+def finite_result(result: BaseModel, summary: str, *extra: ContentBlock) -> CallToolResult:
+    """tool_result, after checking that every number in the result is finite: JSON has no infinity, so an
+    infinite field would reach the client as null and break the tool's own output schema. Extreme inputs that
+    overflow are answered with an input error naming the field instead."""
+    where = non_finite(result.model_dump())
+    if where is not None:
+        raise InputError(
+            f"{where}: these inputs give a number too large or too small to represent (overflow); use inputs of a "
+            "moderate size (compute within a few decades of the fitted data, exponents of order 0.1..10)"
+        )
+    return tool_result(result, summary, *extra)
 
 
 def _fits(app: App) -> FitStore:
@@ -59,23 +95,33 @@ def _fits(app: App) -> FitStore:
     return store
 
 
+def _wanted_keys(model: ModelName, columns: Columns) -> list[str]:
+    names = ["params", "tokens", "loss"] if model == "chinchilla" else ["compute", "value"]
+    keys = [getattr(columns, n) for n in names]
+    return keys + ([columns.run] if columns.run and model != "chinchilla" else [])
+
+
 def load_points(app: App, model: ModelName, source: DataSource) -> tuple[list[DataPoint], str]:
     given = [name for name in ("points", "path", "job_id") if getattr(source, name) is not None]
     if len(given) != 1:
         raise InputError(f"give exactly one of points, path or job_id (got {', '.join(given) or 'none'})")
     if source.points is not None:
         return source.points, "inline"
+    keys = _wanted_keys(model, source.columns)
     if source.path is not None:
         path = resolve_inside_roots(source.path, app.settings.roots(), what="data file")
         if not path.is_file():
             raise InputError(f"data file {source.path!r} does not exist (resolved to {path})")
-        return points_from_rows(read_rows(path), model, source.columns, str(path)), f"file:{path}"
+        rows, present = read_rows(path, keys, str(path))
+        return points_from_rows(rows, present, model, source.columns, str(path)), f"file:{path}"
     assert source.job_id is not None
     record = app.engine.get(source.job_id)
     metrics = app.engine.files(record).metrics
     if not metrics.exists():
         raise InputError(f"job {source.job_id!r} has logged no metrics yet")
-    return points_from_rows(read_rows(metrics), model, source.columns, f"job {source.job_id}"), f"job:{source.job_id}"
+    where = f"job {source.job_id}'s metrics"
+    rows, present = read_rows(metrics, keys, where)
+    return points_from_rows(rows, present, model, source.columns, where), f"job:{source.job_id}"
 
 
 class FitReport(BaseModel):
@@ -89,16 +135,26 @@ class FitReport(BaseModel):
     converged: bool
     message: str
     warnings: list[str]
-    points_used: int
-    points_excluded: int
+    points_used: int = Field(description="Points the fit used")
+    points_excluded: int = Field(description="Points left out by min_compute / max_compute")
+    points_thinned: int = Field(
+        default=0,
+        description=f"Points left out by the thinning rule ({limits.THINNING_RULE}); 0 below the cap",
+    )
+    thinning: str | None = Field(default=None, description="How the points were thinned, or null when they were not")
     excluded: list[Excluded] = Field(description="Which points were left out and why (first 200)")
     bootstrap: int = Field(description="Bootstrap resamples that produced a fit")
+    bootstrap_requested: int = Field(
+        default=0,
+        description=f"Resamples asked for; fewer are run above the bootstrap budget ({limits.BOOTSTRAP_RULE})",
+    )
     duration_s: float
     resource_uri: str
 
 
 def report(fit: StoredFit) -> FitReport:
     o = fit.outcome
+    thinning = fit.options.get("thinning") or {}
     return FitReport(
         fit_id=fit.id,
         label=fit.label,
@@ -112,8 +168,11 @@ def report(fit: StoredFit) -> FitReport:
         warnings=o.warnings,
         points_used=o.points_used,
         points_excluded=len(fit.excluded),
+        points_thinned=int(thinning.get("before", 0)) - int(thinning.get("after", 0)),
+        thinning=thinning.get("rule"),
         excluded=fit.excluded[:200],
         bootstrap=o.bootstrap,
+        bootstrap_requested=int(fit.options.get("bootstrap", o.bootstrap)),
         duration_s=o.duration_s,
         resource_uri=fit.resource_uri,
     )
@@ -144,7 +203,134 @@ def first_value(points: list[DataPoint]) -> float:
     return sum(value for _, value in starts.values()) / len(starts)
 
 
-def run_fit(
+@dataclass
+class PreparedFit:
+    """A validated fit request: the numerics to run, and what was left out on the way (and why)."""
+
+    task: limits.FitTask
+    excluded: list[Excluded]
+    thinning: limits.Thinning | None
+    options: dict[str, Any]
+    notes: list[str]
+
+
+def prepare_fit(
+    model: ModelName,
+    points: list[DataPoint],
+    *,
+    min_compute: float | None,
+    max_compute: float | None,
+    r0: float | str,
+    y_max: float,
+    method: str,
+    bootstrap: int,
+    seed: int,
+) -> PreparedFit:
+    """Validate the points, leave out those outside [min_compute, max_compute], thin above the point cap, and
+    cut the bootstrap to its budget (limits.py). Cheap: plain Python, O(points)."""
+    from servers.scaling.data import curve_data, loss_data
+
+    options: dict[str, Any] = {
+        "min_compute": min_compute,
+        "max_compute": max_compute,
+        "r0": r0,
+        "y_max": y_max,
+        "method": method,
+        "bootstrap": bootstrap,
+        "seed": seed,
+    }
+    excluded: list[Excluded] = []
+    if model == "chinchilla":
+        if method == "scalerl-grid":
+            raise InputError("method 'scalerl-grid' is the ScaleRL paper's procedure for scalerl fits; use 'robust'")
+        data = loss_data(points)
+        kept, thinning = limits.thin_loss(data.params, data.tokens)
+        task = limits.FitTask(
+            model=model,
+            method="robust",
+            bootstrap=bootstrap,
+            seed=seed,
+            params=[data.params[i] for i in kept],
+            tokens=[data.tokens[i] for i in kept],
+            loss=[data.loss[i] for i in kept],
+        )
+    else:
+        if method == "scalerl-grid" and model != "scalerl":
+            raise InputError("method 'scalerl-grid' applies to model 'scalerl' only; use 'robust' for power_law")
+        curve, excluded = curve_data(points, y_max=y_max, min_compute=min_compute, max_compute=max_compute, model=model)
+        kept, thinning = limits.thin_curve(curve.compute, curve.run)
+        runs = [curve.run[i] for i in kept]
+        task = limits.FitTask(
+            model=model,
+            method=method,
+            bootstrap=bootstrap,
+            seed=seed,
+            compute=[curve.compute[i] for i in kept],
+            value=[curve.value[i] for i in kept],
+            run=runs if any(runs) else None,
+            r0=first_value(points) if r0 == "first" else None if r0 == "free" else float(r0),
+            free_r0=r0 == "free",
+            y_max=y_max,
+        )
+    notes = []
+    if thinning is not None:
+        options["thinning"] = {"before": thinning.before, "after": thinning.after, "rule": thinning.describe()}
+        notes.append(
+            f"Thinned: {thinning.describe()}. Average repeated evaluations, or fit a narrower compute range, to fit "
+            "every point."
+        )
+    allowed = limits.bootstrap_allowed(task.proc, task.points, bootstrap)
+    if allowed < bootstrap:
+        notes.append(
+            f"Bootstrap cut to {allowed} of the {bootstrap} resamples asked for ({task.points:,} points; "
+            f"{limits.BOOTSTRAP_RULE}): the intervals rest on fewer resamples."
+        )
+        task.bootstrap = allowed
+    return PreparedFit(task=task, excluded=excluded, thinning=thinning, options=options, notes=notes)
+
+
+async def compute_outcome(task: limits.FitTask) -> FitOutcome:
+    """Run a fit's numerics. Small fits (limits.INLINE_WORK) run in a thread: they end within about half a second,
+    and a cancelled call returns as soon as they do. Larger ones run in a worker process (anyio's pool, reused
+    between calls) with cancellable=True: when the client cancels the request (the SDK cancels the tool call's
+    scope on notifications/cancelled), the worker is killed (SIGKILL) and the work stops at once."""
+    if not limits.runs_in_process(task.proc, task.points, task.bootstrap):
+        return await in_thread(limits.compute_fit, task)
+    import anyio.to_process
+    from anyio import BrokenWorkerProcess
+
+    try:
+        return await anyio.to_process.run_sync(limits.compute_fit, task, cancellable=True)
+    except BrokenWorkerProcess as exc:
+        raise InputError(
+            "the fit's worker process ended before it answered (out of memory, or killed); nothing was stored; "
+            f"try fewer points or resamples ({type(exc.__cause__ or exc).__name__})"
+        ) from exc
+
+
+def check_outcome(outcome: FitOutcome, model: str, compute_unit: str) -> None:
+    """A fit whose estimates or residual error are not finite numbers is refused (nothing stored), with advice."""
+    bad = [name for name, p in outcome.parameters.items() if not math.isfinite(p.value)]
+    bad += [f"{name} interval" for name, p in outcome.parameters.items() if not finite_or_none(p.ci_low, p.ci_high)]
+    if not math.isfinite(outcome.rmse):
+        bad.append("rmse")
+    if bad:
+        advice = (
+            "use values of a moderate size for compute (e.g. GPU-hours, or FLOPs divided by 1e18)"
+            if model != "chinchilla"
+            else "check that params, tokens and loss are in their usual units"
+        )
+        raise InputError(
+            f"the {model} fit overflowed: {', '.join(bad)} not finite (compute unit {compute_unit!r}); {advice}, "
+            "or restrict the range with min_compute / max_compute"
+        )
+
+
+def finite_or_none(*values: float | None) -> bool:
+    return all(v is None or math.isfinite(v) for v in values)
+
+
+async def run_fit(
     app: App,
     model: ModelName,
     points: list[DataPoint],
@@ -160,52 +346,31 @@ def run_fit(
     bootstrap: int,
     seed: int,
 ) -> StoredFit:
-    """Validate, fit and store. Nothing is stored unless the whole fit succeeded."""
-    from servers.scaling.data import curve_data, loss_data
-
-    options: dict[str, Any] = {
-        "min_compute": min_compute,
-        "max_compute": max_compute,
-        "r0": r0,
-        "y_max": y_max,
-        "method": method,
-        "bootstrap": bootstrap,
-        "seed": seed,
-    }
-    if model == "chinchilla":
-        if method == "scalerl-grid":
-            raise InputError("method 'scalerl-grid' is the ScaleRL paper's procedure for scalerl fits; use 'robust'")
-        data = loss_data(points)
-        from servers.scaling.fit_chinchilla import fit_chinchilla
-
-        outcome = fit_chinchilla(data.params, data.tokens, data.loss, bootstrap=bootstrap, seed=seed)
-        excluded: list[Excluded] = []
-    else:
-        if method == "scalerl-grid" and model != "scalerl":
-            raise InputError("method 'scalerl-grid' applies to model 'scalerl' only; use 'robust' for power_law")
-        curve, excluded = curve_data(points, y_max=y_max, min_compute=min_compute, max_compute=max_compute, model=model)
-        from servers.scaling.fit_sigmoid import fit_sigmoid
-
-        outcome = fit_sigmoid(
-            curve.compute,
-            curve.value,
-            curve.run if any(curve.run) else None,
-            model=model,
-            method=method,
-            r0=first_value(points) if r0 == "first" else None if r0 == "free" else float(r0),
-            free_r0=r0 == "free",
-            y_max=y_max,
-            bootstrap=bootstrap,
-            seed=seed,
-        )
-    return _fits(app).add(
+    """Validate, fit and store. Nothing is stored unless the whole fit succeeded (and was not cancelled)."""
+    prepared: PreparedFit = await in_thread(
+        prepare_fit,
+        model,
+        points,
+        min_compute=min_compute,
+        max_compute=max_compute,
+        r0=r0,
+        y_max=y_max,
+        method=method,
+        bootstrap=bootstrap,
+        seed=seed,
+    )
+    outcome = await compute_outcome(prepared.task)
+    check_outcome(outcome, model, compute_unit)
+    outcome.warnings = [*outcome.warnings, *prepared.notes]
+    return await in_thread(
+        _fits(app).add,
         label=label,
         compute_unit=compute_unit,
         source=source,
-        options=options,
+        options=prepared.options,
         outcome=outcome,
         points=points,
-        excluded=excluded,
+        excluded=prepared.excluded,
     )
 
 
@@ -324,18 +489,26 @@ def register(server: MCPServer, app: App) -> None:
             ),
         ] = "robust",
         bootstrap: Annotated[
-            int, Field(ge=0, le=2000, description="Block-bootstrap resamples for intervals (0: none)")
+            int,
+            Field(
+                ge=0,
+                le=2000,
+                description=f"Block-bootstrap resamples for intervals (0: none); bounded work: {limits.BOOTSTRAP_RULE}",
+            ),
         ] = 200,
         seed: Annotated[int, Field(ge=0, le=2**32 - 1, description="Seed of the bootstrap")] = 0,
     ) -> Annotated[CallToolResult, FitReport]:
         """Fit a scaling law to data and store the fit: each parameter with a 95% bootstrap interval, the residual
         error, points used and excluded, and warnings an agent should act on (A on its bound, C_mid beyond the data
-        so A is weakly identified, too few points, no convergence). Typically under 2 s for a 75-point RL curve
-        with 200 resamples. Returns a fit_id for predict_scaling, compare_scaling_fits and plot_scaling_fit."""
+        so A is weakly identified, too few points, no convergence). About 0.1 s for a 75-point RL curve with 200
+        resamples. Bounded work: above 5,000 curve points (2,000 chinchilla points) the points are thinned evenly
+        along compute within each run (points_thinned and thinning say how), and the bootstrap is cut to its budget
+        (bootstrap_requested says what was asked); the worst case is tens of seconds (method scalerl-grid), in a
+        worker process that stops when the call is cancelled. Returns a fit_id for predict_scaling,
+        compare_scaling_fits and plot_scaling_fit."""
         points, source = await in_thread(load_points, app, model, data)
         await ctx.report_progress(0, 1, f"fitting {model} to {len(points)} points")
-        fit = await in_thread(
-            run_fit,
+        fit = await run_fit(
             app,
             model,
             points,
@@ -358,7 +531,7 @@ def register(server: MCPServer, app: App) -> None:
         )
         if result.warnings:
             text += "\nwarnings:\n" + "\n".join(f"- {w}" for w in result.warnings)
-        return tool_result(result, text)
+        return finite_result(result, text)
 
     @agent_tool(
         server, title="Predict from a fit", read_only=True, destructive=False, idempotent=True, open_world=False
@@ -427,7 +600,7 @@ def register(server: MCPServer, app: App) -> None:
             lines.append(f"{where}: {v.value:.4g}{band}{' (extrapolated)' if v.extrapolated else ''}")
         if reach is not None:
             lines.append(f"target {target:g}: {reach.statement}")
-        return tool_result(result, "\n".join(lines))
+        return finite_result(result, "\n".join(lines))
 
     @agent_tool(
         server, title="Check extrapolation", read_only=False, destructive=False, idempotent=False, open_world=False
@@ -448,7 +621,9 @@ def register(server: MCPServer, app: App) -> None:
         ] = "gpu_hours",
         r0: R0Option = "first",
         y_max: Annotated[float, Field(gt=0, le=1e6, description="Upper bound of the metric")] = 1.0,
-        bootstrap: Annotated[int, Field(ge=0, le=2000, description="Bootstrap resamples per fit")] = 100,
+        bootstrap: Annotated[
+            int, Field(ge=0, le=2000, description=f"Bootstrap resamples per fit; bounded: {limits.BOOTSTRAP_RULE}")
+        ] = 100,
     ) -> Annotated[CallToolResult, ExtrapolationCheck]:
         """ScaleRL's extrapolation protocol: fit each model on compute <= split (default half of the data's largest
         compute), predict the held-out points beyond it, and report per-point, mean and max absolute error and which
@@ -469,8 +644,7 @@ def register(server: MCPServer, app: App) -> None:
         checks = []
         for k, model in enumerate(models):
             await ctx.report_progress(k, len(models), f"fitting {model} on compute <= {cut:g}")
-            fit = await in_thread(
-                run_fit,
+            fit = await run_fit(
                 app,
                 model,
                 points,
@@ -491,7 +665,8 @@ def register(server: MCPServer, app: App) -> None:
 
             x = np.array([p.compute for p in held])
             observed = np.array([p.value for p in held])
-            predicted = curve(model, point_params(fit), x)
+            with np.errstate(all="ignore"):  # an overflow shows as a non-finite error, refused by finite_result
+                predicted = curve(model, point_params(fit), x)
             errors = predicted - observed
             checks.append(
                 ModelCheck(
@@ -528,7 +703,7 @@ def register(server: MCPServer, app: App) -> None:
             better_model=best.model,
             verdict=verdict,
         )
-        return tool_result(result, verdict)
+        return finite_result(result, verdict)
 
     @agent_tool(
         server, title="Compare scaling fits", read_only=True, destructive=False, idempotent=True, open_world=False
@@ -546,7 +721,7 @@ def register(server: MCPServer, app: App) -> None:
 
         fits = [await in_thread(_fits(app).get, i) for i in fit_ids]
         comparison = await in_thread(compare, fits)
-        return tool_result(comparison, comparison.verdict)
+        return finite_result(comparison, comparison.verdict)
 
     @agent_tool(server, title="Plot scaling fits", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def plot_scaling_fit(
@@ -579,15 +754,15 @@ def register(server: MCPServer, app: App) -> None:
             png = await in_thread(plot_curves, fits, extrapolate_to, level, width, height)
         info = PlotInfo(fit_ids=fit_ids, width=width, height=height, png_bytes=len(png))
         image = ImageContent(type="image", data=base64.b64encode(png).decode(), mime_type="image/png")
-        return tool_result(info, f"plot of {', '.join(fit_ids)} ({len(png)} bytes PNG)", image)
+        return finite_result(info, f"plot of {', '.join(fit_ids)} ({len(png)} bytes PNG)", image)
 
     @agent_tool(
         server, title="Compute-optimal allocation", read_only=True, destructive=False, idempotent=True, open_world=False
     )
     async def compute_optimal_allocation(
         compute_flops: Annotated[
-            list[ComputeValue],
-            Field(min_length=1, max_length=1000, description="Training budgets in FLOPs (C = 6 N D)"),
+            list[Annotated[float, Field(ge=1, le=1e40, allow_inf_nan=False)]],
+            Field(min_length=1, max_length=1000, description="Training budgets in FLOPs (C = 6 N D), 1 to 1e40"),
         ],
         fit_id: Annotated[
             str | None,
@@ -604,7 +779,7 @@ def register(server: MCPServer, app: App) -> None:
         if fit_id is None:
             params = dict(laws.CHINCHILLA_PUBLISHED)
         else:
-            from servers.scaling.analysis import point_params
+            from servers.scaling.analysis import has_optimal_path, point_params
 
             fit = await in_thread(_fits(app).get, fit_id)
             if fit.model != "chinchilla":
@@ -612,16 +787,27 @@ def register(server: MCPServer, app: App) -> None:
                     f"fit {fit_id} is a {fit.model} fit; compute-optimal allocation needs a chinchilla fit"
                 )
             params = point_params(fit)
+            if not has_optimal_path(params):
+                zero = ", ".join(f"{k}={params[k]:.3g}" for k in ("A", "B", "alpha", "beta") if not params[k] > 0)
+                raise InputError(
+                    f"fit {fit_id} has {zero} (on its bound): the compute-optimal allocation needs A, B, alpha and "
+                    "beta > 0; refit with runs that span more of N and D, or leave out fit_id for the published fit"
+                )
         rows = [laws.compute_optimal(c, params) for c in compute_flops]
         low, high = min(compute_flops) / 10, max(compute_flops) * 10
-        table = [laws.compute_optimal(low * (high / low) ** (i / 8), params) for i in range(9)]
+        table = []
+        for i in range(9):
+            try:  # the trend table is illustrative: a budget the law cannot represent is left out of it
+                table.append(laws.compute_optimal(low * (high / low) ** (i / 8), params))
+            except InputError:
+                continue
         lines = [
             f"C={r.compute_flops:.3g} FLOPs: N={r.params:.3g}, D={r.tokens:.3g} ({r.tokens_per_param:.1f} "
             f"tokens per parameter), loss {r.loss:.4f}"
             for r in rows[:12]
         ]
         result = Allocation(fit_id=fit_id, parameters=params, allocations=rows, table=table)
-        return tool_result(result, "\n".join(lines))
+        return finite_result(result, "\n".join(lines))
 
     @agent_tool(
         server, title="Evaluate a scaling law", read_only=True, destructive=False, idempotent=True, open_world=False
@@ -643,7 +829,7 @@ def register(server: MCPServer, app: App) -> None:
             ),
         ],
         parameters: Annotated[
-            dict[str, Annotated[float, Field(allow_inf_nan=False)]] | None,
+            dict[str, Annotated[float, Field(ge=-1e40, le=1e40, allow_inf_nan=False)]] | None,
             Field(
                 max_length=8,
                 description="The law's parameters by name (scalerl: A, B, C_mid, "
@@ -664,7 +850,7 @@ def register(server: MCPServer, app: App) -> None:
         asymptote = checked["E"] if model == "chinchilla" else checked["A"]
         result = laws.Evaluation(model=model, parameters=checked, points=values, asymptote=asymptote)
         shown = ", ".join(f"{v.value:.4g}" for v in values[:8]) + (" ..." if len(values) > 8 else "")
-        return tool_result(result, f"{model} at {len(values)} point(s): {shown}; asymptote {asymptote:.4g}")
+        return finite_result(result, f"{model} at {len(values)} point(s): {shown}; asymptote {asymptote:.4g}")
 
     @agent_tool(server, title="List scaling fits", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def list_scaling_fits(
@@ -678,7 +864,7 @@ def register(server: MCPServer, app: App) -> None:
         lines = [f"{total} fit(s)"] + [
             f"- {f.id} {f.label or ''} {f.model}: {describe_parameters(f.outcome.parameters)}" for f in fits
         ]
-        return tool_result(
+        return finite_result(
             FitList(fits=[report(f) for f in fits], total=total, next_offset=next_offset), "\n".join(lines)
         )
 
@@ -706,10 +892,10 @@ def register(server: MCPServer, app: App) -> None:
         mfu: Annotated[
             float,
             Field(
-                gt=0,
+                ge=0.001,
                 le=1,
                 description="Model FLOPs utilisation: the share of peak really "
-                "achieved (0.3-0.5 is typical for large training)",
+                "achieved, 0.001 to 1 (0.3-0.5 is typical for large training)",
             ),
         ] = 0.4,
     ) -> Annotated[CallToolResult, ComputeConversion]:
@@ -732,7 +918,7 @@ def register(server: MCPServer, app: App) -> None:
             flops=flops,
             note=f"{spec.name} {dtype} dense peak {peak:g} TFLOP/s at MFU {mfu:g}",
         )
-        return tool_result(result, f"{hours:.4g} GPU-hours on {spec.name} = {flops:.4g} FLOPs ({result.note})")
+        return finite_result(result, f"{hours:.4g} GPU-hours on {spec.name} = {flops:.4g} FLOPs ({result.note})")
 
     @server.resource(
         "infra://fits/{fit_id}",
