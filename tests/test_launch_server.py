@@ -222,3 +222,14 @@ async def test_a_client_that_cannot_ask_needs_the_plan_token_and_the_persons_app
         job = await ok(client, "submit_training_job", {"plan_token": plan["plan_token"], "wait_s": 0})
         done = await finish(client, job["job_id"])
         assert done["state"] == "SUCCEEDED", done["reason"]
+
+
+async def test_annotations_are_true(suite_client: Client) -> None:
+    """plan_training_job writes the audit log (and an approval request): not read-only. submit_training_job starts
+    a new job on every call without an idempotency_key: not idempotent."""
+    tools = {t.name: t.annotations for t in (await suite_client.list_tools()).tools}
+    assert tools["plan_training_job"].read_only_hint is False
+    assert tools["submit_training_job"].idempotent_hint is False
+    recipes = {r["name"]: r for r in (await ok(suite_client, "list_recipes", {}))["recipes"]}
+    assert "process wall time" in recipes["tiny-grpo"]["description"]
+    assert "CPU" in recipes["tiny-grpo"]["metric_notes"]["compute_gpu_hours"]

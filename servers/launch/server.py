@@ -53,6 +53,7 @@ class RecipeDoc(BaseModel):
     expected_time_cpu: str
     expected_time_gpu: str
     metrics: list[str]
+    metric_notes: dict[str, str] = Field(default_factory=dict, description="What a metric means, where it needs saying")
 
 
 class RecipeList(BaseModel):
@@ -93,6 +94,7 @@ def recipe_docs() -> list[RecipeDoc]:
                 expected_time_cpu=info.expected_time_cpu,
                 expected_time_gpu=info.expected_time_gpu,
                 metrics=list(info.metrics),
+                metric_notes=dict(info.metric_notes),
             )
         )
     return docs
@@ -162,7 +164,7 @@ def register(server: MCPServer, app: App) -> None:
         return tool_result(plan, text)
 
     @agent_tool(
-        server, title="Submit a training job", read_only=False, destructive=False, idempotent=True, open_world=False
+        server, title="Submit a training job", read_only=False, destructive=False, idempotent=False, open_world=False
     )
     async def submit_training_job(
         ctx: Context,

@@ -32,6 +32,7 @@ class RecipeInfo:
     expected_time_gpu: str
     metrics: tuple[str, ...]
     checkpoints: bool = True
+    metric_notes: tuple[tuple[str, str], ...] = ()
 
 
 def _arg(name: str, type_: str, default: int | float | str | None, help_: str) -> RecipeArg:
@@ -72,7 +73,8 @@ TINY_GRPO = RecipeInfo(
         "prompts is unanswerable (random reference), so the pass rate saturates below 1. A small MLP policy "
         "samples a group of answers per prompt; group-normalised advantages, a KL term to the initial policy. The "
         "held-out greedy pass rate, evaluated at geometrically spaced steps, traces a sigmoid in log compute "
-        "(the ScaleRL curve): from chance (1/base) to about 0.68 over 3.5 decades at the defaults."
+        "(the ScaleRL curve): from chance (1/base) to about 0.68 over 3.5 decades at the defaults. On CPU, "
+        "compute_gpu_hours is process wall time (it varies with the machine's load): fit CPU runs on compute_flops."
     ),
     arguments=(
         _arg("--steps", "int", 3000, "policy updates in total (a resumed run continues to it)"),
@@ -92,7 +94,16 @@ TINY_GRPO = RecipeInfo(
     ),
     expected_time_cpu="about 12 s with 1 rank, about 25 s with 2 ranks (gloo) at the defaults, including start-up",
     expected_time_gpu="about 10-20 s at the defaults (the model is tiny; kernel launches dominate)",
-    metrics=("loss", "lr", "grad_norm", "reward", "pass_rate", "compute_flops", "compute_gpu_hours", "split"),
+    metrics=("loss", "lr", "grad_norm", "reward", "pass_rate", "compute_flops", "compute_gpu_hours", "split", "device"),
+    metric_notes=(
+        ("pass_rate", "held-out greedy pass rate (eval rows, split 'eval')"),
+        ("compute_flops", "training FLOPs so far: 6 x parameters per prompt; deterministic, the one to fit on CPU"),
+        (
+            "compute_gpu_hours",
+            "training wall time x ranks / 3600; on a GPU, GPU-hours; on CPU, CPU-process hours that vary with load",
+        ),
+        ("device", "cpu or cuda: where the run's compute was spent"),
+    ),
 )
 
 RECIPES: dict[str, RecipeInfo] = {r.name: r for r in (TINY_GPT, TINY_GRPO)}

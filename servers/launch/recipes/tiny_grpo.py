@@ -24,7 +24,8 @@ at --evals steps spaced geometrically from step 1 to --steps, so that the points
 Eval rows carry pass_rate, split "eval", compute_flops and compute_gpu_hours; compute_flops counts the training
 forward and backward passes as 6 * parameters per prompt (the group's answers are sampled from that one forward,
 since the answer is a single token); evaluation is not counted. compute_gpu_hours is training wall time *
-world_size / 3600; on CPU these are CPU-process hours, not GPU hours.
+world_size / 3600; on CPU these are CPU-process hours, not GPU hours: they vary with the machine's load, so fit
+CPU runs on compute_flops. Eval rows also carry device ("cpu" or "cuda").
 
 Contract with the launch server: rank 0 appends rows to LLM_INFRA_MCP_METRICS; rank 0 saves checkpoints to
 LLM_INFRA_MCP_CHECKPOINT_DIR every --ckpt-every steps, and a start (or a torchrun restart) resumes from the newest.
@@ -177,7 +178,14 @@ def train(args: argparse.Namespace, d: common.Dist) -> int:
             pass_rate = float((policy(ea, eb).argmax(-1) == eref).float().mean())
         policy.train()
         hours = timer.elapsed() * d.world_size / 3600.0
-        metrics.log(step, pass_rate=pass_rate, split="eval", compute_flops=flops, compute_gpu_hours=hours)
+        metrics.log(
+            step,
+            pass_rate=pass_rate,
+            split="eval",
+            compute_flops=flops,
+            compute_gpu_hours=hours,
+            device=d.device.type,
+        )
         if d.is_main:
             print(f"step {step:5d}  eval pass rate {pass_rate:.3f}  compute {flops:.3e} FLOPs", flush=True)
 
