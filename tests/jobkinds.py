@@ -78,4 +78,6 @@ def network(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return {"netns": os.readlink("/proc/self/ns/net"), "interfaces": sorted(n for _, n in socket.if_nameindex())}
 
 
-TEST_KINDS.append(JobKind("test_network", "tests.jobkinds:network", "report the network namespace", 60, isolated_network=True))
+TEST_KINDS.append(
+    JobKind("test_network", "tests.jobkinds:network", "report the network namespace", 60, isolated_network=True)
+)

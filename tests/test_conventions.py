@@ -3,6 +3,7 @@ cannot skip one): typed inputs with descriptions and bounds, an output schema, a
 snake_case names unique across the servers, a docstring written for an agent, and bad input answered
 with a readable is_error result while the server keeps serving."""
 
+import json
 import re
 from typing import Any
 
@@ -171,3 +172,196 @@ async def test_wrong_types_for_every_argument_give_readable_errors(app: App, mod
                 assert name in text and "Traceback" not in text, f"{tool.name}: {text!r}"
         # still serving
         assert len((await client.list_tools()).tools) == len(tools)
+
+
+# ---- strict inputs: unknown arguments, exact JSON types, readable one-line errors ----------------------------------
+
+LINE = re.compile(r"^[A-Za-z_][\w.\[\]…]*: \S.*$")
+
+
+def error_lines(text: str, tool: str) -> list[str]:
+    """The problems of an is_error text, one per line; each must read "field: what is wrong; accepted: ..."."""
+    assert "errors.pydantic.dev" not in text and "validation error for" not in text and "Traceback" not in text, text
+    lines = text.removeprefix(f"Error executing tool {tool}: ").splitlines()
+    for line in lines:
+        assert LINE.match(line), f"{tool}: not one problem per line: {line!r}"
+    return lines
+
+
+def _object_schemas(node: Any) -> list[dict[str, Any]]:
+    found = []
+    if isinstance(node, dict):
+        if "properties" in node:
+            found.append(node)
+        for key, value in node.items():
+            if key in ("properties", "$defs"):
+                for sub in value.values():
+                    found += _object_schemas(sub)
+            elif key not in ("enum", "const", "default", "examples"):
+                found += _object_schemas(value)
+    elif isinstance(node, list):
+        for item in node:
+            found += _object_schemas(item)
+    return found
+
+
+async def test_every_input_schema_is_closed(suite_tools: list[Tool]) -> None:
+    """tools/list says additionalProperties: false on every object with properties, nested models included."""
+    for tool in suite_tools:
+        assert tool.input_schema.get("additionalProperties") is False, tool.name
+        for schema in _object_schemas(tool.input_schema):
+            assert schema.get("additionalProperties") is False, (tool.name, schema.get("title"))
+
+
+async def test_unknown_arguments_are_refused_naming_the_accepted_ones(app: App) -> None:
+    async with Client(create_server(app)) as client:
+        for tool in (await client.list_tools()).tools:
+            result = await client.call_tool(tool.name, {"no_such_argument": 1})
+            assert result.is_error, f"{tool.name} accepted an unknown argument"
+            lines = error_lines(result.content[0].text, tool.name)
+            [line] = [line for line in lines if line.startswith("no_such_argument:")]
+            accepted = list(tool.input_schema.get("properties", {}))
+            assert line == f"no_such_argument: unknown argument; accepted: {', '.join(accepted) or 'no arguments'}"
+
+
+async def test_unknown_nested_fields_are_refused(app: App) -> None:
+    """Every argument that is an object with fields (spec, data, ...) refuses a field it does not have."""
+    checked = 0
+    async with Client(create_server(app)) as client:
+        for tool in (await client.list_tools()).tools:
+            defs = tool.input_schema.get("$defs", {})
+            for name, prop in tool.input_schema.get("properties", {}).items():
+                fields = [f for alt in _schemas(prop, defs) for f in alt.get("properties", {})]
+                if not fields:
+                    continue
+                result = await client.call_tool(tool.name, {name: {"no_such_field": 1}})
+                lines = error_lines(result.content[0].text, tool.name)
+                assert f"{name}.no_such_field: unknown field; accepted: {', '.join(fields)}" in lines, lines
+                checked += 1
+    assert checked >= 7  # spec (gemm, collective, overlap, training x2), data (fit, check_extrapolation)
+
+
+def _numbers(tool: Tool) -> list[str]:
+    defs = tool.input_schema.get("$defs", {})
+    return [
+        name
+        for name, prop in tool.input_schema.get("properties", {}).items()
+        if any(alt.get("type") in ("integer", "number") for alt in _schemas(prop, defs))
+        and not any(alt.get("type") == "string" for alt in _schemas(prop, defs))
+    ]
+
+
+@pytest.mark.parametrize(("given", "kind"), [(True, "a boolean"), (False, "a boolean"), ("5", "a string")])
+async def test_booleans_and_strings_are_not_numbers(app: App, given: Any, kind: str) -> None:
+    checked = 0
+    async with Client(create_server(app)) as client:
+        for tool in (await client.list_tools()).tools:
+            for name in _numbers(tool):
+                result = await client.call_tool(tool.name, {name: given})
+                assert result.is_error, f"{tool.name} took {name}={given!r}"
+                lines = error_lines(result.content[0].text, tool.name)
+                assert any(line.startswith(f"{name}: got ") and f"({kind}); accepted: " in line for line in lines), (
+                    tool.name,
+                    lines,
+                )
+                checked += 1
+    assert checked >= 30
+
+
+async def test_nested_numbers_are_strict_too(app: App) -> None:
+    async with Client(create_server(app)) as client:
+        layer = {"layer": "a", "pattern": "ag_gemm", "m": 1, "n": 1, "k": "1"}
+        points = {"points": [{"compute": True}]}
+        cases = [
+            ("plan_training_job", {"spec": {"recipe": "tiny-gpt", "nproc_per_node": True}}, "spec.nproc_per_node"),
+            ("benchmark_gemm", {"spec": {"m": "64", "n": 64, "k": 64}}, "spec.m"),
+            (
+                "fit_scaling_law",
+                {"model": "scalerl", "data": points},
+                "data.points[0].compute",
+            ),
+            ("tune_overlap", {"layers": [layer]}, "layers[0].k"),
+        ]
+        for tool, args, where in cases:
+            result = await client.call_tool(tool, args)
+            assert result.is_error, (tool, args)
+            lines = error_lines(result.content[0].text, tool)
+            assert any(line.startswith(f"{where}: got ") for line in lines), lines
+
+
+async def test_lenient_where_json_is_lenient(app: App) -> None:
+    """5.0 is an integer (JSON Schema says so); an object or list sent as JSON text is read (Claude Desktop does
+    that); a string argument is never decoded, even when it holds JSON."""
+    async with Client(create_server(app)) as client:
+        listed = await client.call_tool("list_jobs", {"limit": 5.0, "offset": 0.0})
+        assert not listed.is_error, listed.content[0].text
+        spec = json.dumps({"recipe": "tiny-gpt", "nproc_per_node": 1})
+        planned = await client.call_tool("plan_training_job", {"spec": spec})
+        assert not planned.is_error, planned.content[0].text
+        pasted = await client.call_tool("parse_dcgm_diag", {"text": '{"not": "dcgm"}'})
+        assert pasted.is_error and "got" not in pasted.content[0].text  # the parser read it as text
+        fraction = await client.call_tool("list_jobs", {"limit": 5.5})
+        assert fraction.is_error and "limit: got 5.5 (a number)" in fraction.content[0].text
+
+
+async def test_too_deep_and_too_long_arguments_are_refused(app: App) -> None:
+    async with Client(create_server(app)) as client:
+        deep: Any = 1
+        for _ in range(100):
+            deep = [deep]
+        result = await client.call_tool("read_job_metrics", {"job_id": "j-1", "keys": deep})
+        assert result.is_error
+        assert "keys: nested deeper than 64 levels" in error_lines(result.content[0].text, "read_job_metrics")[0]
+        result = await client.call_tool("list_jobs", {"limit": 10**400})
+        assert result.is_error and "limit: an integer of" in result.content[0].text
+        assert "accepted: an integer from 1 to 200" in result.content[0].text
+
+
+async def test_path_tools_answer_path_attacks_with_input_errors(app: App, tmp_path: Any) -> None:
+    """A 300-byte name, a symlink loop, a symlink out of the roots: clear input errors from every tool that takes
+    a path, never an internal error, and never where the symlink leads."""
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    hidden = tmp_path.parent / f"{tmp_path.name}-hidden-target"
+    hidden.mkdir(exist_ok=True)
+    (tmp_path / "out").symlink_to(hidden)
+    attacks = {"a" * 300: "at most 255 bytes", "loop/x": "symlink loop", "out/x": "outside the allowed roots"}
+    checked = 0
+    async with Client(create_server(app)) as client:
+        for tool in (await client.list_tools()).tools:
+            if "path" not in tool.input_schema.get("properties", {}):
+                continue
+            for path, expected in attacks.items():
+                result = await client.call_tool(tool.name, {"path": path})
+                text = result.content[0].text
+                assert result.is_error and expected in text, (tool.name, path, text)
+                assert "internal error" not in text and hidden.name not in text, text
+            checked += 1
+        for path, expected in attacks.items():
+            fit = await client.call_tool("fit_scaling_law", {"model": "scalerl", "data": {"path": path}})
+            assert fit.is_error and expected in fit.content[0].text, fit.content[0].text
+    assert checked >= 4
+
+
+def test_domain_validation_errors_read_one_line_per_problem() -> None:
+    """A ValidationError raised by domain code (no tool schema at hand) reads the same way."""
+    from pydantic import BaseModel, Field, ValidationError
+
+    from servers.core.errors import validation_problems
+
+    class Inner(BaseModel):
+        size: int = Field(ge=1)
+
+    class Outer(BaseModel):
+        name: str | list[str]
+        inner: Inner
+        items: list[Inner] = []
+
+    with pytest.raises(ValidationError) as caught:
+        Outer.model_validate({"name": 5, "inner": {"size": 0}, "items": [{"size": "x"}, {}]})
+    lines = validation_problems(caught.value.errors(), root=caught.value.title)
+    assert lines == [
+        "name: got 5 (an integer)",
+        "inner.size: input should be greater than or equal to 1 (got 0)",
+        'items[0].size: got "x" (a string)',
+        "items[1].size: required field missing",
+    ]

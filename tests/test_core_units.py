@@ -55,6 +55,58 @@ def test_paths_inside_roots(tmp_path: Path) -> None:
         resolve_inside_roots("a\x00b", [root])
 
 
+def test_long_path_components_are_input_errors(tmp_path: Path) -> None:
+    # ENAMETOOLONG used to surface as an internal error from whatever touched the path first
+    root = tmp_path / "root"
+    root.mkdir()
+    with pytest.raises(InputError, match="at most 255 bytes"):
+        resolve_inside_roots("a" * 256, [root])
+    with pytest.raises(InputError, match="at most 255 bytes"):
+        resolve_inside_roots(f"sub/{'é' * 128}/x.csv", [root])  # 256 bytes in UTF-8
+    with pytest.raises(InputError, match="at most 4096 bytes"):
+        resolve_inside_roots("/".join(["d" * 200] * 25), [root])
+    assert resolve_inside_roots("a" * 255, [root]) == root / ("a" * 255)
+    with pytest.raises(InputError, match="not valid text"):
+        resolve_inside_roots("bad\ud800name", [root])
+
+
+def test_symlink_loops_are_input_errors(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "loop_a").symlink_to(root / "loop_b")
+    (root / "loop_b").symlink_to(root / "loop_a")
+    (root / "self").symlink_to(root / "self")
+    for path in ("loop_a", "loop_a/x.csv", str(root / "self" / "y")):
+        with pytest.raises(InputError, match="symlink loop"):
+            resolve_inside_roots(path, [root])
+    # a root that is itself a loop holds nothing, and does not break the others
+    looped_root = tmp_path / "looped_root"
+    looped_root.symlink_to(looped_root)
+    (root / "ok.csv").write_text("")
+    assert resolve_inside_roots(root / "ok.csv", [looped_root, root]) == root / "ok.csv"
+    with pytest.raises(InputError, match="none of the allowed roots can be resolved"):
+        resolve_inside_roots("x", [looped_root])
+    with pytest.raises(InputError, match="unknown ~user"):
+        resolve_inside_roots("~no-such-user-here/x", [root])
+
+
+def test_outside_path_errors_do_not_reveal_where_a_symlink_leads(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    secret = tmp_path / "secret-place" / "deeper"
+    secret.mkdir(parents=True)
+    root.mkdir()
+    (root / "innocent").symlink_to(secret)
+    for path in ("innocent", "innocent/file.txt", "innocent/../../secret-place"):
+        with pytest.raises(InputError) as caught:
+            resolve_inside_roots(path, [root])
+        text = str(caught.value)
+        assert "outside the allowed roots" in text and str(root) in text and repr(path) in text
+        assert "secret-place" not in text.replace(repr(path), ""), text
+    with pytest.raises(InputError) as caught:
+        resolve_inside_roots("/etc/../etc/passwd", [root])
+    assert "resolves to" not in str(caught.value)
+
+
 @given(st.lists(st.sampled_from(["a", "..", ".", "b", "/", "//", "~", "c.py"]), max_size=8))
 @hsettings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=200)
 def test_no_path_escapes_its_root(tmp_path: Path, parts: list[str]) -> None:

@@ -7,12 +7,14 @@ check when a token is set. Plus unit tests of `is_loopback` and `http_app` witho
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import httpx2
@@ -235,3 +237,114 @@ def test_dns_rebinding_protection_on_every_loopback_spelling(host: str) -> None:
         assert refused.status_code == 421
         accepted = http.post("/mcp", json=INITIALIZE, headers={**MCP_HEADERS, "Host": "127.0.0.1:9"})
         assert accepted.status_code == 200
+
+
+# ---- issue 9: the bearer scheme is case-insensitive; a body that trickles in is timed out -------------------------
+
+
+@pytest.mark.timeout(60)
+def test_bearer_scheme_is_case_insensitive(token_url: str) -> None:
+    with httpx.Client(timeout=10) as http:
+        for header in (f"bearer {TOKEN}", f"BEARER {TOKEN}", f"Bearer  {TOKEN}", f"bEaReR {TOKEN}"):
+            ok = http.post(token_url + "/mcp", json=INITIALIZE, headers={**MCP_HEADERS, "Authorization": header})
+            assert ok.status_code == 200, (header, ok.status_code, ok.text)
+        for header in (f"Basic {TOKEN}", f"bearer {TOKEN.upper()}", "bearer", f"bearer{TOKEN}", f"Bearer {TOKEN}x"):
+            refused = http.post(token_url + "/mcp", json=INITIALIZE, headers={**MCP_HEADERS, "Authorization": header})
+            assert refused.status_code == 401, (header, refused.status_code)
+
+
+@contextmanager
+def uvicorn_in_thread(app: object) -> Iterator[int]:
+    """Serve an ASGI app with uvicorn on 127.0.0.1 in a thread of this process; yields the port."""
+    import threading
+
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))  # type: ignore[arg-type]
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def read_response(sock: socket.socket, limit_s: float) -> bytes:
+    sock.settimeout(limit_s)
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data or (b"content-length" in data.lower() and not data.endswith(b"}")):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except TimeoutError:
+        pass
+    return data
+
+
+@pytest.mark.timeout(60)
+def test_slow_request_body_gets_408_and_the_server_keeps_serving() -> None:
+    app = http_app(MCPServer("t"), "127.0.0.1", None, body_timeout_s=1.0)
+    body = json.dumps(INITIALIZE).encode()
+    with uvicorn_in_thread(app) as port:
+        head = (
+            f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Accept: application/json, text/event-stream\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
+            slow.sendall(head + body[:5])
+            answer = b""
+            for byte in body[5:40]:  # one byte at a time, the slowloris way, until the server answers
+                try:
+                    slow.sendall(bytes([byte]))
+                except OSError:
+                    break
+                slow.settimeout(0.2)
+                try:
+                    answer += slow.recv(65536)
+                except TimeoutError:
+                    continue
+                if answer:
+                    break
+            answer += read_response(slow, 5)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert b"request_timeout" in answer
+        # the same body sent at once is served
+        with httpx.Client(timeout=10) as http:
+            good = http.post(f"http://127.0.0.1:{port}/mcp", content=body, headers=MCP_HEADERS)
+        assert good.status_code == 200 and '"serverInfo"' in good.text
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_body_timeout_hands_the_app_the_whole_body_and_later_messages() -> None:
+    from servers.core.transport import BodyTimeoutMiddleware
+
+    seen: list[dict] = []
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        seen.append(await receive())
+        seen.append(await receive())
+
+    incoming = [
+        {"type": "http.request", "body": b"ab", "more_body": True},
+        {"type": "http.request", "body": b"cd", "more_body": True},
+        {"type": "http.request", "body": b"e", "more_body": False},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> dict:
+        return incoming.pop(0)
+
+    async def send(message: dict) -> None:
+        raise AssertionError(f"nothing should be sent: {message}")
+
+    await BodyTimeoutMiddleware(app, timeout_s=10)({"type": "http"}, receive, send)
+    assert seen == [{"type": "http.request", "body": b"abcde", "more_body": False}, {"type": "http.disconnect"}]

@@ -11,22 +11,35 @@
 import functools
 import json
 import logging
+import math
+import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, TypeVar
 
 import anyio
+import pydantic_core
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.types import CallToolResult, ContentBlock, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
 from servers import __version__
 from servers.core.audit import AuditLog
-from servers.core.errors import InputError
-from servers.core.jobs import JOB_ID_PATTERN, JobEngine, JobKind
+from servers.core.db import StateDatabaseError
+from servers.core.errors import (
+    InputError,
+    describe_schema,
+    format_path,
+    schema_alternatives,
+    subschema,
+    validation_problems,
+)
+from servers.core.jobs import JOB_ID_PATTERN, Admit, JobEngine, JobKind
 from servers.core.jobstore import JobState
 from servers.core.jobview import JobView, LogChunk, MetricsPage, job_view, read_log_chunk, read_metrics
 from servers.core.settings import Settings
@@ -37,7 +50,11 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
 class App:
-    """What one running server holds: its settings and, if it starts jobs, its job engine."""
+    """What one running server holds: its settings and, if it starts jobs, its job engine.
+
+    The engine is made on first use. If the state database cannot be used (a newer schema, a file it cannot
+    open), making it raises StateDatabaseError saying what is wrong and what to do; every job tool answers with
+    that, the server keeps serving the rest, and the next call tries again."""
 
     def __init__(
         self, settings: Settings | None = None, *, owner: str = "llm-infra-mcp", child_env: dict[str, str] | None = None
@@ -47,6 +64,7 @@ class App:
         self.job_kinds: dict[str, JobKind] = {}
         self._child_env = child_env
         self._engine: JobEngine | None = None
+        self._engine_lock = threading.Lock()
 
     def add_job_kind(self, kind: JobKind) -> None:
         self.job_kinds[kind.name] = kind
@@ -55,19 +73,40 @@ class App:
 
     @property
     def engine(self) -> JobEngine:
-        if self._engine is None:
-            engine = JobEngine(self.settings, owner=self.owner, child_env=self._child_env)
-            for kind in self.job_kinds.values():
-                engine.register_kind(kind)
-            self._engine = engine
-        return self._engine
+        if self._engine is not None:
+            return self._engine
+        with self._engine_lock:
+            if self._engine is None:
+                try:
+                    engine = JobEngine(self.settings, owner=self.owner, child_env=self._child_env)
+                except StateDatabaseError:
+                    raise
+                except (sqlite3.Error, OSError) as exc:
+                    raise StateDatabaseError(
+                        f"the job engine cannot use the state directory {self.settings.home} "
+                        f"({type(exc).__name__}: {exc}); check its permissions and free disk space, or set "
+                        "LLM_INFRA_MCP_HOME to another folder"
+                    ) from exc
+                for kind in self.job_kinds.values():
+                    engine.register_kind(kind)
+                self._engine = engine
+            return self._engine
 
     def reconcile(self) -> None:
-        """Bring every job left by earlier servers up to date: still running, or ended, or LOST."""
-        if self.job_kinds:
+        """Bring every job left by earlier servers up to date: still running, or ended, or LOST. Never raises:
+        a state database that cannot be used leaves the job tools answering why, and the rest serving."""
+        if not self.job_kinds:
+            return
+        try:
             active = self.engine.reconcile_all()
-            if active:
-                log.info("tracking %d job(s) still active: %s", len(active), ", ".join(r.id for r in active))
+        except StateDatabaseError as exc:
+            log.error("job tools unavailable: %s", exc)
+            return
+        except Exception:
+            log.exception("reconciling the jobs failed; the server serves on")
+            return
+        if active:
+            log.info("tracking %d job(s) still active: %s", len(active), ", ".join(r.id for r in active))
 
 
 def new_server(name: str, instructions: str, app: App) -> MCPServer:
@@ -75,7 +114,10 @@ def new_server(name: str, instructions: str, app: App) -> MCPServer:
 
     @asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncIterator[dict[str, Any]]:
-        await anyio.to_thread.run_sync(app.reconcile)
+        try:
+            await anyio.to_thread.run_sync(app.reconcile)
+        except Exception:  # never let the job table keep the server (and its tools that need no jobs) down
+            log.exception("reconciling the jobs at start failed; the server serves on")
         yield {}
 
     return MCPServer(f"llm-infra-{name}", version=__version__, instructions=instructions, lifespan=lifespan)
@@ -89,6 +131,168 @@ def tool_result(model: BaseModel, summary: str, *extra: ContentBlock) -> CallToo
     )
 
 
+# ---- strict tool arguments -----------------------------------------------------------------------------------------
+# The SDK validates a tool's arguments with a pydantic model built from the function's signature, in lax mode:
+# unknown arguments are dropped silently, `true` passes as 1, "5" as 5. An agent learns nothing from that, so every
+# tool registered through agent_tool validates strictly instead (StrictArguments below):
+# - unknown arguments, top level and nested (spec, data, ...), are refused, naming the accepted ones; the published
+#   inputSchema says additionalProperties: false on every object with properties;
+# - the JSON types are exact: a boolean is not a number, a string is not a number or a boolean, a number is not a
+#   string. A number with no fraction (5.0) counts as an integer, as JSON Schema has it;
+# - a string given for an argument that cannot be a string (a list or an object) is read as JSON, as the SDK does
+#   (Claude Desktop sends such arguments as JSON text); an argument that can be a string is never decoded;
+# - problems come back one line each, "field: what is wrong; accepted: ...".
+
+MAX_ARGUMENT_DEPTH = 64
+MAX_INTEGER_BITS = 1024  # about 308 digits: larger than any bound of any tool
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+
+
+class _BadValueError(Exception):
+    def __init__(self, path: list[str | int], problem: str) -> None:
+        super().__init__(problem)
+        self.path = path
+        self.problem = problem
+
+
+def _json_ready(value: Any, path: list[str | int]) -> Any:
+    """`value` as plain JSON data, integral floats as ints. Raises _BadValueError for data nested deeper than
+    MAX_ARGUMENT_DEPTH and integers longer than any bound a tool has (pydantic's JSON parser refuses them)."""
+    if len(path) > MAX_ARGUMENT_DEPTH:
+        raise _BadValueError(path[:1], f"nested deeper than {MAX_ARGUMENT_DEPTH} levels")
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > MAX_INTEGER_BITS:
+        raise _BadValueError(path, f"an integer of {value.bit_length()} bits is far beyond any accepted value")
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _json_ready(item, [*path, str(key)]) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(item, [*path, i]) for i, item in enumerate(value)]
+    return value
+
+
+def _accepts_string(schema: dict[str, Any], defs: dict[str, Any]) -> bool:
+    for alt in schema_alternatives(schema, defs):
+        kind = alt.get("type")
+        if kind == "string" or (kind is None and not ({"properties", "items", "enum", "const"} & set(alt))):
+            return True
+        if any(isinstance(v, str) for v in alt.get("enum", [])) or isinstance(alt.get("const"), str):
+            return True
+    return False
+
+
+def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `schema` with additionalProperties: false on every object schema that lists its properties."""
+
+    def close(node: Any) -> Any:
+        if isinstance(node, list):
+            return [close(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        closed: dict[str, Any] = {}
+        for key, value in node.items():
+            if key in _SCHEMA_MAPS and isinstance(value, dict):
+                closed[key] = {name: close(sub) for name, sub in value.items()}  # names map to schemas
+            elif key in ("enum", "const", "default", "examples"):
+                closed[key] = value  # data, not schemas
+            else:
+                closed[key] = close(value)
+        if "properties" in closed and "additionalProperties" not in closed:
+            closed["additionalProperties"] = False
+        return closed
+
+    return close(schema)
+
+
+class _Rejected(dict[str, Any]):
+    """What StrictArguments.validate_arguments returns for arguments it refuses: call_fn raises the problems.
+
+    (The SDK turns a ValidationError from validate_arguments into pydantic's multi-line dump and anything else into
+    an opaque crash; a ToolError raised by call_fn reaches the agent with its text.)
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__()
+        self.problems = problems
+
+
+class StrictArguments(FuncMetadata):
+    """The SDK's FuncMetadata with strict, readable argument validation (see the comment above)."""
+
+    tool_name: str
+    input_schema: dict[str, Any]
+    text_fields: frozenset[str] = frozenset()
+
+    def _decode(self, name: str, value: Any) -> Any:
+        if not isinstance(value, str) or name in self.text_fields:
+            return value
+        try:
+            decoded = json.loads(value)
+        except (ValueError, RecursionError):
+            return value
+        return decoded if isinstance(decoded, dict | list) else value
+
+    def validate_arguments(self, arguments_to_validate: dict[str, Any]) -> dict[str, Any]:
+        names = {field.alias or name: name for name, field in self.arg_model.model_fields.items()}
+        problems = [
+            f"{key}: unknown argument; accepted: {', '.join(names) or 'no arguments'}"
+            for key in arguments_to_validate
+            if key not in names
+        ]
+        try:
+            data = _json_ready(
+                {key: self._decode(key, value) for key, value in arguments_to_validate.items() if key in names}, []
+            )
+            text = pydantic_core.to_json(data, inf_nan_mode="constants")
+        except _BadValueError as exc:
+            defs = self.input_schema.get("$defs", {})
+            target = subschema(self.input_schema, exc.path, defs)
+            accepted = f"; accepted: {describe_schema(target, defs)}" if target is not None else ""
+            return _Rejected([*problems, f"{format_path(exc.path)}: {exc.problem}{accepted}"])
+        except (ValueError, TypeError, RecursionError) as exc:
+            return _Rejected([*problems, f"arguments: not JSON data ({type(exc).__name__})"])
+        try:
+            model = self.arg_model.model_validate_json(text, strict=True, extra="forbid")
+        except ValidationError as exc:
+            return _Rejected(problems + validation_problems(exc.errors(), data, self.input_schema))
+        if problems:
+            return _Rejected(problems)
+        return model.model_dump_one_level()
+
+    async def call_fn(
+        self,
+        fn: Callable[..., Any | Awaitable[Any]],
+        fn_is_async: bool,
+        arguments: dict[str, Any],
+        arguments_to_pass_directly: dict[str, Any] | None = None,
+    ) -> Any:
+        if isinstance(arguments, _Rejected):
+            raise ToolError("\n".join(arguments.problems))
+        return await super().call_fn(fn, fn_is_async, arguments, arguments_to_pass_directly)
+
+
+def make_strict(server: MCPServer, name: str) -> None:
+    """Switch a registered tool to StrictArguments and publish its closed input schema."""
+    # The SDK keeps no public handle on a registered tool; the tool manager's get_tool is the one way in.
+    tool = server._tool_manager.get_tool(name)
+    if tool is None or isinstance(tool.fn_metadata, StrictArguments):
+        return
+    schema = closed_schema(tool.parameters)
+    defs = schema.get("$defs", {})
+    text_fields = frozenset(key for key, prop in schema.get("properties", {}).items() if _accepts_string(prop, defs))
+    meta = tool.fn_metadata
+    tool.fn_metadata = StrictArguments(
+        arg_model=meta.arg_model,
+        output_schema=meta.output_schema,
+        output_model=meta.output_model,
+        wrap_output=meta.wrap_output,
+        tool_name=name,
+        input_schema=schema,
+        text_fields=text_fields,
+    )
+    tool.parameters = schema
+
+
 def _readable_errors(fn: F) -> F:
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -96,12 +300,16 @@ def _readable_errors(fn: F) -> F:
             return await fn(*args, **kwargs)
         except (ToolError, ResourceError):
             raise
-        except (InputError, ValidationError) as exc:
+        except InputError as exc:
             raise ToolError(str(exc)) from exc
+        except ValidationError as exc:
+            # Raised by domain code validating its own models: the same one-line-per-problem wording as arguments.
+            raise ToolError("\n".join(validation_problems(exc.errors(), root=exc.title))) from exc
         except Exception as exc:
             # A bug on our side: say so plainly, keep the traceback in the server's log, keep serving.
             log.exception("tool %s failed", fn.__name__)
-            raise ToolError(f"internal error ({type(exc).__name__}: {exc}); the server keeps running") from exc
+            detail = " ".join(str(exc).split())[:300]
+            raise ToolError(f"internal error ({type(exc).__name__}: {detail}); the server keeps running") from exc
 
     return wrapper  # type: ignore[return-value]
 
@@ -131,6 +339,7 @@ def agent_tool(
                 open_world_hint=open_world,
             ),
         )
+        make_strict(server, fn.__name__)
         return fn
 
     return decorator
@@ -166,6 +375,11 @@ class JobList(BaseModel):
     jobs: list[JobView]
     total: int = Field(description="Jobs matching the filter, all pages together")
     next_offset: int | None = Field(description="Offset of the next page, or null on the last page")
+    notices: list[str] = Field(
+        default_factory=list,
+        description="What happened to the state database lately (a damaged file moved aside, jobs re-imported "
+        "from their folders)",
+    )
 
 
 class JobWait(BaseModel):
@@ -210,10 +424,18 @@ async def wait_for(app: App, job_id: str, timeout_s: float, ctx: Context | None)
 
 
 async def run_job(
-    app: App, kind: str, spec: dict[str, Any], *, wait_s: float, ctx: Context | None, timeout_s: float | None = None
+    app: App,
+    kind: str,
+    spec: dict[str, Any],
+    *,
+    wait_s: float,
+    ctx: Context | None,
+    timeout_s: float | None = None,
+    admit: Admit | None = None,
 ) -> JobView:
-    """Start long work as a job; return its view with the result if it ends within wait_s, else the handle."""
-    record = await in_thread(app.engine.submit, kind, spec, timeout_s=timeout_s)
+    """Start long work as a job; return its view with the result if it ends within wait_s, else the handle.
+    `admit` is JobEngine.submit's admission hook (run inside the admitting transaction)."""
+    record = await in_thread(lambda: app.engine.submit(kind, spec, timeout_s=timeout_s, admit=admit))
     if wait_s <= 0:
         return job_view(record)
     return (await wait_for(app, record.id, wait_s, ctx)).job
@@ -228,6 +450,10 @@ def client_name(ctx: Context) -> str:
         return "unknown client"
 
 
+def _warning_text(view: JobView) -> str:
+    return "".join(f" Warning: {w}." for w in view.warnings)
+
+
 def register_job_tools(server: MCPServer, app: App) -> None:
     """The shared job tools. A server that starts jobs registers them once (the suite once for all)."""
 
@@ -236,8 +462,8 @@ def register_job_tools(server: MCPServer, app: App) -> None:
         """Show one job: its state (QUEUED, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED, LOST), times, exit
         code and reason, its spec, its result once it succeeded, its latest progress, and which logs it has.
         Cheap; use it to check on a job started earlier, also by an earlier server run."""
-        view = job_view(await in_thread(app.engine.get, job_id))
-        return tool_result(view, summarize_job(view))
+        view = await in_thread(lambda: job_view(app.engine.get(job_id)))
+        return tool_result(view, summarize_job(view) + _warning_text(view))
 
     @agent_tool(server, title="List jobs", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def list_jobs(
@@ -250,12 +476,19 @@ def register_job_tools(server: MCPServer, app: App) -> None:
     ) -> Annotated[CallToolResult, JobList]:
         """List jobs, newest first, optionally only one kind or state; pages with limit and offset. Cheap. Each
         entry is the same view get_job gives. Use it to find a job id or see what is running."""
-        page = await in_thread(app.engine.list_jobs, kind=kind, state=state, limit=limit, offset=offset)
-        views = [job_view(r) for r in page.jobs]
+
+        def listing() -> tuple[Any, list[JobView], list[str]]:
+            page = app.engine.list_jobs(kind=kind, state=state, limit=limit, offset=offset)
+            return page, [job_view(r) for r in page.jobs], app.engine.notices()
+
+        page, views, notices = await in_thread(listing)
         next_offset = offset + len(views) if offset + len(views) < page.total else None
-        result = JobList(jobs=views, total=page.total, next_offset=next_offset)
+        result = JobList(jobs=views, total=page.total, next_offset=next_offset, notices=notices)
         lines = [f"{page.total} job(s) match; showing {len(views)} from offset {offset}"]
-        lines += [f"- {v.job_id}: {v.state.value}" + (f" ({v.reason})" if v.reason else "") for v in views]
+        lines += [
+            f"- {v.job_id}: {v.state.value}" + (f" ({v.reason})" if v.reason else "") + _warning_text(v) for v in views
+        ]
+        lines += [f"Note: {n}" for n in notices]
         return tool_result(result, "\n".join(lines))
 
     @agent_tool(server, title="Wait for job", read_only=True, destructive=False, idempotent=True, open_world=False)
@@ -283,7 +516,7 @@ def register_job_tools(server: MCPServer, app: App) -> None:
         """Cancel a job: its whole process group gets SIGTERM, then SIGKILL after the grace period
         (LLM_INFRA_MCP_CANCEL_GRACE_S). Idempotent: a job that already ended is returned unchanged. Takes up to
         the grace period. Logs, metrics and partial results stay readable."""
-        view = job_view(await in_thread(app.engine.cancel, job_id))
+        view = await in_thread(lambda: job_view(app.engine.cancel(job_id)))
         AuditLog(app.settings).record(
             "cancel", who=client_name(ctx), job_id=job_id, kind=view.kind, state=view.state.value
         )
@@ -309,6 +542,8 @@ def register_job_tools(server: MCPServer, app: App) -> None:
         record = await in_thread(app.engine.get, job_id)
         chunk = await in_thread(read_log_chunk, record, process, offset, limit_bytes)
         head = f"{chunk.process} log of {job_id}, bytes {chunk.offset}-{chunk.next_offset} of {chunk.size_bytes}"
+        if chunk.cut_at_bytes is not None:
+            head += f" (cut at byte {chunk.cut_at_bytes}: the job's logs reached LLM_INFRA_MCP_MAX_LOG_BYTES_PER_JOB)"
         return tool_result(chunk, f"{head}{' (end)' if chunk.eof else ''}:\n{chunk.text}")
 
     @agent_tool(server, title="Read job metrics", read_only=True, destructive=False, idempotent=True, open_world=False)
