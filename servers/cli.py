@@ -198,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     port = args.port or settings.http_port
     token = settings.http_token.get_secret_value() if settings.http_token else None
     try:
-        serve_http(server, host, port, token)
+        serve_http(server, host, port, token, body_timeout_s=settings.http_body_timeout_s)
     except TransportConfigError as exc:
         print(f"llm-infra-mcp: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -36,6 +36,14 @@ def default_root_ok(folder: Path) -> bool:
     return not any(folder == Path(d) or folder.is_relative_to(d) for d in _SYSTEM_DIRS)
 
 
+def _resolved(path: Path) -> Path:
+    """`path` resolved; as given (absolute) when it cannot be (a symlink loop): resolve_inside_roots skips it."""
+    try:
+        return Path(path).expanduser().resolve()
+    except (OSError, RuntimeError):
+        return Path(path).expanduser().absolute()
+
+
 class Settings(BaseSettings):
     """Settings shared by all servers. Environment variables: LLM_INFRA_MCP_<FIELD NAME IN CAPITALS>."""
 
@@ -128,6 +136,12 @@ class Settings(BaseSettings):
 
     http_host: str = Field(default="127.0.0.1", description="Address the HTTP transport binds.")
     http_port: int = Field(default=8765, ge=1, le=65535, description="Port the HTTP transport binds.")
+    http_body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="Seconds an HTTP client has to send a request's whole body; a slower one gets 408.",
+    )
     http_token: SecretStr | None = Field(
         default=None,
         description="Bearer token HTTP clients must send. Required when binding any address other than loopback.",
@@ -149,7 +163,7 @@ class Settings(BaseSettings):
         """The allowed roots, resolved: the configured ones, or by default the state directory and the current
         directory where that is a safe default (see `default_root_ok`)."""
         if self.allowed_roots:
-            return [Path(p).expanduser().resolve() for p in self.allowed_roots]
+            return [_resolved(p) for p in self.allowed_roots]
         cwd = Path.cwd().resolve()
         return [cwd, self.home] if default_root_ok(cwd) else [self.home]
 
@@ -172,6 +186,8 @@ def settings_table() -> list[tuple[str, str, str]]:
             default = "current directory and state directory"
         elif field.default is None:
             default = "unset"
+        elif isinstance(field.default, list):
+            default = ", ".join(str(v) for v in field.default) or "empty"
         else:
             default = str(field.default)
         rows.append((ENV_PREFIX + name.upper(), default, field.description or ""))

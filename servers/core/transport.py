@@ -173,10 +173,12 @@ def http_app(server: MCPServer, host: str, token: str | None, *, body_timeout_s:
     return BearerTokenMiddleware(app, token) if token else app
 
 
-def serve_http(server: MCPServer, host: str, port: int, token: str | None) -> None:
+def serve_http(
+    server: MCPServer, host: str, port: int, token: str | None, *, body_timeout_s: float = BODY_TIMEOUT_S
+) -> None:
     import uvicorn
 
-    app = http_app(server, host, token)
+    app = http_app(server, host, token, body_timeout_s=body_timeout_s)
     log.info("serving %s over streamable HTTP at http://%s:%d/mcp", server.name, host, port)
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
