@@ -29,10 +29,16 @@ consensus is made with these rules, in order:
 6. Where NVIDIA names only a workflow or nothing, gpud's event type decides (Fatal -> critical, Warning -> warning,
    Info or IgnoreNoActionRequired -> info); Azure NHC counting the code raises warning to critical.
 
-A disagreement is stated whenever one source reads the code as critical while another reads it as benign (ignore,
-non-critical, info), or when NVIDIA's own level and another source's differ across the critical line (e.g. NVIDIA
-says restart the app, gpud says fatal). Reboot and reset advice carries gpud's escalation rule: when the same Xid
-keeps asking for a reboot after 2 reboots, the advice becomes hardware inspection.
+Disagreements are derived, never written: each source's reading is recorded (its own words, its action normalised
+through VOCABULARY below, its level), and every difference is a disagreement, listed with every source's position:
+- action: NVIDIA's immediate action and gpud's repair actions, normalised (e.g. RESET_GPU -> reset_gpu,
+  RebootSystem -> reboot_node, so NVIDIA RESET_GPU against gpud RebootSystem+HardwareInspection is a disagreement);
+  two sources disagree when their sets of normalised actions differ. A word the vocabulary lacks stops the build.
+- severity: NVIDIA's level, gpud's level, and the list-based sources (the device plugin and Meta GCM: not critical;
+  Azure NHC: critical) disagree when one level differs from another; "not critical" agrees with info and warning.
+The derivation is servers.diagnostics.xid.find_disagreements, which the catalog loader re-runs on every entry. Reboot
+and reset advice carries gpud's escalation rule: when the same Xid keeps asking for a reboot after 2 reboots, the
+advice becomes hardware inspection.
 
 The sentences (actions, likely causes, notes) are this project's own wording. tests/test_diag_xid.py checks that
 the committed JSON equals what this script builds from the CSV, so the file cannot go stale.
@@ -49,6 +55,18 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run as a script: make the project's package importable
+    sys.path.insert(0, str(REPO_ROOT))
+
+from servers.diagnostics.xid import (  # noqa: E402
+    ActionVocabulary,
+    SourceReading,
+    disagreement_summary,
+    find_disagreements,
+    gpud_actions,
+    nvidia_actions,
+)
+
 DEFAULT_CSV = REPO_ROOT.parent / "shared" / "samples" / "xid-catalog-compared.csv"
 DEFAULT_OUT = REPO_ROOT / "resources" / "xid-catalog.json"
 
@@ -84,14 +102,15 @@ CONSENSUS_RULES = [
     "5. Info rises to warning when gpud calls it fatal or Azure NHC counts it critical.",
     "6. Where NVIDIA names only a workflow or nothing, gpud's event type decides (Fatal critical, Warning warning, "
     "Info or IgnoreNoActionRequired info), and Azure NHC counting it raises warning to critical.",
-    "A disagreement is stated whenever one source reads the code as critical and another as benign, or NVIDIA's "
-    "level and another source's differ across the critical line.",
+    "Disagreements are derived from the readings: any two sources whose normalised actions differ (see vocabulary), "
+    "or whose severities differ, are a disagreement, listed with every source's position.",
 ]
 
 DESCRIPTION = (
     "NVIDIA GPU Xid error codes with five sources side by side (NVIDIA's Xid catalog, gpud, the Kubernetes device "
     "plugin, Meta GCM, Azure NHC), a consensus severity (info, warning, critical) and one actionable sentence per "
-    "code, the disagreements between sources, likely causes and the NVML recovery-action codes. Consensus rules: "
+    "code, every source's reading, every disagreement between sources (derived from the readings with the stated "
+    "action vocabulary), likely causes and the NVML recovery-action codes. Consensus rules: "
     + " ".join(CONSENSUS_RULES)
     + " Escalation: "
     + ESCALATION
@@ -175,6 +194,56 @@ RECOVERY_ACTIONS: dict[str, dict[str, str]] = {
         "action": "Drain the node and reboot the whole system; power-cycle it if a warm reboot does not clear it.",
     },
 }
+
+# The stated mapping that puts the sources' action words on one scale (the catalog's "vocabulary"). Two words map to
+# the same action only when they ask the operator for the same thing; anything else stays apart, so a difference is
+# listed rather than hidden.
+VOCABULARY: dict[str, Any] = {
+    "actions": {
+        "none": "no action",
+        "app_first": "treat it as an application error: restart or check the job, the GPU only if it follows the GPU",
+        "check_uvm": "check UVM / CPU-GPU coherence",
+        "update_sw": "update the driver and firmware",
+        "reset_gpu": "reset the GPU",
+        "restart_vm": "restart the VM",
+        "reboot_node": "reboot the node",
+        "hardware_inspection": "inspect the hardware",
+        "contact_support": "contact NVIDIA support",
+        "per_message": "follow NVIDIA's named workflow, which decides from the log message",
+    },
+    "nvidia": {
+        "IGNORE": "none",
+        "RESTART_APP": "app_first",
+        "CHECK_UVM": "check_uvm",
+        "UPDATE_SWFW": "update_sw",
+        "RESET_GPU": "reset_gpu",
+        "RESTART_VM": "restart_vm",
+        "RESTART_BM": "reboot_node",
+        "CHECK_MECHANICALS": "hardware_inspection",
+        "CONTACT_SUPPORT": "contact_support",
+    },
+    "nvidia_prefixes": {"WORKFLOW_": "per_message", "XID_": "per_message"},
+    "gpud": {
+        "IgnoreNoActionRequired": "none",
+        "CheckUserAppAndGPU": "app_first",
+        "RebootSystem": "reboot_node",
+        "HardwareInspection": "hardware_inspection",
+    },
+    "rules": [
+        "NVIDIA's action is its immediate action (the investigatory one is a follow-up); gpud's is its set of repair "
+        "actions ('+' joins them). Each is normalised with the tables here; two sources disagree on the action when "
+        "their sets of normalised actions differ (e.g. NVIDIA RESET_GPU = {reset_gpu} against gpud "
+        "RebootSystem+HardwareInspection = {reboot_node, hardware_inspection}).",
+        "Kept apart on purpose: RESET_GPU (reset_gpu) is not RebootSystem (reboot_node); RESTART_VM (restart_vm) is "
+        "not RebootSystem; a named NVIDIA workflow (per_message) equals no fixed action.",
+        "Severity: NVIDIA's level comes from its immediate action (consensus rule 2), gpud's from its event type "
+        "(Fatal critical, Warning warning, Info or IgnoreNoActionRequired info); the Kubernetes device plugin and "
+        "Meta GCM read not_critical for the codes on their lists, Azure NHC critical for the codes on its list. Any "
+        "two levels that differ disagree, except that not_critical agrees with info and warning.",
+        "A list-based source says nothing about a code its list does not name; nothing is inferred from absence.",
+    ],
+}
+ACTION_VOCABULARY = ActionVocabulary.model_validate(VOCABULARY)
 
 NVIDIA_LEVEL = {
     "IGNORE": "info",
@@ -516,33 +585,46 @@ def consensus_action(code: int, row: dict[str, Any], severity: str, rule: str, u
     return "No action needed; it is informational."
 
 
-def disagreement_text(row: dict[str, Any], unused: bool) -> str | None:
-    reading = readings(row, unused)
-    levels = set(reading.values())
-    nvidia = reading.get("nvidia")
-    others = {s: lv for s, lv in reading.items() if s != "nvidia"}
-    # benign against critical anywhere, or NVIDIA below the critical line while another source is above it
-    differ = ("info" in levels and "critical" in levels) or (
-        nvidia in ("info", "warning") and "critical" in others.values()
-    )
-    if not differ:
-        return None
-    parts = []
-    if row["nvidia_immediate"]:
-        words = NVIDIA_WORDS.get(row["nvidia_immediate"], row["nvidia_immediate"])
-        parts.append(f"NVIDIA says {words} ({row['nvidia_immediate']})")
-    if "gpud" in reading:
-        label = {"critical": "calls it fatal", "warning": "calls it a warning", "info": "says no action is needed"}
-        repair = f" ({row['gpud_repair_actions']})" if row["gpud_repair_actions"] else ""
-        parts.append(f"gpud {label[reading['gpud']]}{repair}")
-    if row["azure_nhc_critical"]:
-        parts.append("Azure NHC counts it as critical")
-    if row["meta_gcm_noncritical"]:
-        parts.append("Meta GCM calls it non-critical")
-    if row["k8s_device_plugin_ignored"]:
-        parts.append("the Kubernetes device plugin ignores it")
-    text = "; ".join(parts) + "."
-    return text[0].upper() + text[1:]
+def source_readings(row: dict[str, Any], unused: bool) -> list[SourceReading]:
+    """Every source's reading of this code: its own words, its action normalised through VOCABULARY, its level."""
+    out: list[dict[str, Any]] = []
+    immediate = row["nvidia_immediate"]
+    level = nvidia_level(immediate, unused)
+    if immediate is not None:
+        out.append(
+            {
+                "source": "nvidia",
+                "action_words": immediate,
+                "actions": nvidia_actions(immediate, ACTION_VOCABULARY),
+                "severity_words": None if level is None else f"{immediate} on an unused code" if unused else immediate,
+                "severity": level,
+            }
+        )
+    repair, event = row["gpud_repair_actions"], row["gpud_event_type"]
+    level = gpud_level(repair, event)
+    if repair is not None or level is not None:
+        words = event
+        if level == "info" and event != "Info" and repair and "IgnoreNoActionRequired" in repair:
+            words = f"{event} with IgnoreNoActionRequired" if event else "IgnoreNoActionRequired"
+        out.append(
+            {
+                "source": "gpud",
+                "action_words": repair,
+                "actions": gpud_actions(repair, ACTION_VOCABULARY),
+                "severity_words": words if level is not None else None,
+                "severity": level,
+            }
+        )
+    for source, listed, words, level in (
+        ("k8s_device_plugin", row["k8s_device_plugin_ignored"], "ignore list", "not_critical"),
+        ("meta_gcm", row["meta_gcm_noncritical"], "non-critical list", "not_critical"),
+        ("azure_nhc", row["azure_nhc_critical"], "critical list", "critical"),
+    ):
+        if listed:
+            out.append(
+                {"source": source, "action_words": None, "actions": None, "severity_words": words, "severity": level}
+            )
+    return [SourceReading.model_validate(reading) for reading in out]
 
 
 def likely_causes(code: int, row: dict[str, Any], unused: bool) -> str:
@@ -609,6 +691,8 @@ def build_entry(row: dict[str, Any]) -> dict[str, Any]:
     code = row["xid"]
     unused = row["description"].lower() == "unused"
     severity, rule = consensus_severity(code, row, unused)
+    reading = source_readings(row, unused)
+    disagreements = find_disagreements(reading, ACTION_VOCABULARY)
     return {
         "code": code,
         "mnemonic": row["mnemonic"],
@@ -619,7 +703,9 @@ def build_entry(row: dict[str, Any]) -> dict[str, Any]:
         "meta_gcm": {"noncritical": row["meta_gcm_noncritical"]},
         "azure_nhc": {"critical": row["azure_nhc_critical"]},
         "consensus": {"severity": severity, "action": consensus_action(code, row, severity, rule, unused)},
-        "disagreement": disagreement_text(row, unused),
+        "readings": [r.model_dump(mode="json") for r in reading],
+        "disagreements": [d.model_dump(mode="json") for d in disagreements],
+        "disagreement": disagreement_summary(disagreements),
         "likely_causes": likely_causes(code, row, unused),
         "notes": notes(code, row, severity),
     }
@@ -633,6 +719,7 @@ def build_catalog(csv_path: Path = DEFAULT_CSV) -> dict[str, Any]:
         "consensus_rules": CONSENSUS_RULES,
         "escalation": ESCALATION,
         "sources": SOURCES,
+        "vocabulary": VOCABULARY,
         "recovery_actions": RECOVERY_ACTIONS,
         "xids": [build_entry(row) for row in rows],
     }

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from servers.core.errors import InputError
 from servers.diagnostics.dcgm import (
@@ -20,7 +21,13 @@ from servers.diagnostics.dcgm import (
     parse_dcgm_diag,
     run_dcgm_diag_job,
 )
-from servers.diagnostics.nccl_tests import FLOOR_SOURCE, NcclTestsReport, parse_nccl_tests
+from servers.diagnostics.nccl_tests import (
+    FLOOR_SOURCE,
+    RING_SOURCE,
+    NcclTestsReport,
+    NcclVerdict,
+    parse_nccl_tests,
+)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "diagnostics"
 NCCL = FIXTURES / "nccl"
@@ -63,8 +70,11 @@ def test_all_reduce_8x_h100_passing_the_floor() -> None:
     assert first.out_of_place is not None and first.out_of_place.busbw_gbps == 421.37
     assert first.out_of_place.wrong == 0 and first.in_place is not None and first.in_place.time_us == 1117.08
     v = r.verdict
-    assert (v.status, v.severity, v.gpu_model) == ("PASS", "info", "H100-SXM")
-    assert v.expected_busbw_gbps == 460 and v.floor_source == FLOOR_SOURCE
+    assert (v.status, v.severity, v.gpu_model, v.nvls) == ("PASS", "info", "H100-SXM", "unknown")
+    # the output does not say whether NVLS ran: judged against the floor without NVLS, and it clears both
+    assert v.expected_busbw_gbps == 370 and v.floor_source == RING_SOURCE
+    assert [(f.gbps, f.assumes, f.met) for f in v.floors] == [(460, "nvls", True), (370, "no_nvls", True)]
+    assert v.floors[0].source == FLOOR_SOURCE and "whether or not NVLS ran" in v.text
     assert v.measured_busbw_gbps == 483.91 and v.measured_at_bytes == 17179869184
     assert not v.data_corruption and r.warnings == []
 
@@ -74,15 +84,17 @@ def test_all_reduce_8x_h100_below_the_floor() -> None:
     assert r.collective == "all_reduce" and "inferred" in r.collective_source  # no header line names it
     assert r.nccl_version == "2.21.5+cuda12.4" and r.devices[0].bus_id == "0x18"
     v = r.verdict
-    assert (v.status, v.severity) == ("FAIL", "warning")
-    assert v.measured_busbw_gbps == 333.29 and v.expected_busbw_gbps == 460
-    assert "below the 460 GB/s floor" in v.text and "NVLink" in v.text
+    assert (v.status, v.severity, v.judged_on) == ("FAIL", "warning", "bandwidth")
+    assert v.measured_busbw_gbps == 333.29 and v.expected_busbw_gbps == 370  # below both floors: a FAIL either way
+    assert "below the ~370 GB/s no-NVLS floor" in v.text and "below the 460 GB/s NVLS floor" in v.text
+    assert "no algorithm assumption makes it healthy" in v.text and "NVLink" in v.text
 
 
 def test_a_caller_floor_overrides_the_known_one() -> None:
     r = parse_nccl_tests(nccl("all_reduce_perf.8xH100.pass.txt"), expected_busbw_gbps=500)
     assert r.verdict.status == "FAIL" and r.verdict.floor_source == "given by the caller"
     assert r.verdict.expected_busbw_gbps == 500
+    assert [(f.gbps, f.assumes, f.applied) for f in r.verdict.floors] == [(500, "caller", True)]
 
 
 def test_all_gather_has_no_redop_or_root_and_no_known_floor() -> None:
@@ -157,6 +169,238 @@ def test_rows_without_any_header_are_still_read() -> None:
     assert any("no column header" in w for w in r.warnings)
 
 
+# --- bandwidth floors and the NVLS assumption ---------------------------------------------------------------------
+
+_SIXTEEN_GIB = 17179869184
+
+
+def with_peak(text: str, busbw: float) -> str:
+    """The output with its 16 GiB row's bus bandwidth (both halves) set to `busbw`, the other rows below it."""
+    lines = []
+    for line in text.splitlines():
+        tokens = line.split()
+        if tokens and tokens[0].isdigit() and len(tokens) == 13:
+            size = int(tokens[0])
+            value = busbw if size == _SIXTEEN_GIB else min(float(tokens[7]), busbw - 5)
+            alg = value / 1.75
+            time_us = size / (alg * 1e3)
+            half = f"  {time_us:7.1f}  {alg:6.2f}  {value:6.2f}  {0:6g}"
+            line = (
+                f"{size:12d}  {int(tokens[1]):12d}  {tokens[2]:>8s}  {tokens[3]:>6s}  {int(tokens[4]):6d}{half}{half}"
+            )
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def with_lines(text: str, *extra: str) -> str:
+    """The output with NCCL log lines inserted just before the column header, where NCCL_DEBUG=INFO puts them."""
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if "out-of-place" in line) - 1
+    return "\n".join([*lines[:at], *extra, *lines[at:]]) + "\n"
+
+
+def test_an_8x_h100_at_ring_bandwidth_is_not_failed_when_the_output_does_not_show_nvls() -> None:
+    # reproduction: 389 GB/s on 8x H100 was a FAIL against Azure's 460 GB/s, a floor that assumes NVLS
+    r = parse_nccl_tests(nccl("all_reduce_perf.8xH100.no-algorithm-shown.txt"))
+    v = r.verdict
+    assert (v.status, v.severity, v.nvls, v.judged_on) == ("PASS", "info", "unknown", "bandwidth")
+    assert v.measured_busbw_gbps == 389.46 and v.expected_busbw_gbps == 370
+    assert v.text.startswith("PASS without NVLS (>= ~370 GB/s)")
+    assert "below the 460 GB/s NVLS floor — if NVLS was on, DEGRADED" in v.text
+    assert "does not show whether NVLink SHARP (NVLS) ran" in v.text
+    nvls_floor, ring_floor = v.floors
+    assert (nvls_floor.gbps, nvls_floor.holds, nvls_floor.met, nvls_floor.applied) == (460, "unknown", False, False)
+    assert (ring_floor.gbps, ring_floor.holds, ring_floor.met, ring_floor.applied) == (370, "unknown", True, True)
+    assert "NVLS" in nvls_floor.assumption and nvls_floor.source == FLOOR_SOURCE
+    assert "no NVLS" in ring_floor.assumption and ring_floor.approximate and "issue 212" in ring_floor.source
+    assert v.floor_assumption == ring_floor.assumption
+    # the text names each floor's assumption and source
+    assert "460 GB/s assumes NVLS ran [Azure HPC health checks" in v.text
+    assert "~370 GB/s assumes no NVLS [NCCL maintainers, nccl-tests issue 212" in v.text
+
+
+def test_nvls_shown_in_nccl_info_lines_applies_the_nvls_floor() -> None:
+    r = parse_nccl_tests(nccl("all_reduce_perf.8xH100.nvls-available.txt"))
+    v = r.verdict
+    assert (v.status, v.severity, v.nvls) == ("DEGRADED", "warning", "on")
+    assert "NVLS multicast support is available' on 8 device line(s)" in v.nvls_evidence[0]
+    assert v.expected_busbw_gbps == 460 and v.measured_busbw_gbps == 411.62
+    assert [(f.gbps, f.holds, f.met, f.applied) for f in v.floors] == [
+        (460, "yes", False, True),
+        (370, "no", True, False),
+    ]
+    assert "below the 460 GB/s NVLS floor although NVLS was on" in v.text and "~370 GB/s no-NVLS floor" in v.text
+    assert "NCCL_ALGO=NVLS" in v.text  # how to check it
+    assert r.nccl_version == "2.21.5+cuda12.4" and r.nranks == 8 and not r.errors
+    assert parse_nccl_tests(with_peak(nccl("all_reduce_perf.8xH100.nvls-available.txt"), 478.2)).verdict.status == (
+        "PASS"
+    )
+    low = parse_nccl_tests(with_peak(nccl("all_reduce_perf.8xH100.nvls-available.txt"), 350.0)).verdict
+    assert low.status == "FAIL" and "no algorithm assumption makes it healthy" in low.text
+
+
+def test_nccl_algo_ring_in_the_environment_applies_the_floor_without_nvls() -> None:
+    v = parse_nccl_tests(nccl("all_reduce_perf.8xH100.algo-ring.txt")).verdict
+    assert (v.status, v.nvls) == ("PASS", "off")
+    assert v.nvls_evidence[0] == "NCCL_ALGO=Ring allows no NVLS algorithm"  # wins over 'multicast available'
+    assert v.expected_busbw_gbps == 370 and [f.holds for f in v.floors] == ["no", "yes"]
+    assert "the 460 GB/s NVLS floor does not apply to this run" in v.text
+    low = parse_nccl_tests(with_peak(nccl("all_reduce_perf.8xH100.algo-ring.txt"), 355.0)).verdict
+    assert low.status == "FAIL" and "below the ~370 GB/s no-NVLS floor (NVLS was off" in low.text
+
+
+def test_8x_h200_with_nccl_algo_nvls_uses_the_431_floor() -> None:
+    text = nccl("all_reduce_perf.8xH200.algo-nvls.txt")
+    v = parse_nccl_tests(text).verdict
+    assert (v.status, v.nvls, v.gpu_model, v.expected_busbw_gbps) == ("PASS", "on", "H200-SXM", 431)
+    assert v.nvls_evidence == ["NCCL_ALGO=NVLS forces NVLS"]
+    assert "431 GB/s NVLS floor" in v.text and "~370 GB/s no-NVLS floor does not apply" in v.text
+    assert "H100's NVLink 4" in v.floors[1].assumption  # the carried-over floor says so
+    assert parse_nccl_tests(with_peak(text, 405.0)).verdict.status == "DEGRADED"
+    unknown = parse_nccl_tests(with_peak(text.replace("NCCL_ALGO=NVLS ", ""), 405.0)).verdict
+    assert (unknown.status, unknown.nvls) == ("PASS", "unknown")
+    assert "below the 431 GB/s NVLS floor — if NVLS was on, DEGRADED" in unknown.text
+
+
+def test_8x_a100_has_one_floor_whatever_the_algorithm() -> None:
+    text = with_lines(
+        nccl("all_reduce_perf.8xH100.no-algorithm-shown.txt"), "NCCL INFO NCCL_ALGO set by environment to Ring"
+    )
+    text = text.replace("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
+    v = parse_nccl_tests(with_peak(text, 221.0)).verdict
+    assert (v.status, v.gpu_model, v.nvls) == ("FAIL", "A100-SXM-80GB", "off")
+    [floor] = v.floors
+    assert (floor.gbps, floor.assumes, floor.holds, floor.applied) == (228, "any", "yes", True)
+    assert "A100 has no NVLS" in floor.assumption and floor.assumption in v.text
+    assert parse_nccl_tests(with_peak(text, 231.0)).verdict.status == "PASS"
+
+
+@pytest.mark.parametrize(
+    ("lines", "nvls", "status"),
+    [
+        (["h:1:1 [0] NCCL INFO 17179869184 Bytes -> Algo 4 proto 2 time 52011.3"], "on", "DEGRADED"),
+        (["h:1:1 [0] NCCL INFO 17179869184 Bytes -> Algo 1 proto 2 time 61103.9"], "off", "PASS"),
+        (["h:1:1 [0] NCCL INFO 1048576 Bytes -> Algo 4 proto 0 time 31.2"], "on", "DEGRADED"),  # no large sizes
+        (["h:1:1 [0] NCCL INFO Best tuning, algorithm, NVLS, protocol, SIMPLE"], "on", "DEGRADED"),
+        (["h:1:1 [0] NCCL INFO Best tuning, algorithm, RING, protocol, SIMPLE"], "off", "PASS"),
+        (["h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via NVLS"], "on", "DEGRADED"),
+        (["h:1:1 [0] NCCL INFO NVLS multicast support is not available on dev 0"], "off", "PASS"),
+        (
+            [
+                "h:1:1 [0] NCCL INFO NVLS multicast support is available on dev 0",
+                "h:1:2 [1] NCCL INFO NVLS multicast support is not available on dev 1",
+            ],
+            "off",
+            "PASS",
+        ),
+        (["h:1:1 [0] NCCL INFO NCCL_NVLS_ENABLE set by environment to 0."], "off", "PASS"),
+        (["h:1:1 [0] NCCL INFO NCCL_ALGO set by environment to ^NVLS"], "off", "PASS"),
+        (["h:1:1 [0] NCCL INFO NCCL_ALGO set by environment to NVLS,Ring"], "unknown", "PASS"),
+        (["# environment: NCCL_ALGO=allreduce:nvls;broadcast:ring"], "on", "DEGRADED"),
+        (["# environment: NCCL_ALGO=allreduce:ring,tree"], "off", "PASS"),
+        (["h:1:1 [0] NCCL INFO Connected all rings"], "unknown", "PASS"),
+    ],
+)
+def test_what_the_output_shows_about_nvls_decides_the_floor(lines: list[str], nvls: str, status: str) -> None:
+    text = with_lines(nccl("all_reduce_perf.8xH100.no-algorithm-shown.txt"), *lines)  # peak 389.46 GB/s
+    v = parse_nccl_tests(text).verdict
+    assert (v.nvls, v.status) == (nvls, status), v.nvls_evidence
+    assert v.status != "FAIL"  # 389 GB/s is healthy for some algorithm, so never a FAIL
+
+
+_NVLS_WORDS = st.sampled_from(
+    [
+        "NCCL INFO ",
+        "NCCL_ALGO=",
+        "NCCL_ALGO set by environment to ",
+        "NCCL_NVLS_ENABLE=",
+        "NVLS multicast support is ",
+        "not ",
+        "available",
+        " Bytes -> Algo ",
+        "algorithm, ",
+        "via NVLS",
+        "NVLS",
+        "NVLSTree",
+        "Ring",
+        "^",
+        ",",
+        ";",
+        ":",
+        "allreduce:",
+        "0",
+        "4",
+        "17179869184",
+        ".",
+        " ",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(lines=st.lists(st.lists(_NVLS_WORDS, max_size=8).map("".join), max_size=4))
+def test_no_nccl_line_makes_a_healthy_ring_node_fail_or_breaks_the_verdict(lines: list[str]) -> None:
+    text = with_lines(nccl("all_reduce_perf.8xH100.no-algorithm-shown.txt"), *lines)  # peak 389.46 GB/s
+    v = parse_nccl_tests(text).verdict
+    assert v.nvls in ("on", "off", "unknown")
+    if v.judged_on == "bandwidth":
+        assert v.status in ("PASS", "DEGRADED")
+        assert v.status == "PASS" or v.nvls == "on"
+        assert v.status == "PASS" or "NVLS" in v.nvls_evidence[0]
+
+
+def test_an_nccl_version_before_2_17_cannot_have_run_nvls() -> None:
+    text = nccl("all_reduce_perf.8xH100.no-algorithm-shown.txt").replace(
+        "nccl-headers=22105 nccl-library=22105", "nccl-headers=21605 nccl-library=21605"
+    )
+    r = parse_nccl_tests(text)
+    assert r.nccl_version == "2.16.5" and r.verdict.nvls == "off" and r.verdict.status == "PASS"
+    assert "predates NVLS" in r.verdict.nvls_evidence[0]
+
+
+_NVLS_ON = "h:1:1 [0] NCCL INFO NVLS multicast support is available on dev 0"
+_NVLS_OFF = "h:1:1 [0] NCCL INFO NCCL_ALGO set by environment to Ring"
+
+
+@pytest.mark.parametrize(
+    ("peak", "unknown", "on", "off"),
+    [
+        (300.0, "FAIL", "FAIL", "FAIL"),
+        (369.9, "FAIL", "FAIL", "FAIL"),
+        (370.0, "PASS", "DEGRADED", "PASS"),
+        (415.0, "PASS", "DEGRADED", "PASS"),
+        (459.9, "PASS", "DEGRADED", "PASS"),
+        (460.0, "PASS", "PASS", "PASS"),
+        (505.0, "PASS", "PASS", "PASS"),
+    ],
+)
+def test_the_8x_h100_status_table(peak: float, unknown: str, on: str, off: str) -> None:
+    base = with_peak(nccl("all_reduce_perf.8xH100.no-algorithm-shown.txt"), peak)
+    for lines, expected in (((), unknown), ((_NVLS_ON,), on), ((_NVLS_OFF,), off)):
+        v = parse_nccl_tests(with_lines(base, *lines)).verdict
+        assert v.status == expected, (peak, lines, v.text)
+        for floor in v.floors:
+            assert f"{floor.gbps:g} GB/s" in v.text  # every floor is named, with its assumption
+            assert floor.assumption and floor.source
+
+
+def test_a_verdict_whose_status_does_not_follow_from_its_floors_cannot_be_built() -> None:
+    good = parse_nccl_tests(nccl("all_reduce_perf.8xH100.no-algorithm-shown.txt")).verdict.model_dump()
+    NcclVerdict.model_validate(good)
+    with pytest.raises(ValidationError, match="does not follow"):
+        NcclVerdict.model_validate({**good, "status": "FAIL"})  # the flat FAIL of a healthy ring node
+    floors = [dict(f) for f in good["floors"]]
+    floors[0]["applied"], floors[1]["applied"] = True, False  # judged against the NVLS floor without knowing
+    with pytest.raises(ValidationError, match="lowest floor applies"):
+        NcclVerdict.model_validate({**good, "floors": floors, "expected_busbw_gbps": 460, "status": "DEGRADED"})
+    with pytest.raises(ValidationError, match="does not name"):
+        NcclVerdict.model_validate({**good, "text": "PASS: fine."})
+    floors = [dict(f) for f in good["floors"]]
+    floors[1]["holds"] = "no"
+    with pytest.raises(ValidationError, match="does not hold"):
+        NcclVerdict.model_validate({**good, "floors": floors})
+
+
 @pytest.mark.skipif(not REAL_NCCL.is_file(), reason="the shared real nccl-tests sample is not here")
 def test_the_real_8x_a100_sample_reads_as_a_person_reads_it() -> None:
     r = parse_nccl_tests(REAL_NCCL.read_text(encoding="utf-8"))
@@ -177,6 +421,9 @@ def test_the_real_8x_a100_sample_reads_as_a_person_reads_it() -> None:
     v = r.verdict
     assert v.gpu_model == "A100-SXM-80GB" and v.expected_busbw_gbps == 228
     assert v.measured_busbw_gbps == 231.72 and v.status == "PASS"
+    assert v.nvls == "off" and "predates NVLS" in v.nvls_evidence[0]  # NCCL 2.16
+    [floor] = v.floors
+    assert floor.assumes == "any" and "no NVLS" in floor.assumption
 
 
 @pytest.mark.parametrize(
@@ -200,11 +447,11 @@ def _parse_or_input_error(text: str) -> NcclTestsReport | None:
     except InputError:
         return None
     json.loads(report.model_dump_json())  # always serialisable, no NaN
-    assert report.verdict.status in ("PASS", "FAIL", "UNKNOWN")
+    assert report.verdict.status in ("PASS", "DEGRADED", "FAIL", "UNKNOWN")
     return report
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from([*NCCL_FIXTURES, "real"]), data=st.data())
 def test_truncated_or_corrupted_nccl_output_only_ever_raises_input_error(name: str, data: st.DataObject) -> None:
     if name == "real":
@@ -223,7 +470,7 @@ def test_truncated_or_corrupted_nccl_output_only_ever_raises_input_error(name: s
     _parse_or_input_error("".join(chars))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(text=st.text(max_size=2000))
 def test_arbitrary_text_only_ever_raises_input_error(text: str) -> None:
     _parse_or_input_error(text)
@@ -376,7 +623,7 @@ JSON_VALUES = st.recursive(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(name=st.sampled_from(DCGM_FIXTURES), data=st.data())
 def test_truncated_dcgm_json_only_ever_raises_input_error(name: str, data: st.DataObject) -> None:
     text = dcgm(name)
@@ -385,7 +632,7 @@ def test_truncated_dcgm_json_only_ever_raises_input_error(name: str, data: st.Da
         parse_dcgm_diag(text[:end])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(
     root_key=st.sampled_from(["DCGM Diagnostic", "DCGM GPU Diagnostic"]),
     categories=JSON_VALUES,

@@ -99,6 +99,14 @@ async def test_a_large_log_is_streamed_and_floods_collapse(suite_client: Client,
 async def test_explain_xid_with_disagreements(suite_client: Client) -> None:
     x63 = await ok(suite_client, "explain_xid", {"code": 63})
     assert x63["known"] and x63["disagreement"]
+    assert {d["about"] for d in x63["disagreements"]} == {"action", "severity"}
+    x119 = await ok(suite_client, "explain_xid", {"code": 119})  # NVIDIA RESET_GPU vs gpud reboot + inspection
+    [action] = x119["disagreements"]
+    assert action["about"] == "action" and "RESET_GPU" in x119["disagreement"]
+    assert {p["source"]: p["reading"] for p in action["positions"]} == {
+        "nvidia": "reset_gpu",
+        "gpud": "reboot_node+hardware_inspection",
+    }
     x79 = await ok(suite_client, "explain_xid", {"code": 79})
     assert x79["consensus"]["severity"] == "critical"
     unknown = await ok(suite_client, "explain_xid", {"code": 998})
@@ -119,6 +127,25 @@ async def test_nccl_tests_verdicts(suite_client: Client) -> None:
         {"text": (FIXTURES / "nccl" / "all_reduce_perf.8xH100.below-floor.txt").read_text()},
     )
     assert low["verdict"]["status"] == "FAIL"
+    ring = await ok(
+        suite_client,
+        "parse_nccl_tests",
+        {"text": (FIXTURES / "nccl" / "all_reduce_perf.8xH100.no-algorithm-shown.txt").read_text()},
+    )
+    verdict = ring["verdict"]  # ring-level bandwidth, algorithm not shown: not a FAIL, and it says why
+    assert verdict["status"] == "PASS" and verdict["nvls"] == "unknown" and verdict["expected_busbw_gbps"] == 370
+    assert [(f["gbps"], f["assumes"], f["met"]) for f in verdict["floors"]] == [
+        (460, "nvls", False),
+        (370, "no_nvls", True),
+    ]
+    assert all(f["assumption"] and f["source"] for f in verdict["floors"])
+    assert "if NVLS was on, DEGRADED" in verdict["text"]
+    nvls = await ok(
+        suite_client,
+        "parse_nccl_tests",
+        {"text": (FIXTURES / "nccl" / "all_reduce_perf.8xH100.nvls-available.txt").read_text()},
+    )
+    assert nvls["verdict"]["status"] == "DEGRADED" and nvls["verdict"]["nvls"] == "on"
     wrong = await ok(
         suite_client, "parse_nccl_tests", {"text": (FIXTURES / "nccl" / "all_reduce_perf.8xA100.wrong.txt").read_text()}
     )

@@ -10,9 +10,21 @@ collective has no reduction or root, "N/A" for #wrong when validation is off, an
 timestamp columns), so the layout is read from the column header when there is one and guessed from the row shape
 otherwise.
 
-The verdict compares the highest bus bandwidth over the large-message rows (256 MiB and up) with a floor: the
-production floors known here are for single-node all-reduce (Azure HPC health checks, 16 GB messages): 8x H100
-460 GB/s, 8x H200 431, 8x A100 228. Any #wrong > 0 (or out-of-bounds count > 0) is data corruption and critical.
+The verdict compares the highest bus bandwidth over the large-message rows (256 MiB and up) with floors, and every
+floor states the assumption it rests on. Single-node all-reduce, 8 GPUs:
+- H100: 460 GB/s assumes NVLink SHARP (NVLS) ran (Azure HPC health checks, NCCL's default algorithm, which picks
+  NVLS on an NVSwitch node with NCCL >= 2.17; ring cannot reach it); ~370 GB/s assumes it did not (the ring peak
+  NCCL's maintainers report, nccl-tests issue 212, and the GPU catalog's note).
+- H200: 431 GB/s assumes NVLS (Azure); ~370 GB/s without it (the same NVLink 4 / NVSwitch fabric as H100).
+- A100: 228 GB/s for any algorithm (Azure; A100 has no NVLS).
+The output tells whether NVLS ran when it shows NCCL_ALGO / NCCL_NVLS_ENABLE (environment lines, NCCL INFO "set by
+environment"), NCCL INFO lines ("NVLS multicast support is [not] available", tuner lines naming the algorithm,
+"via NVLS"), or an NCCL version before 2.17; then the matching floor applies. When it cannot tell, the result says
+so and judges against the floor that does not assume NVLS, stating what the NVLS floor would say: a healthy
+ring-only node is never failed. Status: PASS (at or above the floor that applies), DEGRADED (below it but at or
+above another floor of the same GPU, e.g. NVLS on yet ring-level bandwidth), FAIL (below every floor), UNKNOWN.
+NcclVerdict checks itself: a verdict whose status does not follow from its floors cannot be built. Any #wrong > 0
+(or out-of-bounds count > 0) is data corruption and critical.
 
 Empty or unrecognisable text raises InputError; truncated output is parsed as far as it goes, with warnings;
 nothing else is raised.
@@ -23,20 +35,72 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from servers.core.errors import InputError
 from servers.diagnostics.bounds import MAX_LINE_TEXT, MAX_NOTES, cap_notes, clip, clip_str, fit, pick, safe_int, scaled
 
-FLOOR_SOURCE = "Azure HPC health checks, single node, 16 GB messages"
-# (collective, GPU catalog name, ranks on one node) -> all-reduce bus bandwidth floor in GB/s
-BUSBW_FLOORS_GBPS: dict[tuple[str, str, int], float] = {
-    ("all_reduce", "H100-SXM", 8): 460.0,
-    ("all_reduce", "H200-SXM", 8): 431.0,
-    ("all_reduce", "A100-SXM-80GB", 8): 228.0,
+NvlsState = Literal["on", "off", "unknown"]
+FloorAssumes = Literal["nvls", "no_nvls", "any", "caller"]
+Holds = Literal["yes", "no", "unknown"]
+
+
+@dataclass(frozen=True)
+class FloorSpec:
+    gbps: float
+    assumes: FloorAssumes
+    assumption: str
+    source: str
+    approximate: bool = False  # a typical peak used as a floor ("~")
+
+
+AZURE_NHC = "Azure HPC health checks, azurehpc-health-checks"
+FLOOR_SOURCE = f"{AZURE_NHC} conf nd96isr_h100_v5: check_nccl_allreduce 460.0 at 16G messages"
+H200_SOURCE = f"{AZURE_NHC} conf nd96isr_h200_v5: check_nccl_allreduce 431.0 at 16G messages"
+A100_SOURCE = f"{AZURE_NHC} conf nd96amsr_a100_v4: check_nccl_allreduce 228.0 at 4G messages"
+RING_SOURCE = "NCCL maintainers, nccl-tests issue 212: 8x H100 ~370 GB/s with ring, ~480 with NVLS (GPU catalog note)"
+_NVLS_ASSUMPTION = (
+    "NVLink SHARP (NVLS) ran: Azure runs all_reduce_perf with NCCL's default algorithm, which on an NVSwitch node "
+    "with fabric manager and NCCL >= 2.17 is NVLS for large messages; ring cannot reach this"
+)
+# (collective, GPU catalog name, ranks on one node) -> the bus bandwidth floors, each with its assumption
+BUSBW_FLOORS: dict[tuple[str, str, int], tuple[FloorSpec, ...]] = {
+    ("all_reduce", "H100-SXM", 8): (
+        FloorSpec(460.0, "nvls", _NVLS_ASSUMPTION, FLOOR_SOURCE),
+        FloorSpec(
+            370.0,
+            "no_nvls",
+            "no NVLS (ring/tree over NVLink 4): the typical ring peak, used as the floor",
+            RING_SOURCE,
+            approximate=True,
+        ),
+    ),
+    ("all_reduce", "H200-SXM", 8): (
+        FloorSpec(431.0, "nvls", _NVLS_ASSUMPTION + " (above the ~370 GB/s ring peak of NVLink 4)", H200_SOURCE),
+        FloorSpec(
+            370.0,
+            "no_nvls",
+            "no NVLS (ring/tree): H200 has H100's NVLink 4 / NVSwitch fabric (900 GB/s per GPU in the GPU catalog), "
+            "so H100's ring peak applies; carried over from H100, not measured on H200",
+            RING_SOURCE,
+            approximate=True,
+        ),
+    ),
+    ("all_reduce", "A100-SXM-80GB", 8): (
+        FloorSpec(
+            228.0,
+            "any",
+            "any algorithm: A100 has no NVLS, which needs Hopper and third-generation NVSwitch, so NCCL runs "
+            "ring/tree over NVLink 3 whatever the settings",
+            A100_SOURCE,
+        ),
+    ),
 }
+# First NCCL release with NVLink SHARP (NVLS) support.
+NVLS_MIN_NCCL = (2, 17)
 LARGE_MESSAGE_BYTES = 256 * 1024 * 1024  # peak bus bandwidth needs messages above ~256 MB
 MAX_TEXT_CHARS = 20_000_000
 # Most items a report lists (every count and the verdict still cover them all): result rows (the rows with wrong
@@ -80,7 +144,8 @@ TYPE_BYTES = {
     "float64": 8,
 }
 
-Status = Literal["PASS", "FAIL", "UNKNOWN"]
+Status = Literal["PASS", "DEGRADED", "FAIL", "UNKNOWN"]
+JudgedOn = Literal["bandwidth", "small_messages", "data_corruption", "run_errors", "no_result_rows", "no_known_floor"]
 Severity = Literal["info", "warning", "critical"]
 
 
@@ -114,19 +179,91 @@ class NcclDevice(BaseModel):
     name: str
 
 
+class BandwidthFloor(BaseModel):
+    """One bus bandwidth floor, the assumption it rests on, and whether this output shows that assumption holds."""
+
+    gbps: float
+    approximate: bool = Field(default=False, description="True for a typical peak used as a floor (written ~)")
+    assumes: FloorAssumes = Field(
+        description="nvls: NVLink SHARP ran; no_nvls: it did not; any: holds whatever the algorithm; caller: given"
+    )
+    assumption: str
+    source: str
+    holds: Holds = Field(description="whether the output shows the assumption holds: yes, no or unknown")
+    met: bool | None = Field(default=None, description="measured bus bandwidth >= gbps; None when none was measured")
+    applied: bool = Field(default=False, description="True for the one floor the status is judged against")
+
+    @property
+    def label(self) -> str:
+        what = {"nvls": "NVLS floor", "no_nvls": "no-NVLS floor", "any": "floor", "caller": "floor you gave"}
+        return f"{'~' if self.approximate else ''}{self.gbps:g} GB/s {what[self.assumes]}"
+
+
 class NcclVerdict(BaseModel):
-    status: Status
+    status: Status = Field(
+        description="PASS: at or above the floor that applies; DEGRADED: below it but at or above another floor of "
+        "the same GPU (e.g. NVLS on, ring-level bandwidth); FAIL: below every floor, or corruption / run failures"
+    )
     severity: Severity
     text: str
+    judged_on: JudgedOn = Field(description="what decided the status")
     gpu_model: str | None = Field(default=None, description="GPU catalog name of the devices, when all match")
     device_name: str | None = None
-    expected_busbw_gbps: float | None = None
+    nvls: NvlsState = Field(
+        default="unknown", description="whether NVLink SHARP (NVLS) ran, as far as the output shows"
+    )
+    nvls_evidence: list[str] = Field(default_factory=list, description="what in the output says so")
+    floors: list[BandwidthFloor] = Field(
+        default_factory=list, description="every floor known for this run, each with its assumption"
+    )
+    expected_busbw_gbps: float | None = Field(default=None, description="the floor judged against (the applied one)")
     floor_source: str | None = None
+    floor_assumption: str | None = Field(default=None, description="the assumption of the floor judged against")
     measured_busbw_gbps: float | None = Field(default=None, description="max busbw over the large-message rows")
     measured_at_bytes: int | None = None
     avg_busbw_gbps: float | None = None
     data_corruption: bool = False
     wrong_elements: int = 0
+
+    @model_validator(mode="after")
+    def _status_follows_from_the_floors(self) -> NcclVerdict:
+        """A bandwidth verdict must be judged against a floor whose assumption may hold, the lowest such floor when
+        the output cannot tell, and its status must follow from the measurement; every floor is named in the text."""
+        if self.judged_on not in ("bandwidth", "small_messages"):
+            return self
+        measured = self.measured_busbw_gbps
+        applied = [f for f in self.floors if f.applied]
+        problems = []
+        if measured is None or len(applied) != 1:
+            raise ValueError("a bandwidth verdict needs a measurement and exactly one applied floor")
+        floor = applied[0]
+        if floor.holds == "no":
+            problems.append("the applied floor's assumption does not hold")
+        if any(f.holds == "yes" for f in self.floors):
+            if floor.holds != "yes":
+                problems.append("a floor whose assumption holds was not the one applied")
+        elif floor.gbps != min(f.gbps for f in self.floors if f.holds == "unknown"):
+            problems.append("when the output cannot tell which assumption holds, the lowest floor applies")
+        if self.expected_busbw_gbps != floor.gbps:
+            problems.append("expected_busbw_gbps is not the applied floor")
+        for f in self.floors:
+            if f.met != (measured >= f.gbps):
+                problems.append(f"met is wrong for the {f.label}")
+            if f"{f.gbps:g} GB/s" not in self.text:
+                problems.append(f"the text does not name the {f.label}")
+        if self.judged_on == "small_messages":
+            expected: Status = "UNKNOWN"
+        elif measured >= floor.gbps:
+            expected = "PASS"
+        elif any(f.met for f in self.floors):
+            expected = "DEGRADED"
+        else:
+            expected = "FAIL"
+        if self.status != expected:
+            problems.append(f"status {self.status} does not follow from the floors ({expected})")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class NcclTestsReport(BaseModel):
@@ -368,10 +505,146 @@ def _collective_from_name(name: str) -> str | None:
     return key if key in KNOWN_COLLECTIVES else None
 
 
-def _floor(collective: str | None, gpu_model: str | None, nranks: int | None, one_host: bool) -> float | None:
+def _floor_specs(
+    collective: str | None, gpu_model: str | None, nranks: int | None, one_host: bool
+) -> tuple[FloorSpec, ...]:
     if collective is None or gpu_model is None or nranks is None or not one_host:
-        return None
-    return BUSBW_FLOORS_GBPS.get((collective, gpu_model, nranks))
+        return ()
+    return BUSBW_FLOORS.get((collective, gpu_model, nranks), ())
+
+
+# --- did NVLink SHARP (NVLS) run? ---------------------------------------------------------------------------------
+
+_ENV_VALUE = r"(?:\s*[=:]\s*|\s+set by environment to\s+)['\"]?([^\s'\"]+)"
+_ALGO_ENV = re.compile(r"\bNCCL_ALGO\b" + _ENV_VALUE)
+_NVLS_ENABLE_ENV = re.compile(r"\bNCCL_NVLS_ENABLE\b" + _ENV_VALUE)
+_MULTICAST = re.compile(r"NVLS multicast support is (not )?available", re.IGNORECASE)
+_NVLS_SETUP = re.compile(r"\bvia NVLS\b|\bConnected NVLS\b|\bNVLS comm\b", re.IGNORECASE)
+_TUNING_SIZED = re.compile(r"(\d{1,20})\s+Bytes\s*->\s*Algo\s+([A-Za-z_]{1,32}|\d{1,3})\b", re.IGNORECASE)
+_TUNING_NAMED = re.compile(r"\balgo(?:rithm)?\b[\s,:=]+([A-Za-z][A-Za-z_]*|\d)\b", re.IGNORECASE)
+_VERSION_NUMBERS = re.compile(r"^(\d{1,4})\.(\d{1,4})")
+# NCCL's algorithm numbers (NCCL_ALGO_TREE 0 ... NCCL_ALGO_PAT 6) and names, folded (upper case, no '_').
+_ALGO_NUMBERS = dict(enumerate(("TREE", "RING", "COLLNETDIRECT", "COLLNETCHAIN", "NVLS", "NVLSTREE", "PAT")))
+_ALGO_NAMES = {"TREE", "RING", "COLLNET", "COLLNETDIRECT", "COLLNETCHAIN", "NVLS", "NVLSTREE", "PAT"}
+_NVLS_ALGOS = {"NVLS", "NVLSTREE"}
+MAX_EVIDENCE = 8
+
+
+def _fold(name: str) -> str:
+    return name.upper().replace("_", "").replace("-", "")
+
+
+def _algo_name(token: str) -> str:
+    return _ALGO_NUMBERS.get(int(token), "") if token.isdigit() else _fold(token)
+
+
+def _algo_env_says(value: str) -> tuple[NvlsState | None, str]:
+    """What an NCCL_ALGO value says about NVLS for all-reduce: on (only NVLS allowed), off (NVLS not allowed), or
+    None (NVLS allowed among others, so NCCL chooses)."""
+    text = value.strip()
+    if ":" in text:  # per-collective form, e.g. "allreduce:nvls,ring;broadcast:ring"
+        parts = {k.strip().lower(): v for k, _, v in (p.partition(":") for p in text.split(";"))}
+        if "allreduce" not in parts:
+            return None, "NCCL_ALGO does not restrict all-reduce"
+        text = parts["allreduce"]
+    exclude = text.startswith("^")
+    names = {_fold(n) for n in text.lstrip("^").split(",") if n.strip()}
+    if not names:
+        return None, f"NCCL_ALGO={value} names no algorithm"
+    if exclude:
+        if "NVLS" in names:  # NVLSTree needs more than one node, so one node without NVLS runs no NVLS at all
+            return "off", f"NCCL_ALGO={value} excludes NVLS"
+        return None, f"NCCL_ALGO={value} leaves NVLS allowed"
+    if not names & _NVLS_ALGOS:
+        return "off", f"NCCL_ALGO={value} allows no NVLS algorithm"
+    if names <= _NVLS_ALGOS:
+        return "on", f"NCCL_ALGO={value} forces NVLS"
+    return None, f"NCCL_ALGO={value} allows NVLS among others (NCCL chooses)"
+
+
+class _NvlsScan:
+    """Collects what the output says about NVLS, line by line; `result` weighs it."""
+
+    def __init__(self) -> None:
+        self.algo_env: tuple[NvlsState | None, str] | None = None
+        self.disabled: str | None = None
+        self.multicast_on = 0
+        self.multicast_off = 0
+        self.setup: str | None = None
+        self.large_algos: set[str] = set()
+        self.any_algos: set[str] = set()
+        self.sized = False
+        self.sized_large = False
+
+    def feed(self, line: str) -> None:
+        if not ("NVLS" in line or "ALGO" in line or "lgo" in line or "nvls" in line.lower()):
+            return
+        if match := _ALGO_ENV.search(line):  # NCCL ends some "set by environment to X." lines with a period
+            self.algo_env = _algo_env_says(match.group(1).rstrip(".,;"))
+        if (match := _NVLS_ENABLE_ENV.search(line)) and match.group(1).rstrip(".,;") == "0":
+            self.disabled = "NCCL_NVLS_ENABLE=0"
+        if match := _MULTICAST.search(line):
+            if match.group(1):
+                self.multicast_off += 1
+            else:
+                self.multicast_on += 1
+        if self.setup is None and (match := _NVLS_SETUP.search(line)):
+            self.setup = match.group(0)
+        if "NCCL" not in line:
+            return
+        if match := _TUNING_SIZED.search(line):
+            algo = _algo_name(match.group(2))
+            if algo in _ALGO_NAMES:
+                self.any_algos.add(algo)
+                self.sized = True
+                size = safe_int(match.group(1), 20) or 0
+                if size >= LARGE_MESSAGE_BYTES:
+                    self.sized_large = True
+                    self.large_algos.add(algo)
+            return
+        for match in _TUNING_NAMED.finditer(line):
+            algo = _algo_name(match.group(1))
+            if algo in _ALGO_NAMES:
+                self.any_algos.add(algo)
+
+    def result(self, nccl_version: str | None) -> tuple[NvlsState, list[str]]:
+        """(state, evidence), the deciding evidence first: what makes NVLS impossible or disables it, then an
+        explicit NCCL_ALGO, then the tuner's choices, then NVLS being set up; unknown when the output says nothing."""
+        found: list[tuple[NvlsState | None, str]] = []
+        version = _VERSION_NUMBERS.match(nccl_version or "")
+        if version and (int(version.group(1)), int(version.group(2))) < NVLS_MIN_NCCL:
+            found.append(("off", f"NCCL {nccl_version} predates NVLS (first in NCCL 2.17)"))
+        if self.multicast_off:
+            found.append(("off", f"'NVLS multicast support is not available' on {self.multicast_off} device line(s)"))
+        if self.disabled:
+            found.append(("off", f"{self.disabled} disables NVLS"))
+        if self.algo_env is not None:
+            found.append(self.algo_env)
+        if self.any_algos:
+            algos = self.large_algos if self.sized_large else self.any_algos
+            names = ", ".join(sorted(algos))
+            if self.sized_large:
+                where = "for messages of 256 MiB and up"
+            elif self.sized:
+                where = "for the sizes it logged, all below 256 MiB"
+            else:
+                where = "(the lines do not say for which sizes)"
+            if algos & _NVLS_ALGOS:
+                found.append(("on", f"NCCL's tuner chose {names} {where}"))
+            else:
+                found.append(("off", f"NCCL's tuner chose only {names} {where}"))
+        if self.multicast_on:
+            found.append(("on", f"'NVLS multicast support is available' on {self.multicast_on} device line(s)"))
+        if self.setup:
+            found.append(("on", f"an NCCL line shows {self.setup!r}"))
+        decided = next((i for i, (said, _) in enumerate(found) if said is not None), None)
+        if decided is None:
+            return "unknown", [clip_str(why, MAX_LINE_TEXT) for _, why in found[:MAX_EVIDENCE]]
+        state, why = found[decided]
+        if state == "on" and why.startswith("'NVLS multicast support is available'"):
+            why += ", and nothing disables NVLS (NCCL then uses it for large all-reduce by default)"
+        rest = [w for i, (_, w) in enumerate(found) if i != decided]
+        return state or "unknown", [clip_str(w, MAX_LINE_TEXT) for w in [why, *rest][:MAX_EVIDENCE]]
 
 
 def _gpu_model(devices: list[NcclDevice], warnings: list[str]) -> tuple[str | None, str | None]:
@@ -392,8 +665,72 @@ def _gpu_model(devices: list[NcclDevice], warnings: list[str]) -> tuple[str | No
     return None, names[0]
 
 
+def _holds(assumes: FloorAssumes, nvls: NvlsState) -> Holds:
+    if assumes in ("any", "caller"):
+        return "yes"
+    if nvls == "unknown":
+        return "unknown"
+    return "yes" if (assumes == "nvls") == (nvls == "on") else "no"
+
+
+def _floors(
+    specs: tuple[FloorSpec, ...], nvls: NvlsState, measured: float | None
+) -> tuple[list[BandwidthFloor], BandwidthFloor | None]:
+    """The floors with whether their assumptions hold, and the one to judge against: one whose assumption holds,
+    else (the output cannot tell) the lowest whose assumption may hold."""
+    floors = [
+        BandwidthFloor(
+            gbps=spec.gbps,
+            approximate=spec.approximate,
+            assumes=spec.assumes,
+            assumption=spec.assumption,
+            source=spec.source,
+            holds=_holds(spec.assumes, nvls),
+            met=None if measured is None else measured >= spec.gbps,
+        )
+        for spec in specs
+    ]
+    holding = [f for f in floors if f.holds == "yes"] or [f for f in floors if f.holds == "unknown"]
+    if not holding:
+        return floors, None
+    applied = min(holding, key=lambda f: f.gbps)
+    applied.applied = True
+    return floors, applied
+
+
+def _nvls_phrase(nvls: NvlsState, evidence: list[str]) -> str:
+    if nvls == "unknown":
+        return "the output does not show whether NVLink SHARP (NVLS) ran"
+    return f"NVLS was {nvls}: {evidence[0]}" if evidence else f"NVLS was {nvls}"
+
+
+def _assumptions(floors: list[BandwidthFloor]) -> str:
+    """' Floors: 460 GB/s assumes NVLS ran (source); ...' for the text."""
+    if not floors or all(f.assumes == "caller" for f in floors):
+        return ""
+    said = {
+        "nvls": "assumes NVLS ran",
+        "no_nvls": "assumes no NVLS",
+        "any": "holds for any algorithm",
+        "caller": "is yours",
+    }
+    parts = [f"{'~' if f.approximate else ''}{f.gbps:g} GB/s {said[f.assumes]} [{f.source}]" for f in floors]
+    return " Floors: " + "; ".join(parts) + "."
+
+
+_LOW_ADVICE = (
+    "check NVLink/NVSwitch health (nvidia-smi nvlink -s, fabric manager), GPU clocks and other processes on the GPUs, "
+    "then rerun; drain the node if it stays low."
+)
+
+
 def _verdict(
-    report: NcclTestsReport, expected: float | None, gpu_model: str | None, device_name: str | None
+    report: NcclTestsReport,
+    expected: float | None,
+    gpu_model: str | None,
+    device_name: str | None,
+    nvls: NvlsState,
+    nvls_evidence: list[str],
 ) -> NcclVerdict:
     rows = report.rows
     wrong = sum(_wrong(r) for r in rows)
@@ -405,18 +742,22 @@ def _verdict(
     best = max(pool, key=lambda r: _row_busbw(r) or 0.0) if pool else None
     measured = _row_busbw(best) if best else None
     one_host = len(report.hosts) <= 1
-    floor = expected
-    source = "given by the caller" if expected is not None else None
-    if floor is None:
-        floor = _floor(report.collective, gpu_model, report.nranks, one_host)
-        source = FLOOR_SOURCE if floor is not None else None
+    if expected is not None:
+        specs: tuple[FloorSpec, ...] = (FloorSpec(expected, "caller", "your own baseline", "given by the caller"),)
+    else:
+        specs = _floor_specs(report.collective, gpu_model, report.nranks, one_host)
+    floors, applied = _floors(specs, nvls, measured)
     what = f"{report.nranks or '?'}x {gpu_model or device_name or 'unknown GPU'} {report.collective or 'collective'}"
     avg = report.avg_busbw_gbps
     common = {
         "gpu_model": gpu_model,
         "device_name": device_name,
-        "expected_busbw_gbps": floor,
-        "floor_source": source,
+        "nvls": nvls,
+        "nvls_evidence": nvls_evidence,
+        "floors": floors,
+        "expected_busbw_gbps": applied.gbps if applied else None,
+        "floor_source": applied.source if applied else None,
+        "floor_assumption": applied.assumption if applied else None,
         "measured_busbw_gbps": measured,
         "measured_at_bytes": best.size_bytes if best else None,
         "avg_busbw_gbps": avg,
@@ -428,6 +769,7 @@ def _verdict(
         return NcclVerdict(
             status="FAIL",
             severity="critical",
+            judged_on="data_corruption",
             text=f"FAIL: data corruption, {count} in {what}: the collective returned wrong results; drain the node, "
             "check the GPUs' Xids and ECC counters and run dcgmi diag -r 3 before it takes more work.",
             **common,
@@ -436,63 +778,97 @@ def _verdict(
         return NcclVerdict(
             status="FAIL",
             severity="warning",
+            judged_on="run_errors",
             text=f"FAIL: the run reported {len(report.errors)} failure line(s), first: {report.errors[0][:200]!r}; "
             "read the job's log and the GPUs' Xids, fix the cause and rerun before judging bandwidth.",
             **common,
         )
-    if measured is None:
+    if measured is None or best is None:
         return NcclVerdict(
             status="UNKNOWN",
             severity="warning" if report.warnings else "info",
+            judged_on="no_result_rows",
             text="UNKNOWN: no result rows with a bus bandwidth were found; the run may have failed or been cut off.",
             **common,
         )
-    avg_note = ""
-    if avg is not None and floor is not None:
-        relation = "meets" if avg >= floor else "is below"
-        avg_note = (
-            f" The average over all sizes ({avg:g} GB/s) {relation} the floor; it includes small messages, so it "
-            "is only comparable when the run used one large size."
-        )
-    if floor is None:
+    if applied is None:
         return NcclVerdict(
             status="UNKNOWN",
             severity="info",
+            judged_on="no_known_floor",
             text=f"UNKNOWN: no floor is known for {what}; peak bus bandwidth {measured:g} GB/s at "
-            f"{best.size_bytes if best else 0} bytes. Pass expected_busbw_gbps to compare against your own baseline.",
+            f"{best.size_bytes} bytes. Pass expected_busbw_gbps to compare against your own baseline.",
             **common,
+        )
+    floor = applied.gbps
+    at = f"{measured:g} GB/s bus bandwidth at {best.size_bytes} bytes"
+    avg_note = ""
+    if avg is not None:
+        relation = "meets" if avg >= floor else "is below"
+        avg_note = (
+            f" The average over all sizes ({avg:g} GB/s) {relation} the {applied.label}; it includes small messages, "
+            "so it is only comparable when the run used one large size."
         )
     cut = (
         " The output looks truncated (no Avg bus bandwidth footer), so later sizes were not seen."
         if avg is None
         else ""
     )
-    if measured >= floor:
-        return NcclVerdict(
-            status="PASS",
-            severity="info",
-            text=f"PASS: {what} reached {measured:g} GB/s bus bandwidth at {best.size_bytes if best else 0} bytes, "
-            f"at or above the {floor:g} GB/s floor ({source}).{avg_note}{cut}",
-            **common,
-        )
-    if not reached_large:
+    tail = f"{avg_note}{cut}{_assumptions(floors)}"
+    others = [f for f in floors if f is not applied]
+    nvls_note = _nvls_phrase(nvls, nvls_evidence)
+    if measured < floor and not reached_large:
         return NcclVerdict(
             status="UNKNOWN",
             severity="warning",
-            text=f"UNKNOWN: peak {measured:g} GB/s is below the {floor:g} GB/s floor, but the run never reached "
+            judged_on="small_messages",
+            text=f"UNKNOWN: peak {measured:g} GB/s is below the {applied.label}, but the run never reached "
             f"{LARGE_MESSAGE_BYTES // (1024 * 1024)} MiB messages, which peak bandwidth needs; rerun with larger "
-            "sizes (e.g. -b 1G -e 16G -f 2) before judging.",
+            f"sizes (e.g. -b 1G -e 16G -f 2) before judging.{tail}",
             **common,
         )
+    if measured >= floor:
+        if not others:
+            text = f"PASS: {what} reached {at}, at or above the {applied.label}."
+        elif nvls == "unknown" and all(f.met for f in others):
+            text = (
+                f"PASS: {what} reached {at}, at or above the {applied.label} and the "
+                + " and the ".join(f.label for f in others)
+                + ", so it passes whether or not NVLS ran."
+            )
+        elif nvls == "unknown":
+            unmet = " and ".join(f.label for f in others if not f.met)
+            text = (
+                f"PASS without NVLS (>= {applied.label.split(' GB/s')[0]} GB/s): {what} reached {at}; below the "
+                f"{unmet} — if NVLS was on, DEGRADED. The output does not show whether NVLink SHARP (NVLS) ran, so "
+                "it is judged against the floor that does not assume NVLS; to settle it, rerun with NCCL_DEBUG=INFO "
+                "(NCCL logs 'NVLS multicast support is available' or 'not available') or with NCCL_ALGO=NVLS."
+            )
+        else:
+            text = (
+                f"PASS: {what} reached {at}, at or above the {applied.label} ({nvls_note}); the "
+                + " and the ".join(f.label for f in others)
+                + " does not apply to this run."
+            )
+        return NcclVerdict(status="PASS", severity="info", judged_on="bandwidth", text=text + tail, **common)
     shortfall = 100.0 * (floor - measured) / floor
-    return NcclVerdict(
-        status="FAIL",
-        severity="warning",
-        text=f"FAIL: {what} reached only {measured:g} GB/s bus bandwidth, {shortfall:.1f}% below the {floor:g} GB/s "
-        f"floor ({source}): check NVLink/NVSwitch health (nvidia-smi nvlink -s, fabric manager), GPU clocks and "
-        f"other processes on the GPUs, then rerun; drain the node if it stays low.{avg_note}{cut}",
-        **common,
-    )
+    met = [f for f in others if f.met]
+    if met:
+        text = (
+            f"DEGRADED: {what} reached {at}, {shortfall:.1f}% below the {applied.label} although {nvls_note}; it "
+            f"is at or above the {' and the '.join(f.label for f in met)}, i.e. bandwidth of a node without NVLS. "
+            "Check that NCCL chose NVLS for the large sizes (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING, or rerun with "
+            "NCCL_ALGO=NVLS), the fabric manager and the Fabric state in nvidia-smi -q, then rerun; drain the node "
+            "if it stays low."
+        )
+        return NcclVerdict(status="DEGRADED", severity="warning", judged_on="bandwidth", text=text + tail, **common)
+    if others:
+        below = " and the ".join(f.label for f in others)
+        why = f" ({nvls_note}; it is also below the {below}, so no algorithm assumption makes it healthy)"
+    else:
+        why = "" if applied.assumes == "caller" else f" ({applied.assumption})"
+    text = f"FAIL: {what} reached only {at}, {shortfall:.1f}% below the {applied.label}{why}: {_LOW_ADVICE}"
+    return NcclVerdict(status="FAIL", severity="warning", judged_on="bandwidth", text=text + tail, **common)
 
 
 def parse_nccl_tests(text: str, *, expected_busbw_gbps: float | None = None) -> NcclTestsReport:
@@ -524,11 +900,13 @@ def parse_nccl_tests(text: str, *, expected_busbw_gbps: float | None = None) -> 
     params: tuple[int, int, int, int] | None = None
     markers = 0
     incomplete_rows = 0
+    nvls_scan = _NvlsScan()
 
     for raw in text.splitlines():
         line = raw.strip()
         if not line:
             continue
+        nvls_scan.feed(line)
         if line.startswith("#"):
             if match := _DEVICE.match(line):
                 rank, group, pid, host, dev, bus, name = match.groups()
@@ -659,9 +1037,10 @@ def parse_nccl_tests(text: str, *, expected_busbw_gbps: float | None = None) -> 
         out_of_bounds=oob,
         errors=errors,
         warnings=warnings,
-        verdict=NcclVerdict(status="UNKNOWN", severity="info", text="not judged yet"),
+        verdict=NcclVerdict(status="UNKNOWN", severity="info", judged_on="no_result_rows", text="not judged yet"),
     )
-    report.verdict = _verdict(report, expected_busbw_gbps, gpu_model, device_name)
+    nvls, nvls_evidence = nvls_scan.result(nccl_version)
+    report.verdict = _verdict(report, expected_busbw_gbps, gpu_model, device_name, nvls, nvls_evidence)
     return _bounded(report)
 
 

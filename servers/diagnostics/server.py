@@ -306,8 +306,12 @@ def register(server: MCPServer, app: App) -> None:
     ) -> Annotated[CallToolResult, XidExplanation]:
         """Explain an NVIDIA Xid code: its meaning, likely causes, NVIDIA's immediate and investigatory actions, and
         how gpud, the Kubernetes device plugin, Meta GCM and Azure NHC classify it, with their disagreements stated
-        (Xid 63 is the classic one) and a consensus severity and action. Instant; the catalog is also the resource
-        infra://xid-catalog.json."""
+        (Xid 63 is the classic one) and a consensus severity and action. Each source's reading is in `readings` (its
+        own words, its action normalised through the catalog's stated vocabulary, its severity); `disagreements`
+        lists every difference between sources (normalised actions that differ, e.g. Xid 119 NVIDIA RESET_GPU vs
+        gpud RebootSystem+HardwareInspection, or severities that differ) with every source's position, and
+        `disagreement` states them all (null only when the sources agree). Instant; the catalog is also the
+        resource infra://xid-catalog.json."""
         from servers.diagnostics.xid import explain_xid as explain
 
         result = explain(code)
@@ -341,10 +345,16 @@ def register(server: MCPServer, app: App) -> None:
         ] = None,
     ) -> Annotated[CallToolResult, NcclTestsReport]:
         """Parse the output of any nccl-tests binary: per-size rows (size, count, type, redop, root, out-of-place
-        and in-place time, algbw, busbw, #wrong), the average bus bandwidth, the devices, and a verdict against the
-        expected bus bandwidth for the GPU model found (e.g. 8x H100 all-reduce >= 460 GB/s), with any #wrong > 0
-        flagged as data corruption. Lists at most 256 rows (those with #wrong > 0 and the best one first; rows_total
-        and rows_omitted count them; the verdict uses every row). Instant."""
+        and in-place time, algbw, busbw, #wrong), the average bus bandwidth, the devices, and a verdict against
+        bus bandwidth floors that each state their assumption (8x H100 all-reduce: 460 GB/s with NVLink SHARP
+        (NVLS), ~370 GB/s without; the one without NVLS when the output does not show which ran), with any
+        #wrong > 0 flagged as data corruption. Other floors: 8x H200 431 GB/s with NVLS (~370 without), 8x A100 228
+        for any algorithm. Whether NVLS ran is read from the output (NCCL_ALGO / NCCL_NVLS_ENABLE, NCCL INFO lines,
+        the NCCL version) and reported in verdict.nvls with its evidence; when it cannot be told, the text also says
+        what the NVLS floor would say. Status PASS, DEGRADED (below the floor that applies but at or above another
+        floor of the GPU, e.g. NVLS on with ring-level bandwidth), FAIL (below every floor, corruption or run
+        failures) or UNKNOWN. Lists at most 256 rows (those with #wrong > 0 and the best one first; rows_total and
+        rows_omitted count them; the verdict uses every row). Instant."""
         from servers.diagnostics.nccl_tests import parse_nccl_tests as parse
 
         body, _ = await in_thread(read_text_input, app, text, path, "nccl-tests output")

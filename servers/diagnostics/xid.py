@@ -6,6 +6,13 @@ device plugin, Meta GCM, Azure NHC); its "description" states the consensus rule
 code 1-999 (an uncatalogued code comes back with known=False); `classify` maps a scanner finding (an Xid, an
 NVSwitch SXid, an NCCL crash, a GPU fallen off the bus, an NVML recovery action) to (severity, action), reading the
 log message where the catalog says the answer depends on it (Xid 144-150 NVLink5 sub-units, Xid 154).
+
+Disagreements are not written by hand: each entry carries every source's reading (its own words, its action
+normalised through the catalog's stated `vocabulary`, its severity), and `find_disagreements` derives the
+disagreements from the readings: any two sources whose normalised actions differ, or whose severities differ, are a
+disagreement, listed with every source's position. The catalog refuses to load when an entry's readings do not
+follow the vocabulary or its listed disagreements are not exactly the derived ones, so a disagreement cannot be
+hidden (e.g. Xid 119: NVIDIA RESET_GPU against gpud RebootSystem+HardwareInspection).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import re
 from functools import lru_cache
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from servers.core.errors import InputError
 from servers.core.paths import resources_dir
@@ -58,6 +65,138 @@ class Consensus(_Frozen):
     action: str = Field(description="one sentence an operator can act on")
 
 
+SourceName = Literal["nvidia", "gpud", "k8s_device_plugin", "meta_gcm", "azure_nhc"]
+# A list-based source (device plugin, Meta GCM, Azure NHC) only says "not critical" or "critical" for the codes on its
+# list; "not_critical" agrees with info and warning and disagrees with critical.
+ReadingSeverity = Literal["info", "warning", "critical", "not_critical"]
+SOURCE_LABELS: dict[str, str] = {
+    "nvidia": "NVIDIA",
+    "gpud": "gpud",
+    "k8s_device_plugin": "the Kubernetes device plugin",
+    "meta_gcm": "Meta GCM",
+    "azure_nhc": "Azure NHC",
+}
+_SOURCE_ORDER = tuple(SOURCE_LABELS)
+
+
+class ActionVocabulary(_Frozen):
+    """The stated mapping that puts the sources' action words on one scale before they are compared."""
+
+    actions: dict[str, str] = Field(description="normalised action -> what it means")
+    nvidia: dict[str, str] = Field(description="NVIDIA immediate action -> normalised action")
+    nvidia_prefixes: dict[str, str] = Field(description="NVIDIA word prefix (named workflows) -> normalised action")
+    gpud: dict[str, str] = Field(description="gpud repair action -> normalised action; '+' joins several")
+    rules: tuple[str, ...] = Field(description="how readings are compared, in words")
+
+    @model_validator(mode="after")
+    def _targets_are_actions(self) -> ActionVocabulary:
+        for table in (self.nvidia, self.nvidia_prefixes, self.gpud):
+            unknown = sorted(set(table.values()) - set(self.actions))
+            if unknown:
+                raise ValueError(f"the vocabulary maps onto actions it does not define: {unknown}")
+        return self
+
+
+def nvidia_actions(word: str | None, vocabulary: ActionVocabulary) -> tuple[str, ...] | None:
+    """NVIDIA's immediate action, normalised; None when NVIDIA names none. A word the vocabulary lacks is an error."""
+    if word is None:
+        return None
+    if word in vocabulary.nvidia:
+        return (vocabulary.nvidia[word],)
+    for prefix, action in vocabulary.nvidia_prefixes.items():
+        if word.startswith(prefix):
+            return (action,)
+    raise ValueError(f"NVIDIA action {word!r} is not in the action vocabulary")
+
+
+def gpud_actions(words: str | None, vocabulary: ActionVocabulary) -> tuple[str, ...] | None:
+    """gpud's repair actions ('A+B'), normalised, in gpud's order; None when gpud names none."""
+    if words is None:
+        return None
+    out: list[str] = []
+    for word in words.split("+"):
+        word = word.strip()
+        if word not in vocabulary.gpud:
+            raise ValueError(f"gpud repair action {word!r} is not in the action vocabulary")
+        if vocabulary.gpud[word] not in out:
+            out.append(vocabulary.gpud[word])
+    return tuple(out)
+
+
+class SourceReading(_Frozen):
+    """What one source says about one code, in its own words and normalised."""
+
+    source: SourceName
+    action_words: str | None = Field(description="the source's own action words, e.g. RESET_GPU")
+    actions: tuple[str, ...] | None = Field(description="the action words normalised through the vocabulary")
+    severity_words: str | None = Field(description="what the source's severity comes from, e.g. Fatal, ignored")
+    severity: ReadingSeverity | None
+
+
+class Position(_Frozen):
+    source: SourceName
+    says: str = Field(description="the source's own words")
+    reading: str = Field(description="normalised: actions joined by '+', or a severity")
+
+
+class Disagreement(_Frozen):
+    about: Literal["action", "severity"]
+    positions: tuple[Position, ...] = Field(description="every source with a reading on this, in catalog order")
+    text: str
+
+
+def _severities_agree(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    return "not_critical" in (a, b) and "critical" not in (a, b)
+
+
+def _position_text(position: Position, about: str, vocabulary: ActionVocabulary) -> str:
+    label = SOURCE_LABELS[position.source]
+    if about == "action":
+        meaning = "; ".join(vocabulary.actions[a] for a in position.reading.split("+"))
+        return f"{label} {position.says} ({meaning})"
+    return f"{label} {position.says} ({position.reading.replace('_', ' ')})"
+
+
+def find_disagreements(
+    readings: tuple[SourceReading, ...] | list[SourceReading], vocabulary: ActionVocabulary
+) -> tuple[Disagreement, ...]:
+    """Every disagreement the readings hold: normalised actions that differ, severities that do not agree."""
+    ordered = sorted(readings, key=lambda r: _SOURCE_ORDER.index(r.source))
+    out: list[Disagreement] = []
+    acting = [r for r in ordered if r.actions is not None]
+    if len({frozenset(r.actions or ()) for r in acting}) > 1:  # the same actions in another order agree
+        positions = tuple(
+            Position(source=r.source, says=r.action_words or "", reading="+".join(r.actions or ())) for r in acting
+        )
+        out.append(
+            Disagreement(
+                about="action",
+                positions=positions,
+                text="Action: " + " vs ".join(_position_text(p, "action", vocabulary) for p in positions) + ".",
+            )
+        )
+    rated = [r for r in ordered if r.severity is not None]
+    if any(not _severities_agree(a.severity or "", b.severity or "") for a in rated for b in rated):
+        positions = tuple(
+            Position(source=r.source, says=r.severity_words or "", reading=r.severity or "") for r in rated
+        )
+        out.append(
+            Disagreement(
+                about="severity",
+                positions=positions,
+                text="Severity: " + " vs ".join(_position_text(p, "severity", vocabulary) for p in positions) + ".",
+            )
+        )
+    return tuple(out)
+
+
+def disagreement_summary(disagreements: tuple[Disagreement, ...] | list[Disagreement]) -> str | None:
+    """The one-paragraph text of every disagreement, or None when the sources agree."""
+    return " ".join(d.text for d in disagreements) or None
+
+
 class XidEntry(_Frozen):
     code: int
     mnemonic: str
@@ -68,7 +207,9 @@ class XidEntry(_Frozen):
     meta_gcm: MetaGcmView
     azure_nhc: AzureNhcView
     consensus: Consensus
-    disagreement: str | None
+    readings: tuple[SourceReading, ...] = Field(description="every source that says something about the code")
+    disagreements: tuple[Disagreement, ...] = Field(description="every pair of readings that differ, by topic")
+    disagreement: str | None = Field(description="the disagreements in one text; None only when there are none")
     likely_causes: str
     notes: str
 
@@ -90,8 +231,49 @@ class XidCatalog(_Frozen):
     consensus_rules: tuple[str, ...]
     escalation: str
     sources: tuple[CatalogSource, ...]
+    vocabulary: ActionVocabulary
     recovery_actions: dict[str, RecoveryAction]
     xids: tuple[XidEntry, ...]
+
+    @model_validator(mode="after")
+    def _disagreements_follow_from_the_readings(self) -> XidCatalog:
+        """Refuse a catalog whose readings misstate a source or whose disagreements are not the derived ones."""
+        for entry in self.xids:
+            problems = _entry_problems(entry, self.vocabulary)
+            if problems:
+                raise ValueError(f"Xid {entry.code}: " + "; ".join(problems))
+        return self
+
+
+def _entry_problems(entry: XidEntry, vocabulary: ActionVocabulary) -> list[str]:
+    problems = []
+    by_source = {r.source: r for r in entry.readings}
+    if len(by_source) != len(entry.readings):
+        problems.append("a source has two readings")
+    nvidia = by_source.get("nvidia")
+    expected = nvidia_actions(entry.nvidia.immediate, vocabulary)
+    if (nvidia.actions if nvidia else None) != expected or (nvidia and nvidia.action_words != entry.nvidia.immediate):
+        problems.append(f"NVIDIA's reading does not normalise {entry.nvidia.immediate!r} to {expected}")
+    gpud = by_source.get("gpud")
+    expected = gpud_actions(entry.gpud.repair_actions, vocabulary)
+    if (gpud.actions if gpud else None) != expected or (gpud and gpud.action_words != entry.gpud.repair_actions):
+        problems.append(f"gpud's reading does not normalise {entry.gpud.repair_actions!r} to {expected}")
+    for source, listed, level in (
+        ("k8s_device_plugin", entry.k8s_device_plugin.ignored, "not_critical"),
+        ("meta_gcm", entry.meta_gcm.noncritical, "not_critical"),
+        ("azure_nhc", entry.azure_nhc.critical, "critical"),
+    ):
+        reading = by_source.get(source)
+        if listed != (reading is not None) or (reading is not None and reading.severity != level):
+            problems.append(f"{source}'s reading does not match its list")
+    derived = find_disagreements(entry.readings, vocabulary)
+    if derived != entry.disagreements:
+        problems.append(
+            "the listed disagreements are not the ones the readings hold: " + (disagreement_summary(derived) or "none")
+        )
+    if entry.disagreement != disagreement_summary(entry.disagreements):
+        problems.append("the disagreement text does not state every listed disagreement")
+    return problems
 
 
 class ExplainedConsensus(BaseModel):
@@ -112,10 +294,23 @@ class XidExplanation(BaseModel):
     meta_gcm: MetaGcmView | None = None
     azure_nhc: AzureNhcView | None = None
     consensus: ExplainedConsensus
-    disagreement: str | None = None
+    readings: list[SourceReading] = Field(
+        default_factory=list, description="each source's own words, normalised action and severity"
+    )
+    disagreements: list[Disagreement] = Field(
+        default_factory=list,
+        description="every difference between sources: normalised actions that differ, severities that do not agree",
+    )
+    disagreement: str | None = Field(default=None, description="all disagreements in one text; None when none")
     likely_causes: str | None = None
     notes: str | None = None
     escalation: str | None = Field(default=None, description="what to do when the same Xid keeps coming back")
+
+    @model_validator(mode="after")
+    def _disagreement_text_states_them_all(self) -> XidExplanation:
+        if self.disagreement != disagreement_summary(self.disagreements):
+            raise ValueError("disagreement must state every listed disagreement, and be None only when none is")
+        return self
 
 
 @lru_cache(maxsize=1)
@@ -175,6 +370,8 @@ def explain_xid(code: int) -> XidExplanation:
         meta_gcm=entry.meta_gcm,
         azure_nhc=entry.azure_nhc,
         consensus=ExplainedConsensus(severity=entry.consensus.severity, action=entry.consensus.action),
+        readings=list(entry.readings),
+        disagreements=list(entry.disagreements),
         disagreement=entry.disagreement,
         likely_causes=entry.likely_causes,
         notes=entry.notes,
