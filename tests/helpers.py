@@ -62,3 +62,15 @@ async def call_error(client: Any, tool: str, args: dict[str, Any]) -> str:
 
 if __name__ == "__main__":
     create_test_suite().run()
+
+
+async def finish_job(client: Any, job_id: str, limit_s: float = 240) -> dict[str, Any]:
+    """Wait (through wait_for_job, 30 s at a time) until a job ends; its view. Fails the test after limit_s."""
+    import time
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        waited = await call_ok(client, "wait_for_job", {"job_id": job_id, "timeout_s": 30})
+        if waited["job"]["finished"]:
+            return waited["job"]
+    raise AssertionError(f"job {job_id} did not finish in {limit_s} s")

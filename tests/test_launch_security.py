@@ -29,7 +29,7 @@ from servers.launch.training import TrainingJobSpec, check_env, env_refusal
 from tests.conftest import CHILD_ENV
 from tests.helpers import call_error as error
 from tests.helpers import call_ok as ok
-from tests.helpers import create_test_suite
+from tests.helpers import create_test_suite, finish_job
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "launch"
 needs_netns = pytest.mark.skipif(not probe().available, reason=f"no network namespaces here: {probe().detail}")
@@ -51,12 +51,7 @@ def pretend_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def finish(client: Client, job_id: str, limit_s: float = 120) -> dict:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        waited = await ok(client, "wait_for_job", {"job_id": job_id, "timeout_s": 20})
-        if waited["job"]["finished"]:
-            return waited["job"]
-    raise AssertionError(f"job {job_id} did not finish in {limit_s} s")
+    return await finish_job(client, job_id, limit_s)
 
 
 # ---- 1. the rendezvous store is reachable from no other machine ------------------------------------------------------

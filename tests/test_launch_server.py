@@ -17,19 +17,14 @@ from mcp.types import ElicitRequestParams, ElicitResult
 from servers.core.mcp_layer import App
 from tests.helpers import call_error as error
 from tests.helpers import call_ok as ok
-from tests.helpers import create_test_suite
+from tests.helpers import create_test_suite, finish_job
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "launch"
 
 
 async def finish(client: Client, job_id: str, limit_s: float = 240) -> dict:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        waited = await ok(client, "wait_for_job", {"job_id": job_id, "timeout_s": 30})
-        if waited["job"]["finished"]:
-            return waited["job"]
-    raise AssertionError(f"job {job_id} did not finish in {limit_s} s")
+    return await finish_job(client, job_id, limit_s)
 
 
 async def test_backends_and_recipes(suite_client: Client) -> None:
