@@ -11,7 +11,8 @@ Sections, each reported in the JSON printed at the end:
      iteration, metrics and progress files written between iterations), and the overhead ratio (b) / (a);
   c) fp8 (e4m3 in, bf16 out) through torch._scaled_mm when the GPU is sm_89 or newer, with a correctness check;
   d) single-GPU overlap: the GEMM on one stream and a device-to-device copy on another: T_gemm, T_copy, T_both and
-     E = (T_gemm + T_copy - T_both) / T_copy (1: the copy is fully hidden);
+     E = (T_gemm + T_copy - T_both) / T_copy (1: the copy is fully hidden), scored only when the timings pass the
+     validity checks of servers/overlap/validity.py (copied here; otherwise the section fails and says why);
   e) NVML: name, memory, temperature, power, clocks and clocks-event (throttle) reasons, idle and under load.
 
 Exit status: 0 when every section ran and every check passed, 1 otherwise; 0 with "no CUDA device: nothing to
@@ -221,24 +222,73 @@ def gemm_copy_overlap(torch: Any, size: int, copy_mib: int, reps: int) -> dict[s
 
     timed(True, 1)  # warm-up of both paths
     t_one_copy = statistics.median(timed(False, 1) for _ in range(3))
-    t_gemm = statistics.median(timed(True, 0) for _ in range(3))
+    gemm_samples = [timed(True, 0) for _ in range(SAMPLES)]
+    t_gemm = statistics.median(gemm_samples)
     copies = max(1, round(t_gemm / max(t_one_copy, 1e-6)))  # about as long as the GEMMs, so both can hide
-    t_copy = statistics.median(timed(False, copies) for _ in range(3))
-    t_both = statistics.median(timed(True, copies) for _ in range(3))
+    copy_samples = [timed(False, copies) for _ in range(SAMPLES)]
+    both_samples = [timed(True, copies) for _ in range(SAMPLES)]
+    t_copy, t_both = statistics.median(copy_samples), statistics.median(both_samples)
     torch.cuda.synchronize()
     copied_ok = bool(torch.equal(dst[:4096], src[:4096]))
+    samples = {"T_gemm": gemm_samples, "T_copy": copy_samples, "T_both": both_samples}
+    invalid = overlap_invalid_reasons(t_gemm, t_copy, t_both, samples)
+    valid = not invalid
     return {
         "gemm": f"{reps} x bf16 {size}^3 on the current stream",
         "copy": f"{copies} x {copy_mib} MiB device-to-device copy_ on a second stream",
         "t_gemm_ms": t_gemm,
         "t_copy_ms": t_copy,
         "t_both_ms": t_both,
-        "efficiency": (t_gemm + t_copy - t_both) / t_copy if t_copy > 0 else None,
-        "speedup_vs_serial": (t_gemm + t_copy) / t_both if t_both > 0 else None,
-        "copy_bandwidth_gbs": 2 * copies * copy_mib * 2**20 / (t_copy * 1e-3) / 1e9,
+        "samples_ms": samples,
+        # Scored only when the timings pass the validity checks (as the overlap benchmarks do): else None and why.
+        "valid": valid,
+        "invalid_reasons": invalid,
+        "efficiency": (t_gemm + t_copy - t_both) / t_copy if valid else None,
+        "speedup_vs_serial": (t_gemm + t_copy) / t_both if valid else None,
+        "copy_bandwidth_gbs": 2 * copies * copy_mib * 2**20 / (t_copy * 1e-3) / 1e9 if t_copy > 0 else None,
         "copied_ok": copied_ok,
-        "passed": copied_ok and t_both > 0,
+        "passed": copied_ok and t_both > 0 and valid,
     }
+
+
+# The validity rules of servers/overlap/validity.py, copied (this script imports nothing of the project): keep them
+# in step. Overlap hides the shorter part inside the longer one, never more; E above 1.05 is impossible; a spread
+# (p90 - p10) / median above 0.25 over the samples makes the median meaningless.
+REL_NOISE = 0.05
+ABS_NOISE_MS = 0.005
+E_MAX = 1.05
+MAX_SPREAD = 0.25
+SAMPLES = 5
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def overlap_invalid_reasons(t_gemm: float, t_copy: float, t_both: float, samples: dict[str, list[float]]) -> list[str]:
+    """Why these timings cannot be scored (empty when they can)."""
+    reasons = []
+    if t_gemm <= 0 or t_copy <= 0:
+        return [f"T_gemm {t_gemm:.4g} ms and T_copy {t_copy:.4g} ms must both be > 0"]
+    longest = max(t_gemm, t_copy)
+    margin = max(REL_NOISE * longest, ABS_NOISE_MS)
+    if t_both < longest - margin:
+        reasons.append(
+            f"T_both {t_both:.4g} ms is less than its longest part {longest:.4g} ms minus noise {margin:.3g}"
+        )
+    efficiency = (t_gemm + t_copy - t_both) / t_copy
+    if efficiency > E_MAX:
+        reasons.append(f"E = {efficiency:.3g} > {E_MAX:g}: more than all of the copy hidden")
+    for name, values in samples.items():
+        median = statistics.median(values)
+        spread = (_percentile(values, 0.9) - _percentile(values, 0.1)) / median if median > 0 else float("inf")
+        if spread > MAX_SPREAD:
+            reasons.append(f"spread of {name} (p90 - p10) / median = {spread:.3g} > {MAX_SPREAD:g}")
+    return reasons
 
 
 # ---------------------------------------------------------------------------------------------------------------

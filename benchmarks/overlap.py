@@ -4,7 +4,8 @@
   GEMM+ReduceScatter, 8x A800 AllGather+GEMM): predicted sequential and overlapped times next to the published
   ones, with ratios; targets: within 15% (sequential) and 25% (overlapped) on the H800 cases.
 - overlap_cpu.py: every pattern x method at world size 2 with gloo on a small shape: correctness against the
-  sequential result, and timings labelled non-representative.
+  sequential result, timings labelled non-representative, and each row's validity checks (most CPU rows are
+  flagged invalid; a row scored despite failing a check fails the run).
 
     python benchmarks/overlap.py
 Exit status 1 if either fails.

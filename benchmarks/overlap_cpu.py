@@ -6,8 +6,11 @@ chunks), ring, and symm_mem (which reports why it cannot run without CUDA GPUs).
 with the sequential result on every rank; the timings are medians over iterations of the slowest rank.
 
 On a CPU the "communication" is memcpy plus TCP loopback on the same cores that run the GEMM, so the timings check
-the plumbing only; they say nothing about GPUs or networks. The exit status is 1 if any available method fails the
-correctness check.
+the plumbing only; they say nothing about GPUs or networks. Every row carries the validity checks of
+servers/overlap/validity.py: a row whose timings cannot be true (an overlap faster than its own GEMM, a sequential
+schedule that is not GEMM + collective, a wide spread) is printed INVALID with its reason and without scores, and
+no best is named from it; on CPU most rows are. The exit status is 1 if any available method fails the correctness
+check, or if a row is scored although it fails a validity check (the self-check itself broken).
 
     python benchmarks/overlap_cpu.py
     python benchmarks/overlap_cpu.py --m 512 --n 512 --k 256 --dtype bf16 --iters 20 --json overlap_cpu.json
@@ -62,7 +65,8 @@ def main() -> int:
     args = parser.parse_args()
 
     results = []
-    failed = []
+    failed: list[str] = []
+    unchecked: list[str] = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="overlap-cpu-") as tmp:
         for pattern in PATTERNS:
@@ -85,35 +89,54 @@ def main() -> int:
             failed += [
                 f"{pattern}/{row['name']}" for row in result["methods"] if row.get("available") and not row["passed"]
             ]
+            unchecked += [
+                f"{pattern}/{row['name']}"
+                for row in result["methods"]
+                if row.get("available")
+                and (
+                    row["valid"] == bool(row["invalid_reasons"]) or (not row["valid"] and row["efficiency"] is not None)
+                )
+            ]
 
     banner = "NOT REPRESENTATIVE: CPU + gloo timings check plumbing and correctness only, not GPU/network performance"
     print("=" * len(banner))
     print(banner)
     print("=" * len(banner))
     print(
-        f"{'pattern':<8} {'method':<13} {'ok':>4} {'rel err':>9} {'T_gemm':>8} {'T_comm':>8} {'T_overlap':>9} "
-        f"{'exposed':>8} {'E':>6} {'speedup':>7}   (times in ms)"
+        f"{'pattern':<8} {'method':<13} {'ok':>4} {'valid':>5} {'rel err':>9} {'T_gemm':>8} {'T_comm':>8} "
+        f"{'T_overlap':>9} {'exposed':>8} {'E':>6} {'speedup':>7}   (times in ms)"
     )
+    reasons = []
     for result in results:
         for row in result["methods"]:
             if not row.get("available"):
-                print(f"{result['pattern']:<8} {row['name']:<13} {'-':>4}  {row['reason']}")
+                print(f"{result['pattern']:<8} {row['name']:<13} {'-':>4} {'-':>5}  {row['reason']}")
                 continue
             efficiency = "-" if row["efficiency"] is None else f"{row['efficiency']:.2f}"
             speedup = "-" if row["speedup"] is None else f"{row['speedup']:.2f}"
+            exposed = "-" if row["exposed_comm_ms"] is None else f"{row['exposed_comm_ms']:.3f}"
             print(
                 f"{result['pattern']:<8} {row['name']:<13} {'yes' if row['passed'] else 'NO':>4} "
-                f"{row['rel_err']:>9.1e} {result['t_gemm_ms']:>8.3f} {result['t_comm_ms']:>8.3f} "
-                f"{row['t_overlap_ms']:>9.3f} {row['exposed_comm_ms']:>8.3f} {efficiency:>6} {speedup:>7}"
+                f"{'yes' if row['valid'] else 'NO':>5} {row['rel_err']:>9.1e} {result['t_gemm_ms']:>8.3f} "
+                f"{result['t_comm_ms']:>8.3f} {row['t_overlap_ms']:>9.3f} {exposed:>8} {efficiency:>6} {speedup:>7}"
             )
+            if row["invalid_reasons"]:
+                reasons.append(f"  {result['pattern']}/{row['name']}: {row['invalid_reasons'][0]}")
+        print(f"{result['pattern']:<8} best: {result['best'] or '-'} ({result['best_reason']})")
+    if reasons:
+        print("INVALID rows (first reason each; the full list is in each row's invalid_reasons):")
+        print("\n".join(reasons))
     print(
         f"M={args.m} N={args.n} K={args.k} {args.dtype}, world_size {args.world_size} (gloo), {args.iters} iterations; "
         f"tolerance: {results[0]['tolerance']['rule']}; wall time {time.perf_counter() - started:.1f} s"
     )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
+    if unchecked:
+        print(f"FAILED self-check (scored although flagged, or flagged without a reason): {', '.join(unchecked)}")
     if failed:
         print(f"FAILED correctness: {', '.join(failed)}")
+    if failed or unchecked:
         return 1
     print("all available methods match the sequential result")
     return 0

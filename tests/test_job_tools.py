@@ -133,8 +133,12 @@ async def test_gemm_benchmark_asking_for_cuda_here_fails_clearly(suite_client: C
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    job = await call(suite_client, "benchmark_gemm", {"spec": {"m": 8, "n": 8, "k": 8, "device": "cuda"}, "wait_s": 45})
-    assert job["state"] == "FAILED" and "torch.cuda.is_available() is False" in job["reason"]
+    # Refused before any job starts, with the same words the worker would use (one probe of the machine).
+    result = await suite_client.call_tool(
+        "benchmark_gemm", {"spec": {"m": 8, "n": 8, "k": 8, "device": "cuda"}, "wait_s": 45}
+    )
+    assert result.is_error and "device 'cuda' cannot run here" in result.content[0].text
+    assert (await call(suite_client, "list_jobs", {}))["total"] == 0
 
 
 @pytest.mark.parametrize(

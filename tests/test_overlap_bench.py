@@ -20,6 +20,7 @@ from servers.overlap.overlap_bench import (
     run_overlap_benchmark,
     run_overlap_tune,
 )
+from tests.test_overlap_validity import assert_self_consistent
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -49,7 +50,7 @@ def ctx(tmp_path: Path) -> FakeContext:
     return FakeContext(tmp_path)
 
 
-SMALL = {"m": 64, "n": 64, "k": 32, "world_size": 2, "backend": "gloo", "warmup": 1, "iters": 2, "seed": 3}
+SMALL = {"m": 64, "n": 64, "k": 32, "world_size": 2, "backend": "gloo", "warmup": 1, "iters": 3, "seed": 3}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -67,10 +68,9 @@ def test_every_method_matches_sequential_fp32(pattern: str, ctx: FakeContext) ->
         assert row["available"] and row["passed"], row
         assert row["rel_err"] <= 1e-4 and row["max_abs_diff"] >= 0
         assert row["t_overlap_ms"] > 0
-        assert row["exposed_comm_ms"] == pytest.approx(row["t_overlap_ms"] - result["t_gemm_ms"])
-        total = result["t_gemm_ms"] + result["t_comm_ms"]
-        assert row["speedup"] == pytest.approx(total / row["t_overlap_ms"])
-        assert row["efficiency"] == pytest.approx((total - row["t_overlap_ms"]) / result["t_comm_ms"])
+    # Real CPU timings are whatever they are: each row is scored only if its checks pass, else flagged with why.
+    assert_self_consistent(result)
+    assert result["validity"]["rules"] and all("passed" in c for c in result["validity"]["checks"])
     symm = by_name["symm_mem"]
     assert symm["available"] is False and symm["reason"].startswith("not available here:")
     assert result["all_passed"] and result["backend"] == "gloo" and result["device"] == "cpu"
@@ -135,11 +135,20 @@ def test_overlap_tune_picks_a_correct_best_per_layer(ctx: FakeContext) -> None:
         assert layer["skipped_chunks"] == [3]  # 64 rows do not split into 2 ranks x 3 chunks
         rows = {row["name"]: row for row in layer["methods"]}
         assert set(rows) == {"sequential", "chunked(C=2)", "ring"}
-        best = rows[layer["best"]]
-        assert best["passed"]
-        assert layer["best_t_ms"] == min(row["t_overlap_ms"] for row in rows.values() if row["passed"])
-        assert layer["gain"] == pytest.approx(layer["t_sequential_ms"] / layer["best_t_ms"] - 1)
-    assert "qkv" in result["table"] and "proj" in result["table"]
+        eligible = [row for row in rows.values() if row["passed"] and row["valid"]]
+        if eligible:  # the best comes only from valid, correct rows
+            best = rows[layer["best"]]
+            assert best["passed"] and best["valid"]
+            assert layer["best_t_ms"] == min(row["t_overlap_ms"] for row in eligible)
+            assert layer["gain"] == pytest.approx(layer["t_sequential_ms"] / layer["best_t_ms"] - 1)
+        else:
+            assert layer["best"] is None and layer["gain"] is None and layer["verdict"].startswith("no verdict")
+        for row in rows.values():
+            assert row["valid"] or (row["invalid_reasons"] and row["efficiency"] is None)
+        # On CPU there is no catalog GPU to predict for, and the result says so instead of leaving a blank.
+        assert layer["predicted"] is None and layer["prediction_note"].startswith("no prediction: this ran on CPU")
+    assert result["prediction_gpu"] is None and "predict_for_gpu" in result["prediction_note"]
+    assert "qkv" in result["table"] and "proj" in result["table"] and "no prediction" in result["table"]
     assert [call[0] for call in ctx.progress_calls] == [0, 1, 1, 2]
 
 
@@ -150,18 +159,20 @@ def test_input_errors_are_reported_before_any_rank_starts(ctx: FakeContext) -> N
         run_overlap_benchmark({**SMALL, "pattern": "gemm_rs", "k": 33, "dtype": "fp32"}, ctx)
     with pytest.raises(ValueError, match=r"world_size\*chunks = 2\*3"):
         run_overlap_benchmark({**SMALL, "pattern": "ag_gemm", "dtype": "fp32", "chunks": [3]}, ctx)
-    with pytest.raises(ValueError, match=r"needs about [\d,]+ bytes per rank .* only [\d,]+ bytes are available"):
+    with pytest.raises(ValueError, match=r"needs about [\d.]+ \w+ per rank but only [\d.]+ \w+ is available"):
         big = {"m": 131072, "n": 131072, "k": 131072}
         run_overlap_benchmark({**SMALL, **big, "pattern": "ag_gemm", "dtype": "fp32"}, ctx)
     with pytest.raises(ValueError, match="fp8 needs"):
         run_overlap_benchmark({**SMALL, "pattern": "ag_gemm", "dtype": "fp8"}, ctx)
     limit = max_world_size("gloo")
     if limit < 64:  # the specs themselves allow up to 64 ranks
-        with pytest.raises(ValueError, match=f"the limit is {limit}"):
+        with pytest.raises(
+            ValueError, match=f"world_size {limit + 1} is more than this machine runs with gloo: at most {limit}"
+        ):
             run_overlap_benchmark({**SMALL, "pattern": "gemm_ar", "dtype": "fp32", "world_size": limit + 1}, ctx)
-        with pytest.raises(ValueError, match=f"the limit is {limit}"):
+        with pytest.raises(ValueError, match=f"at most {limit}"):
             run_collective_benchmark({"op": "all_reduce", "world_size": limit + 1, "backend": "gloo"}, ctx)
-    with pytest.raises(ValueError, match="bytes per rank"):
+    with pytest.raises(ValueError, match=r"all_gather of 68,719,476,736 bytes needs about .* per rank"):
         run_collective_benchmark({"op": "all_gather", "sizes": [2**36], "backend": "gloo"}, ctx)
     assert "max|ref|" in TOLERANCE_RULE
 
@@ -296,7 +307,7 @@ def test_a_hung_collective_times_out_and_the_ranks_are_ended(tmp_path: Path) -> 
 def test_run_ranks_limits() -> None:
     with pytest.raises(ValueError, match="world_size 0 is not possible"):
         run_ranks(0, rank_returns, (0,), backend="gloo", timeout_s=10)
-    with pytest.raises(ValueError, match=f"the limit is {max(2, os.cpu_count() or 1)}"):
+    with pytest.raises(ValueError, match=f"at most {max(2, os.cpu_count() or 1)} "):
         run_ranks(max_world_size("gloo") + 1, rank_returns, (0,), backend="gloo", timeout_s=10)
     with pytest.raises(ValueError, match="module-level function"):
         run_ranks(2, lambda info: None, backend="gloo", timeout_s=10)

@@ -22,7 +22,9 @@ async def test_predict_overlap_for_the_published_flux_case(suite_client: Client)
     assert p["efficiency"] == pytest.approx(
         (p["t_gemm_ms"] + p["t_comm_ms"] - p["t_overlap_ms"]) / p["t_comm_ms"], rel=1e-6
     )
-    assert result["calibrated"] is None  # nothing measured on an H800 here
+    assert result["calibrated"] is None  # nothing measured on an H800 here, and the result says why
+    assert result["uncalibrated_reason"].startswith("no calibration: of 0 stored gemm_benchmark result(s)")
+    assert "H800-SXM" in result["uncalibrated_reason"] and "benchmark_collective" in result["uncalibrated_reason"]
 
 
 async def test_predict_overlap_bad_inputs(suite_client: Client) -> None:
@@ -128,6 +130,35 @@ async def test_overlap_benchmark_and_tuning_with_gloo(suite_client: Client) -> N
     )
     assert tuned["state"] == "SUCCEEDED", tuned["reason"]
     assert {row["layer"] for row in tuned["result"]["layers"]} == {"up", "down"}
+    for layer in tuned["result"]["layers"]:  # 2 iterations cannot be checked: no best, and it says why
+        assert (
+            layer["best"] is None
+            and layer["verdict"].startswith("no verdict")
+            and "enough_iterations" in (layer["verdict"])
+        )
+        assert layer["predicted"] is None and layer["prediction_note"].startswith("no prediction: this ran on CPU")
+
+
+async def test_tune_overlap_puts_a_requested_prediction_next_to_the_measurement(suite_client: Client) -> None:
+    args = {
+        "layers": [{"layer": "up", "pattern": "ag_gemm", "m": 64, "n": 32, "k": 32}],
+        "world_size": 2,
+        "dtype": "fp32",
+        "methods": ["sequential", "chunked"],
+        "chunks": [2],
+        "iters": 3,
+        "backend": "gloo",
+        "wait_s": 45,
+    }
+    assert "H100-SXM" in await error(suite_client, "tune_overlap", {**args, "predict_for_gpu": "Voodoo5"})
+    tuned = await ok(suite_client, "tune_overlap", {**args, "predict_for_gpu": "H100-SXM"})
+    assert tuned["state"] == "SUCCEEDED", tuned["reason"]
+    [layer] = tuned["result"]["layers"]
+    assert layer["predicted"]["gpu"] == "H100-SXM" and layer["predicted_gain"] == layer["predicted"]["gain"]
+    assert "not comparable" in layer["prediction_note"] and "not comparable" in tuned["result"]["table"]
+    assert (
+        layer["best"] is None or layer["methods"][[m["name"] for m in layer["methods"]].index(layer["best"])]["valid"]
+    )
 
 
 async def test_overlap_bad_inputs_are_refused_before_any_job(suite_client: Client) -> None:

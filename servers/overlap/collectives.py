@@ -8,7 +8,9 @@ all_gather, the input of reduce_scatter and all_to_all), algbw = size / time, bu
 output elements that differ from the expected values after a separate checked call: inputs are small integers that
 every dtype represents exactly (and sums of them stay exact), so the comparison is exact.
 
-On CPU the backend is gloo, and the timings check the plumbing only. torch is imported inside functions.
+On CPU the backend is gloo, and the timings check the plumbing only. `prepare_collective` decides what runs here; the
+server calls it before submitting and the work function again before starting any rank (the same probe and
+messages). torch is imported inside functions.
 """
 
 from __future__ import annotations
@@ -17,15 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from servers.overlap.distributed import (
-    RankInfo,
-    check_memory,
-    check_world_size,
-    describe_device,
-    resolve_backend,
-    run_ranks,
-    slowest_rank_median,
-)
+from servers.overlap.distributed import RankInfo, describe_device, run_ranks, slowest_rank_median
+from servers.overlap.limits import MachineProbe, backend_decision, check_memory, check_world_size, probe_machine
 
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
 CommDtype = Literal["fp32", "bf16", "fp16"]
@@ -245,16 +240,27 @@ def format_table(rows: list[dict[str, Any]], avg_busbw: float, header: str) -> s
     return "\n".join(lines)
 
 
-def run_collective_benchmark(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
-    spec = CollectiveSpec.model_validate(spec_data)
-    backend = resolve_backend(spec.backend)
+def prepare_collective(
+    spec: CollectiveSpec, probe: MachineProbe | None = None
+) -> tuple[str, str, list[dict[str, int]]]:
+    """(backend, why, the size plans) for a collective benchmark; InputError when it cannot run here (too many
+    ranks, nccl without usable GPUs, buffers larger than a rank's memory)."""
+    probe = probe or probe_machine()
+    backend, why = backend_decision(spec.backend, probe)
     n = spec.world_size
-    check_world_size(n, backend)
+    check_world_size(n, backend, probe)
     plans = [plan_size(spec.op, s, spec.dtype, n) for s in spec.byte_sizes()]
     largest = max(p["size"] for p in plans)
     # Input and output buffers, plus the check's int64 indices and float32 copies (expected, output, a temporary).
     check_bytes = (8 + 3 * 4) * (largest // _TYPE_BYTES[spec.dtype]) if spec.check else 0
-    check_memory(2 * largest + check_bytes, backend, n, f"{spec.op} of {largest:,} bytes")
+    check_memory(2 * largest + check_bytes, backend, n, f"{spec.op} of {largest:,} bytes", probe)
+    return backend, why, plans
+
+
+def run_collective_benchmark(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    spec = CollectiveSpec.model_validate(spec_data)
+    backend, why, plans = prepare_collective(spec)
+    n = spec.world_size
     ctx.progress(0, len(plans), f"starting {n} ranks ({backend})")
     rank_rows = run_ranks(
         n,
@@ -303,6 +309,7 @@ def run_collective_benchmark(spec_data: dict[str, Any], ctx: Any) -> dict[str, A
         "op": spec.op,
         "dtype": spec.dtype,
         "backend": backend,
+        "backend_decision": why,
         **where,
         "world_size": n,
         "iters": spec.iters,

@@ -703,3 +703,22 @@ def calibration_from_measurements(
         bus_bandwidth_gbps=statistics.median(bandwidths) if bandwidths else None,
         source=f"{spec.name}: " + "; ".join(parts),
     )
+
+
+def why_uncalibrated(
+    gemm_results: list[dict[str, Any]], collective_results: list[dict[str, Any]], gpu: str, dtype: str = "bf16"
+) -> str:
+    """Why calibration_from_measurements found nothing to calibrate `gpu` with: what is stored, and what counts."""
+    spec = find_gpu(gpu)
+    dtype = normalize_dtype(dtype)
+    gemms = [r for r in gemm_results if isinstance(r, dict)]
+    on_gpu = [r for r in gemms if _matches_gpu(r, spec)]
+    rows = _collective_rows(collective_results)
+    rows_on_gpu = [r for r in rows if _matches_gpu(r, spec)]
+    return (
+        f"no calibration: of {len(gemms)} stored gemm_benchmark result(s), {len(on_gpu)} ran on {spec.name}, none "
+        f"of them {dtype} with every dimension >= {LARGE_GEMM_MIN_DIM}; of {len(rows)} stored collective row(s), "
+        f"{len(rows_on_gpu)} ran on {spec.name}, none of them an all_gather, reduce_scatter or all_reduce of >= "
+        f"{LARGE_COLLECTIVE_BYTES // 2**20} MiB. Run benchmark_gemm (all dims >= {LARGE_GEMM_MIN_DIM}) and "
+        f"benchmark_collective (up to >= {LARGE_COLLECTIVE_BYTES // 2**20} MiB) on a {spec.name} to calibrate"
+    )

@@ -35,6 +35,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+# One probe and one set of decisions for the server and the worker: re-exported here for the work functions.
+from servers.overlap.limits import check_memory, check_world_size, confirm_cuda_runtime, max_world_size, resolve_backend
+
+__all__ = [
+    "RankInfo",
+    "check_memory",
+    "check_world_size",
+    "describe_device",
+    "max_world_size",
+    "rank_progress",
+    "resolve_backend",
+    "run_ranks",
+    "slowest_rank_median",
+    "slowest_rank_series",
+    "time_iterations",
+]
+
 Backend = Literal["gloo", "nccl"]
 _POLL_S = 0.05
 _GRACE_AFTER_FAILURE_S = 1.0  # time the other ranks get to report their own error after a first failure
@@ -64,36 +81,6 @@ def rank_progress(done: float, total: float | None = None, message: str | None =
     tmp = _progress_file.with_suffix(".tmp")
     tmp.write_text(json.dumps({"done": done, "total": total, "message": message}))
     os.replace(tmp, _progress_file)
-
-
-def max_world_size(backend: str) -> int:
-    """The largest world size allowed: the GPUs present for nccl, the CPU cores (at least 2) for gloo."""
-    if backend == "nccl":
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return max(2, os.cpu_count() or 1)
-
-
-def check_world_size(world_size: int, backend: str) -> None:
-    """Raise ValueError when this machine cannot host `world_size` ranks with `backend`."""
-    limit = max_world_size(backend)
-    if world_size < 1 or world_size > limit:
-        what = "GPUs present" if backend == "nccl" else "CPU cores (at least 2 allowed)"
-        raise ValueError(f"world_size {world_size} is not possible with {backend}: the limit is {limit} ({what})")
-
-
-def resolve_backend(backend: str) -> Backend:
-    """'auto' -> nccl when CUDA GPUs are present, else gloo; 'nccl' without GPUs is an error."""
-    import torch
-
-    if backend == "auto":
-        return "nccl" if torch.cuda.is_available() and torch.distributed.is_nccl_available() else "gloo"
-    if backend == "nccl" and not (torch.cuda.is_available() and torch.distributed.is_nccl_available()):
-        raise ValueError("backend 'nccl' needs CUDA GPUs and a torch built with NCCL; this machine has neither")
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"unknown backend {backend!r}: use gloo, nccl or auto")
-    return backend  # type: ignore[return-value]
 
 
 def free_port() -> int:
@@ -145,11 +132,13 @@ def run_ranks(
 
     `backend`: gloo (CPU), nccl (rank r on cuda:r) or auto. `timeout_s` covers everything: start-up, the
     rendezvous and the work. `target` must be a module-level function, and args and return values picklable.
-    Raises ValueError (world size beyond what the machine has), RuntimeError (a rank failed: which and why) or
-    TimeoutError (ranks still running after timeout_s: a collective hung).
+    Raises ValueError (InputError, from limits.py: a world size or backend this machine cannot run), RuntimeError
+    (a rank failed: which and why; or CUDA does not initialise for nccl) or TimeoutError (ranks still running after
+    timeout_s: a collective hung).
     """
     backend = resolve_backend(backend)
     check_world_size(world_size, backend)
+    confirm_cuda_runtime(backend, world_size)
     if timeout_s <= 0:
         raise ValueError("timeout_s must be positive")
     module, qualname = _target_name(target)
@@ -355,39 +344,6 @@ def _rank_main(run_dir_text: str, rank: int) -> int:
         os._exit(1)
 
 
-def available_memory_bytes(backend: str, world_size: int) -> tuple[int, str]:
-    """Memory one rank may use, and where the figure comes from.
-
-    gloo: MemAvailable of /proc/meminfo shared by all ranks of this host (so divided by world_size);
-    nccl: the smallest free memory of cuda:0..world_size-1 (torch.cuda.mem_get_info).
-    """
-    if backend == "nccl":
-        import torch
-
-        free = min(torch.cuda.mem_get_info(i)[0] for i in range(world_size))
-        return int(free), "free GPU memory (torch.cuda.mem_get_info, smallest over the ranks' GPUs)"
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    total = int(line.split()[1]) * 1024
-                    return total // world_size, f"MemAvailable of /proc/meminfo / {world_size} ranks"
-    except OSError:
-        pass
-    pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return int(pages) // world_size, f"free physical pages / {world_size} ranks"
-
-
-def check_memory(bytes_per_rank: int, backend: str, world_size: int, what: str) -> None:
-    """Raise ValueError when `bytes_per_rank` does not fit in what one rank can use (checked before allocating)."""
-    available, source = available_memory_bytes(backend, world_size)
-    if bytes_per_rank > available:
-        raise ValueError(
-            f"{what} needs about {bytes_per_rank:,} bytes per rank but only {available:,} bytes are available "
-            f"({source}); use smaller sizes or fewer ranks"
-        )
-
-
 def time_iterations(fn: Callable[[], Any], *, warmup: int, iters: int, cuda: bool) -> list[float]:
     """Milliseconds of each of `iters` calls of fn() after `warmup` untimed ones, with a barrier before each.
 
@@ -419,11 +375,16 @@ def time_iterations(fn: Callable[[], Any], *, warmup: int, iters: int, cuda: boo
     return times
 
 
+def slowest_rank_series(per_rank: list[list[float]]) -> list[float]:
+    """The slowest rank's time in each iteration (what the medians and the spreads are computed from)."""
+    return [float(max(values)) for values in zip(*per_rank, strict=True)]
+
+
 def slowest_rank_median(per_rank: list[list[float]]) -> float:
     """Median over iterations of the slowest rank's time in each iteration."""
     import statistics
 
-    return float(statistics.median([max(values) for values in zip(*per_rank, strict=True)]))
+    return float(statistics.median(slowest_rank_series(per_rank)))
 
 
 def describe_device(backend: str) -> dict[str, str | None]:

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from servers.overlap.limits import MachineProbe, check_dtype, check_memory, probe_machine, resolve_device
+
 GemmDtype = Literal["fp32", "bf16", "fp16", "fp8"]
 
 
@@ -58,20 +60,37 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
 
 
+_ELEM = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def prepare_gemm(spec: GemmBenchmarkSpec, probe: MachineProbe | None = None) -> str:
+    """The device ('cuda' or 'cpu') the GEMM runs on here; InputError when it cannot run (cuda without a usable GPU,
+    fp8 without sm_89, A, B and C larger than the memory there). The server calls it before submitting the job, the
+    work function again before allocating (the same probe and messages)."""
+    probe = probe or probe_machine()
+    device = resolve_device(spec.device, probe)
+    check_dtype(spec.dtype, device, 1, probe)
+    elem = _ELEM[spec.dtype]
+    need = (spec.m * spec.k + spec.k * spec.n) * elem + spec.m * spec.n * (2 if spec.dtype == "fp8" else elem)
+    where = "GPU 0" if device == "cuda" else "host memory"
+    check_memory(need, device, 1, f"a {spec.m}x{spec.n}x{spec.k} {spec.dtype} GEMM (A, B and C, on {where})", probe)
+    return device
+
+
 def run_gemm_benchmark(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
     import torch
 
+    from servers.overlap.limits import confirm_cuda_runtime
+
     spec = GemmBenchmarkSpec.model_validate(spec_data)
-    use_cuda = spec.device == "cuda" or (spec.device == "auto" and torch.cuda.is_available())
-    if use_cuda and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' was asked for but torch.cuda.is_available() is False on this machine")
-    device = torch.device("cuda" if use_cuda else "cpu")
+    chosen = prepare_gemm(spec)
+    confirm_cuda_runtime(chosen, 1)
+    use_cuda = chosen == "cuda"
+    device = torch.device(chosen)
     device_name = torch.cuda.get_device_name(device) if use_cuda else "cpu"
     torch.manual_seed(0)
 
     if spec.dtype == "fp8":
-        if not use_cuda or torch.cuda.get_device_capability(device) < (8, 9):
-            raise RuntimeError("fp8 GEMM needs an NVIDIA GPU with FP8 tensor cores (compute capability 8.9 or newer)")
         a = torch.randn(spec.m, spec.k, device=device).to(torch.float8_e4m3fn)
         b = torch.randn(spec.n, spec.k, device=device).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm needs
         one = torch.ones((), device=device)

@@ -15,7 +15,11 @@ sum that accumulates along the ring; gemm_ar = that ring reduce-scatter followed
 fused_all_gather_matmul / fused_matmul_reduce_scatter, only on CUDA GPUs joined by NVLink when the ops exist).
 
 Every method's output is compared with the sequential result on every rank (see TOLERANCE_RULE). Times are medians
-over iterations of the slowest rank, with a barrier before each iteration. torch is imported inside functions.
+over iterations of the slowest rank, with a barrier before each iteration. Every result carries validity checks
+(validity.py): rows whose numbers cannot be true are flagged with the reason, lose their scores, and are never chosen
+as best. What can run here is decided by `prepare_overlap` / `prepare_tune`, which the server calls before it
+submits the job and the work functions call again before any rank starts (one probe, one validation, one message).
+torch is imported inside functions.
 """
 
 from __future__ import annotations
@@ -25,16 +29,24 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from servers.core.errors import InputError
+from servers.overlap import validity
 from servers.overlap.distributed import (
     RankInfo,
-    available_memory_bytes,
-    check_world_size,
     describe_device,
     rank_progress,
-    resolve_backend,
     run_ranks,
-    slowest_rank_median,
+    slowest_rank_series,
     time_iterations,
+)
+from servers.overlap.limits import (
+    MachineProbe,
+    backend_decision,
+    check_dtype,
+    check_memory,
+    check_world_size,
+    fmt_bytes,
+    probe_machine,
 )
 
 Pattern = Literal["ag_gemm", "gemm_rs", "gemm_ar"]
@@ -104,6 +116,12 @@ class OverlapLayer(BaseModel):
 
 class OverlapTuneSpec(_RunOptions):
     layers: list[OverlapLayer] = Field(min_length=1, max_length=32, description="The layers to tune, one run each")
+    predict_for_gpu: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Catalog GPU to put predict_overlap's figures next to the measurement for. Default: the measured "
+        "GPU when the catalog has it; otherwise no prediction (and the result says why)",
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -148,33 +166,83 @@ def estimate_bytes_per_rank(pattern: str, m: int, n: int, k: int, world_size: in
     return inputs + reference + method + check
 
 
-def _validate(spec: OverlapSpec | OverlapTuneSpec, backend: str, layers: list[tuple[str, int, int, int]]) -> None:
-    import torch
-
-    check_world_size(spec.world_size, backend)
+def validate_overlap_spec(spec: OverlapSpec, backend: str, probe: MachineProbe | None = None) -> None:
+    """InputError for what cannot run here: too many ranks, fp8 without sm_89 GPUs, shapes that do not split, more
+    memory than a rank has. The server calls it before submitting, the work function before starting any rank."""
+    probe = probe or probe_machine()
+    p = spec.world_size
+    check_world_size(p, backend, probe)
+    check_dtype(spec.dtype, backend, p, probe)
+    pattern, m, n, k = spec.pattern, spec.m, spec.n, spec.k
+    problems = shape_problems(pattern, m, n, k, p, list(spec.methods), list(spec.chunks))
     if spec.dtype == "fp8":
-        if backend != "nccl" or not torch.cuda.is_available():
-            raise ValueError("fp8 needs NVIDIA GPUs with FP8 tensor cores (sm_89 or newer) and the nccl backend")
-        cap = min(torch.cuda.get_device_capability(i) for i in range(spec.world_size))
-        if cap < (8, 9):
-            raise ValueError(f"fp8 needs compute capability 8.9 or newer; these GPUs are sm_{cap[0]}{cap[1]}")
-    for pattern, m, n, k in layers:
-        problems = shape_problems(pattern, m, n, k, spec.world_size, list(spec.methods), list(spec.chunks))
-        if spec.dtype == "fp8":
-            p = spec.world_size
-            dims = {"ag_gemm": (m // p, n // p, k), "gemm_rs": (m // p, n, k // p), "gemm_ar": (m // p, n, k // p)}
-            if any(d % 16 for d in dims[pattern]):
-                problems.append("fp8 GEMMs (torch._scaled_mm) need every per-rank dimension to be a multiple of 16")
-        if problems:
-            raise ValueError(f"{pattern} M={m} N={n} K={k} on {spec.world_size} ranks: " + "; ".join(problems))
-    need = max(estimate_bytes_per_rank(pat, m, n, k, spec.world_size, spec.dtype) for pat, m, n, k in layers)
-    need += _RUNTIME_OVERHEAD[backend]
-    available, source = available_memory_bytes(backend, spec.world_size)
-    if need > available:
-        raise ValueError(
-            f"the overlap benchmark needs about {need:,} bytes per rank (buffers plus "
-            f"{_RUNTIME_OVERHEAD[backend]:,} for the runtime) but only {available:,} bytes are available ({source})"
+        dims = {"ag_gemm": (m // p, n // p, k), "gemm_rs": (m // p, n, k // p), "gemm_ar": (m // p, n, k // p)}
+        if any(d % 16 for d in dims[pattern]):
+            problems.append("fp8 GEMMs (torch._scaled_mm) need every per-rank dimension to be a multiple of 16")
+    if problems:
+        raise InputError(f"{pattern} M={m} N={n} K={k} on {p} ranks: " + "; ".join(problems))
+    overhead = _RUNTIME_OVERHEAD[backend]
+    need = estimate_bytes_per_rank(pattern, m, n, k, p, spec.dtype) + overhead
+    what = f"{pattern} M={m} N={n} K={k} {spec.dtype} (buffers plus {fmt_bytes(overhead)} for the runtime)"
+    check_memory(need, backend, p, what, probe)
+
+
+def prepare_overlap(spec: OverlapSpec, probe: MachineProbe | None = None) -> tuple[str, str]:
+    """(backend, why) for an overlap benchmark, after validate_overlap_spec; InputError when it cannot run here."""
+    probe = probe or probe_machine()
+    backend, why = backend_decision(spec.backend, probe)
+    validate_overlap_spec(spec, backend, probe)
+    return backend, why
+
+
+def plan_tune(spec: OverlapTuneSpec) -> tuple[list[OverlapSpec], dict[str, list[int]]]:
+    """One OverlapSpec per layer, and per layer the chunk counts left out because they do not divide its M (left out
+    and reported, not an error; a layer none of them divides is tuned without the chunked method)."""
+    options = spec.model_dump(exclude={"layers", "predict_for_gpu"})
+    layer_specs = []
+    skipped: dict[str, list[int]] = {}
+    for layer in spec.layers:
+        unit = 1 if layer.pattern == "gemm_ar" else spec.world_size
+        usable = [c for c in spec.chunks if layer.m % (unit * c) == 0]
+        if len(usable) < len(spec.chunks):
+            skipped[layer.layer] = [c for c in spec.chunks if c not in usable]
+        methods = [mth for mth in spec.methods if mth != "chunked" or usable]
+        layer_specs.append(
+            OverlapSpec.model_validate(
+                {
+                    **options,
+                    "pattern": layer.pattern,
+                    "m": layer.m,
+                    "n": layer.n,
+                    "k": layer.k,
+                    "methods": methods or ["sequential"],
+                    "chunks": usable or [2],
+                }
+            )
         )
+    return layer_specs, skipped
+
+
+def prepare_tune(
+    spec: OverlapTuneSpec, probe: MachineProbe | None = None
+) -> tuple[str, str, list[OverlapSpec], dict[str, list[int]]]:
+    """(backend, why, per-layer specs, skipped chunk counts) for a tune sweep; InputError naming the first layer
+    that cannot run here, or an unknown predict_for_gpu."""
+    probe = probe or probe_machine()
+    backend, why = backend_decision(spec.backend, probe)
+    if spec.predict_for_gpu is not None:
+        from servers.core.gpus import find_gpu
+
+        find_gpu(spec.predict_for_gpu)  # InputError listing the catalog's names
+    check_world_size(spec.world_size, backend, probe)
+    check_dtype(spec.dtype, backend, spec.world_size, probe)
+    layer_specs, skipped = plan_tune(spec)
+    for layer, layer_spec in zip(spec.layers, layer_specs, strict=True):
+        try:
+            validate_overlap_spec(layer_spec, backend, probe)
+        except InputError as exc:
+            raise InputError(f"layer {layer.layer}: {exc}") from exc
+    return backend, why, layer_specs, skipped
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -588,16 +656,24 @@ def _build_symm_mem(pattern: str, a_local: Any, weight: Any) -> tuple[Any, Any]:
 
 
 def _summarize(spec: OverlapSpec, backend: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The result of one measurement: times, correctness, the validity checks (validity.py) and scores for the rows
+    that pass them, and the best row among the valid, correct ones (None, with the reason, when there is none)."""
+    import statistics
+
     p = spec.world_size
-    t_gemm = slowest_rank_median([x["t_gemm_ms"] for x in ranks])
-    t_comm = slowest_rank_median([x["t_comm_ms"] for x in ranks])
+    gemm_series = slowest_rank_series([x["t_gemm_ms"] for x in ranks])
+    comm_series = slowest_rank_series([x["t_comm_ms"] for x in ranks])
+    t_gemm = float(statistics.median(gemm_series))
+    t_comm = float(statistics.median(comm_series))
     flops = 2.0 * spec.m * spec.n * spec.k / p
     comm_bytes = ranks[0]["comm_bytes"]
     factor = {"ag_gemm": (p - 1) / p, "gemm_rs": (p - 1) / p, "gemm_ar": 2 * (p - 1) / p}[spec.pattern]
     algbw = comm_bytes / (t_comm * 1e-3) / 1e9 if t_comm > 0 else 0.0
     rtol = RTOL[spec.dtype]
-    methods = []
-    t_seq = None
+    methods: list[dict[str, Any]] = []
+    series_of: dict[int, list[float]] = {}
+    t_seq: float | None = None
+    seq_series: list[float] = []
     for i, entry in enumerate(ranks[0]["entries"]):
         name = entry["method"] + (f"(C={entry['chunks']})" if entry["chunks"] else "")
         row: dict[str, Any] = {"name": name, "method": entry["method"], "chunks": entry["chunks"]}
@@ -606,19 +682,17 @@ def _summarize(spec: OverlapSpec, backend: str, ranks: list[dict[str, Any]]) -> 
             methods.append(row)
             continue
         per_rank = [x["entries"][i] for x in ranks]
-        t = slowest_rank_median([e["times_ms"] for e in per_rank])
+        series = slowest_rank_series([e["times_ms"] for e in per_rank])
+        t = float(statistics.median(series))
         if entry["method"] == "sequential":
-            t_seq = t
-        rel = max(e["max_abs_diff"] / max(e["max_abs_ref"], 1e-30) for e in per_rank)
+            t_seq, seq_series = t, series
+        series_of[len(methods)] = series
         row.update(
             available=True,
             passed=all(e["max_abs_diff"] <= rtol * max(e["max_abs_ref"], 1e-30) for e in per_rank),
             max_abs_diff=max(e["max_abs_diff"] for e in per_rank),
-            rel_err=rel,
+            rel_err=max(e["max_abs_diff"] / max(e["max_abs_ref"], 1e-30) for e in per_rank),
             t_overlap_ms=t,
-            exposed_comm_ms=t - t_gemm,
-            efficiency=(t_gemm + t_comm - t) / t_comm if t_comm > 0 else None,
-            speedup=(t_gemm + t_comm) / t if t > 0 else None,
             tflops=flops / (t * 1e-3) / 1e12 if t > 0 else None,
             # per rank, per iteration: the raw timings, kept up to RAW_RANKS x RAW_ITERS
             raw_times_ms=[e["times_ms"][:RAW_ITERS] for e in per_rank[:RAW_RANKS]],
@@ -626,11 +700,14 @@ def _summarize(spec: OverlapSpec, backend: str, ranks: list[dict[str, Any]]) -> 
             - sum(min(len(e["times_ms"]), RAW_ITERS) for e in per_rank[:RAW_RANKS]),
         )
         methods.append(row)
-    for row in methods:
-        if row.get("available") and t_seq:
-            row["speedup_vs_sequential"] = t_seq / row["t_overlap_ms"]
-    correct = [row for row in methods if row.get("passed")]
-    best = min(correct, key=lambda row: row["t_overlap_ms"]) if correct else None
+
+    baseline = validity.measurement_checks(
+        t_gemm, t_comm, t_seq, {"gemm": gemm_series, "comm": comm_series, "sequential": seq_series}
+    )
+    baseline_failures = validity.failed(baseline)
+    for index, series in series_of.items():
+        _score(methods[index], t_gemm, t_comm, t_seq, series, baseline_failures)
+    best, best_reason = choose_best(methods, baseline_failures)
     result = {
         "pattern": spec.pattern,
         "m": spec.m,
@@ -649,9 +726,12 @@ def _summarize(spec: OverlapSpec, backend: str, ranks: list[dict[str, Any]]) -> 
         "comm_bytes": comm_bytes,
         "busbw_gbs": algbw * factor,
         "busbw_factor": factor,
+        "validity": {"valid": not baseline_failures, "checks": baseline, "rules": validity.RULES},
         "methods": methods,
         "all_passed": all(row["passed"] for row in methods if row.get("available")),
+        "all_valid": all(row["valid"] for row in methods if row.get("available")),
         "best": best["name"] if best else None,
+        "best_reason": best_reason,
         "tolerance": {"rule": TOLERANCE_RULE, "rtol": rtol},
         "timing": "median over iterations of the slowest rank; barrier before each iteration; "
         + ("CUDA events" if backend == "nccl" else "time.perf_counter"),
@@ -659,6 +739,73 @@ def _summarize(spec: OverlapSpec, backend: str, ranks: list[dict[str, Any]]) -> 
     }
     result["table"] = format_table(result)
     return result
+
+
+_SCORES = ("efficiency", "speedup", "speedup_vs_sequential", "exposed_comm_ms")
+
+
+def _score(
+    row: dict[str, Any],
+    t_gemm: float,
+    t_comm: float,
+    t_seq: float | None,
+    series: list[float],
+    baseline_failures: list[str],
+) -> None:
+    """Check a measured row and score it only when it passes: the sequential row is the baseline (E = 0, exposed
+    communication = T_comm, speedup 1 by definition); an overlapped row gets E, speedup and exposed communication
+    from the formulas. A row that fails keeps its times, gets None scores and the reasons."""
+    t = row["t_overlap_ms"]
+    own = [] if row["method"] == "sequential" else validity.row_checks(t_gemm, t_comm, t, series)
+    reasons = [f"baseline {reason}" for reason in baseline_failures] + validity.failed(own)
+    row.update(valid=not reasons, invalid_reasons=reasons, checks=own, warnings=[])
+    if reasons:
+        row.update(dict.fromkeys(_SCORES))
+        return
+    if row["method"] == "sequential":
+        row.update(efficiency=0.0, speedup=1.0, speedup_vs_sequential=1.0, exposed_comm_ms=t_comm)
+        return
+    efficiency = (t_gemm + t_comm - t) / t_comm
+    row.update(
+        efficiency=efficiency,
+        speedup=(t_gemm + t_comm) / t,
+        speedup_vs_sequential=t_seq / t if t_seq else None,
+        exposed_comm_ms=t - t_gemm,
+    )
+    if efficiency < validity.E_MIN:
+        row["warnings"].append(
+            f"E = {efficiency:.3g} < {validity.E_MIN:g}: slower than the sequential schedule (a real result when the "
+            "method costs more than it hides)"
+        )
+
+
+def choose_best(methods: list[dict[str, Any]], baseline_failures: list[str]) -> tuple[dict[str, Any] | None, str]:
+    """The fastest row that is both correct and valid, and a sentence saying why it (or nothing) was chosen."""
+    measured = [row for row in methods if row.get("available")]
+    candidates = [row for row in measured if row["passed"] and row["valid"]]
+    invalid = [row["name"] for row in measured if not row["valid"]]
+    wrong = [row["name"] for row in measured if not row["passed"]]
+    if candidates:
+        best = min(candidates, key=lambda row: row["t_overlap_ms"])
+        reason = f"the fastest of {len(candidates)} valid row(s) whose output matches the sequential result"
+        if invalid:
+            reason += f"; not considered, failing the validity checks: {', '.join(invalid)}"
+        if wrong:
+            reason += f"; not considered, output differs from sequential: {', '.join(wrong)}"
+        return best, reason
+    if not measured:
+        return None, "no best: no method could be measured here"
+    if baseline_failures:
+        names = ", ".join(reason.split(":", 1)[0] for reason in baseline_failures)
+        return None, (
+            f"no best: the measurement failed its validity checks ({names}; details in validity.checks), so no row "
+            "can be scored. More iterations, a larger shape or a quieter machine may help; on CPU (gloo) timings "
+            "rarely pass"
+        )
+    reasons = [f"{row['name']}: {row['invalid_reasons'][0]}" for row in measured if not row["valid"]]
+    if reasons:
+        return None, "no best: no row is both valid and correct (" + "; ".join(reasons) + ")"
+    return None, "no best: no method's output matches the sequential result"
 
 
 def finite(value: Any) -> Any:
@@ -674,7 +821,9 @@ def finite(value: Any) -> Any:
 
 
 def _without_raw_times(row: dict[str, Any]) -> dict[str, Any]:
-    """A method row of a tune result: its raw timings left out (counted in raw_times_omitted)."""
+    """A method row of a tune result: its raw timings and the detail of its checks left out (the raw timings are
+    counted in raw_times_omitted; the failed checks stay in invalid_reasons)."""
+    row = {key: value for key, value in row.items() if key != "checks"}
     if "raw_times_ms" not in row:
         return row
     kept = sum(len(r) for r in row["raw_times_ms"])
@@ -701,20 +850,32 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [head]
     if result.get("note"):
         lines.append(f"NOTE: {result['note']}")
+    baseline = result["validity"]
+    if not baseline["valid"]:
+        failures = [c for c in baseline["checks"] if not c["passed"]]
+        lines.append(
+            "MEASUREMENT INVALID, no row is scored: " + "; ".join(f"{c['name']}: {c['detail']}" for c in failures)
+        )
     lines.append(
-        f"{'method':<14} {'ok':>4} {'max|diff|':>10} {'T_overlap':>10} {'exposed':>9} {'E':>7} {'speedup':>8} "
-        f"{'vs seq':>7} {'TFLOP/s':>8}"
+        f"{'method':<14} {'ok':>4} {'valid':>5} {'max|diff|':>10} {'T_overlap':>10} {'exposed':>9} {'E':>7} "
+        f"{'speedup':>8} {'vs seq':>7} {'TFLOP/s':>8}"
     )
+    notes = []
     for row in result["methods"]:
         if not row.get("available"):
-            lines.append(f"{row['name']:<14} {'-':>4} {row['reason']}")
+            lines.append(f"{row['name']:<14} {'-':>4} {'-':>5} {row['reason']}")
             continue
         lines.append(
-            f"{row['name']:<14} {'yes' if row['passed'] else 'NO':>4} {row['max_abs_diff']:>10.2e} "
-            f"{row['t_overlap_ms']:>10.3f} {row['exposed_comm_ms']:>9.3f} {_fmt(row['efficiency'], '.2f'):>7} "
-            f"{_fmt(row['speedup'], '.2f'):>8} {_fmt(row.get('speedup_vs_sequential'), '.2f'):>7} "
-            f"{_fmt(row['tflops'], '.4f'):>8}"
+            f"{row['name']:<14} {'yes' if row['passed'] else 'NO':>4} {'yes' if row['valid'] else 'NO':>5} "
+            f"{_fmt(row['max_abs_diff'], '.2e'):>10} {row['t_overlap_ms']:>10.3f} "
+            f"{_fmt(row['exposed_comm_ms']):>9} {_fmt(row['efficiency'], '.2f'):>7} {_fmt(row['speedup'], '.2f'):>8} "
+            f"{_fmt(row.get('speedup_vs_sequential'), '.2f'):>7} {_fmt(row['tflops'], '.4f'):>8}"
         )
+        own = [reason for reason in row["invalid_reasons"] if not reason.startswith("baseline ")]
+        notes += [f"INVALID {row['name']}: {reason}" for reason in own]
+        notes += [f"WARNING {row['name']}: {warning}" for warning in row["warnings"]]
+    lines += notes
+    lines.append(f"best: {result['best']} ({result['best_reason']})" if result["best"] else result["best_reason"])
     return "\n".join(lines)
 
 
@@ -736,10 +897,10 @@ def _measure(spec: OverlapSpec, backend: str, log_dir: Any, on_progress: Any) ->
 
 def run_overlap_benchmark(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
     spec = OverlapSpec.model_validate(spec_data)
-    backend = resolve_backend(spec.backend)
-    _validate(spec, backend, [(spec.pattern, spec.m, spec.n, spec.k)])
+    backend, why = prepare_overlap(spec)
     ctx.progress(0, None, f"starting {spec.world_size} ranks ({backend})")
     result = finite(_measure(spec, backend, ctx.log_path("rank0").parent, ctx.progress))
+    result["backend_decision"] = why
     for step, row in enumerate(result["methods"]):
         if row.get("available"):
             ctx.log_metrics(
@@ -751,87 +912,187 @@ def run_overlap_benchmark(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]
                 speedup=row["speedup"],
                 max_abs_diff=row["max_abs_diff"],
                 passed=row["passed"],
+                valid=row["valid"],
             )
     print(result["table"], flush=True)
     return result
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Tuning: the measurement of each layer next to predict_overlap's figures
+
+
+def prediction_target(spec: OverlapTuneSpec, device: dict[str, str | None]) -> tuple[str | None, str | None]:
+    """(catalog GPU to predict for, note): the one asked for (predict_for_gpu), else the measured GPU when the
+    catalog has it; None with the reason otherwise (a prediction for another GPU only when asked)."""
+    measured = device.get("gpu_catalog_name")
+    if spec.predict_for_gpu is not None:
+        from servers.core.gpus import find_gpu
+
+        asked = find_gpu(spec.predict_for_gpu).name
+        if asked == measured:
+            return asked, None
+        return asked, (
+            f"predicted for {asked} as asked, but measured on {device.get('device_name')}: the two are not comparable"
+        )
+    if measured:
+        return measured, None
+    if device.get("device") == "cpu":
+        where = "this ran on CPU (gloo), and the cost model predicts catalog GPUs only"
+    else:
+        where = f"the measured GPU ({device.get('device_name')}) is not in the GPU catalog"
+    return None, f"no prediction: {where}; pass predict_for_gpu (e.g. H100-SXM) for predict_overlap's figures"
+
+
+def predict_layer(
+    layer: OverlapLayer, world_size: int, dtype: str, gpu: str, chunks: list[int]
+) -> tuple[dict[str, Any] | None, str | None]:
+    """predict_overlap's figures for one layer (chunk counts up to the largest tried), or None and why not."""
+    from servers.overlap.cost_model import predict_overlap
+
+    try:
+        p = predict_overlap(
+            layer.pattern, layer.m, layer.n, layer.k, world_size, dtype=dtype, gpu=gpu, max_chunks=max(chunks)
+        )
+    except InputError as exc:
+        return None, f"no prediction: {exc}"
+    return {
+        "gpu": p.gpu,
+        "interconnect": p.interconnect,
+        "t_gemm_ms": p.t_gemm_ms,
+        "t_comm_ms": p.t_comm_ms,
+        "t_sequential_ms": p.t_sequential_ms,
+        "t_overlap_ms": p.t_overlap_ms,
+        "best_chunks": p.best_chunks,
+        "efficiency": p.efficiency,
+        "gain": p.speedup - 1.0,
+        "worth_it": p.worth_it,
+    }, None
+
+
+def tune_entry(
+    layer: OverlapLayer,
+    measured: dict[str, Any],
+    skipped: list[int],
+    prediction: dict[str, Any] | None,
+    prediction_note: str | None,
+) -> dict[str, Any]:
+    """One layer of a tune result: the best valid, correct configuration, its gain over sequential (only from valid
+    rows), predict_overlap's gain next to it (or why there is none), and a verdict in words."""
+    best = next((row for row in measured["methods"] if row["name"] == measured["best"]), None)
+    t_seq = measured["t_sequential_ms"]
+    gain = (t_seq / best["t_overlap_ms"] - 1.0) if best and t_seq and best["t_overlap_ms"] > 0 else None
+    if best is None:
+        failures = validity.failed(measured["validity"]["checks"])
+        if failures:
+            names = ", ".join(reason.split(":", 1)[0] for reason in failures)
+            verdict = f"no verdict: the measurement failed its validity checks ({names})"
+        else:
+            verdict = "no verdict: no row is both valid and correct"
+    elif gain is not None and gain > validity.REL_NOISE:
+        verdict = f"{best['name']} is {100 * gain:.1f}% faster than sequential"
+    elif best["method"] == "sequential":
+        verdict = "keep sequential: no valid overlapped row is faster"
+    else:
+        verdict = (
+            f"no significant gain: {best['name']} is within noise ({100 * validity.REL_NOISE:g}%) of sequential; "
+            "keep sequential"
+        )
+    invalid = [row["name"] for row in measured["methods"] if row.get("available") and not row["valid"]]
+    return {
+        "layer": layer.layer,
+        "pattern": layer.pattern,
+        "m": layer.m,
+        "n": layer.n,
+        "k": layer.k,
+        "best": measured["best"],
+        "best_reason": measured["best_reason"],
+        "best_t_ms": best["t_overlap_ms"] if best else None,
+        "t_sequential_ms": t_seq,
+        "gain": gain,
+        "significant": gain is not None and gain > validity.REL_NOISE,
+        "verdict": verdict,
+        "predicted": prediction,
+        "predicted_gain": prediction["gain"] if prediction else None,
+        "prediction_note": prediction_note,
+        "t_gemm_ms": measured["t_gemm_ms"],
+        "t_comm_ms": measured["t_comm_ms"],
+        "measurement_valid": measured["validity"]["valid"],
+        "measurement_invalid_reasons": validity.failed(measured["validity"]["checks"]),
+        "invalid_rows": invalid,
+        "all_passed": measured["all_passed"],
+        "skipped_chunks": skipped,
+        "methods": [_without_raw_times(row) for row in measured["methods"]],
+        "table": measured["table"],
+    }
+
+
+def format_tune_table(results: list[dict[str, Any]], backend: str, prediction_note: str | None) -> str:
+    lines = [
+        f"{'layer':<20} {'pattern':<8} {'MxNxK':<20} {'best':<14} {'T_best':>9} {'T_seq':>9} {'gain':>7} "
+        f"{'predicted':>9}  verdict"
+    ]
+    for e in results:
+        shape = f"{e['m']}x{e['n']}x{e['k']}"
+        gain = "-" if e["gain"] is None else f"{100 * e['gain']:+.1f}%"
+        predicted = "-" if e["predicted_gain"] is None else f"{100 * e['predicted_gain']:+.1f}%"
+        lines.append(
+            f"{e['layer']:<20} {e['pattern']:<8} {shape:<20} {e['best'] or '-':<14} "
+            f"{_fmt(e['best_t_ms']):>9} {_fmt(e['t_sequential_ms']):>9} {gain:>7} {predicted:>9}  {e['verdict']}"
+        )
+    if prediction_note:
+        lines.append(f"NOTE: {prediction_note}")
+    else:
+        gpus = sorted({e["predicted"]["gpu"] for e in results if e["predicted"]})
+        if gpus:
+            lines.append(f"predicted: predict_overlap's gain for {', '.join(gpus)} (best chunk count, uncalibrated)")
+    notes = sorted(
+        {e["prediction_note"] for e in results if e["prediction_note"] and e["prediction_note"] != prediction_note}
+    )
+    lines += [f"NOTE: {note}" for note in notes]
+    if backend == "gloo":
+        lines.append(f"NOTE: {CPU_NOTE}")
+    return "\n".join(lines)
+
+
 def run_overlap_tune(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
     spec = OverlapTuneSpec.model_validate(spec_data)
-    backend = resolve_backend(spec.backend)
-    options = spec.model_dump(exclude={"layers"})
-    layer_specs = []
-    skipped: dict[str, list[int]] = {}
-    for layer in spec.layers:
-        # A chunk count that does not divide this layer's M is left out for this layer (and reported), not an error.
-        unit = 1 if layer.pattern == "gemm_ar" else spec.world_size
-        usable = [c for c in spec.chunks if layer.m % (unit * c) == 0]
-        if len(usable) < len(spec.chunks):
-            skipped[layer.layer] = [c for c in spec.chunks if c not in usable]
-        methods = [mth for mth in spec.methods if mth != "chunked" or usable]
-        layer_specs.append(
-            OverlapSpec.model_validate(
-                {
-                    **options,
-                    "pattern": layer.pattern,
-                    "m": layer.m,
-                    "n": layer.n,
-                    "k": layer.k,
-                    "methods": methods or ["sequential"],
-                    "chunks": usable or [2],
-                }
-            )
-        )
-    for layer_spec in layer_specs:
-        _validate(layer_spec, backend, [(layer_spec.pattern, layer_spec.m, layer_spec.n, layer_spec.k)])
+    backend, why, layer_specs, skipped = prepare_tune(spec)
+    device = describe_device(backend)
+    gpu, prediction_note = prediction_target(spec, device)
     results = []
     log_dir = ctx.log_path("rank0").parent
     for index, (layer, layer_spec) in enumerate(zip(spec.layers, layer_specs, strict=True)):
         ctx.progress(index, len(spec.layers), f"layer {layer.layer} ({layer.pattern} {layer.m}x{layer.n}x{layer.k})")
         measured = finite(_measure(layer_spec, backend, log_dir, None))
-        best = next((row for row in measured["methods"] if row["name"] == measured["best"]), None)
-        t_seq = measured["t_sequential_ms"]
-        entry = {
-            "layer": layer.layer,
-            "pattern": layer.pattern,
-            "m": layer.m,
-            "n": layer.n,
-            "k": layer.k,
-            "best": measured["best"],
-            "best_t_ms": best["t_overlap_ms"] if best else None,
-            "t_sequential_ms": t_seq,
-            "gain": (t_seq / best["t_overlap_ms"] - 1.0) if best and t_seq else None,
-            "t_gemm_ms": measured["t_gemm_ms"],
-            "t_comm_ms": measured["t_comm_ms"],
-            "all_passed": measured["all_passed"],
-            "skipped_chunks": skipped.get(layer.layer, []),
-            "methods": [_without_raw_times(row) for row in measured["methods"]],
-            "table": measured["table"],
-        }
+        prediction, layer_note = (None, prediction_note)
+        if gpu is not None:
+            prediction, layer_note = predict_layer(layer, spec.world_size, spec.dtype, gpu, list(spec.chunks))
+            layer_note = layer_note or prediction_note
+        entry = tune_entry(layer, measured, skipped.get(layer.layer, []), prediction, layer_note)
         results.append(entry)
         ctx.log_metrics(
-            step=index, layer=layer.layer, best=entry["best"], best_t_ms=entry["best_t_ms"], gain=entry["gain"]
+            step=index,
+            layer=layer.layer,
+            best=entry["best"],
+            best_t_ms=entry["best_t_ms"],
+            gain=entry["gain"],
+            predicted_gain=entry["predicted_gain"],
         )
         ctx.progress(index + 1, len(spec.layers), f"layer {layer.layer}: best {entry['best']}")
-    lines = [f"{'layer':<20} {'pattern':<8} {'MxNxK':<20} {'best':<14} {'T_best':>9} {'T_seq':>9} {'gain':>7}"]
-    for e in results:
-        shape = f"{e['m']}x{e['n']}x{e['k']}"
-        gain = "-" if e["gain"] is None else f"{100 * e['gain']:+.1f}%"
-        lines.append(
-            f"{e['layer']:<20} {e['pattern']:<8} {shape:<20} {e['best'] or '-':<14} "
-            f"{_fmt(e['best_t_ms']):>9} {_fmt(e['t_sequential_ms']):>9} {gain:>7}"
-        )
-    table = "\n".join(lines)
-    if backend == "gloo":
-        table += f"\nNOTE: {CPU_NOTE}"
+    table = format_tune_table(results, backend, prediction_note)
     print(table, flush=True)
     return {
         "world_size": spec.world_size,
         "dtype": spec.dtype,
         "backend": backend,
-        **describe_device(backend),
+        "backend_decision": why,
+        **device,
+        "prediction_gpu": gpu,
+        "prediction_note": prediction_note,
         "layers": finite(results),
         "table": table,
         "tolerance": {"rule": TOLERANCE_RULE, "rtol": RTOL[spec.dtype]},
+        "validity_rules": validity.RULES,
         "note": CPU_NOTE if backend == "gloo" else None,
     }

@@ -73,7 +73,9 @@ def register(server: MCPServer, app: App) -> None:
         dense peak (CUDA events; optional L2 flush). Runs as a job: the result comes back if it ends within
         wait_s, else the job handle (follow with wait_for_job). A few seconds for moderate shapes; on CPU the
         timings check plumbing, not GPU performance."""
-        await in_thread(check_gemm_memory, spec)
+        from servers.overlap.gemm import prepare_gemm
+
+        await in_thread(prepare_gemm, spec)  # the same decision and messages as the job's own
         view = await run_job(
             app, "gemm_benchmark", spec.model_dump(mode="json"), wait_s=wait_s, ctx=ctx, timeout_s=timeout_s
         )
@@ -97,7 +99,10 @@ class PredictionResult(BaseModel):
         description="The same with the GEMM efficiency and bus bandwidth measured on this GPU, when "
         "benchmark results for it are stored",
     )
-    calibration_source: str | None = None
+    calibration_source: str | None = Field(default=None, description="Which stored results calibrated it")
+    uncalibrated_reason: str | None = Field(
+        default=None, description="When calibrated is null: why (what is stored, and what would calibrate it)"
+    )
 
 
 class PresetList(BaseModel):
@@ -142,8 +147,9 @@ def register_model_tools(server: MCPServer, app: App) -> None:
         """Predict, without a GPU, one tensor-parallel GEMM with its collective: T_gemm (roofline from the GPU
         catalog), T_comm (alpha-beta model with NCCL's ring constants), the sequential time, the best pipelined
         overlap over chunk counts (by_chunks lists each), overlap efficiency E and speedup, and whether overlap is
-        worth it. When GEMM or collective benchmarks for the same GPU are stored, also a calibrated prediction."""
-        from servers.overlap.cost_model import calibration_from_measurements
+        worth it. When GEMM or collective benchmarks for the same GPU are stored, also a calibrated prediction;
+        otherwise uncalibrated_reason says what is stored and what would calibrate it."""
+        from servers.overlap.cost_model import calibration_from_measurements, why_uncalibrated
         from servers.overlap.cost_model import predict_overlap as predict
 
         same_question = functools.partial(
@@ -163,10 +169,16 @@ def register_model_tools(server: MCPServer, app: App) -> None:
         collectives = await in_thread(stored_results, app, "collective_benchmark")
         calibration = await in_thread(calibration_from_measurements, gemms, collectives, gpu, dtype)
         calibrated = None
+        uncalibrated_reason = None
         if calibration is not None:
             calibrated = await in_thread(same_question, calibration=calibration)
+        else:
+            uncalibrated_reason = await in_thread(why_uncalibrated, gemms, collectives, gpu, dtype)
         result = PredictionResult(
-            prediction=base, calibrated=calibrated, calibration_source=calibration.source if calibration else None
+            prediction=base,
+            calibrated=calibrated,
+            calibration_source=calibration.source if calibration else None,
+            uncalibrated_reason=uncalibrated_reason,
         )
         p = base
         efficiency = "n/a, nothing to hide" if p.efficiency is None else f"{p.efficiency:.2f}"
@@ -181,6 +193,8 @@ def register_model_tools(server: MCPServer, app: App) -> None:
                 f"\ncalibrated ({result.calibration_source}): sequential {calibrated.t_sequential_ms:.4g} ms, "
                 f"overlapped {calibrated.t_overlap_ms:.4g} ms"
             )
+        else:
+            text += f"\n{uncalibrated_reason}"
         return tool_result(result, text)
 
     @agent_tool(
@@ -213,73 +227,6 @@ def register_model_tools(server: MCPServer, app: App) -> None:
         return tool_result(result, "\n".join(lines))
 
 
-def check_gemm_memory(spec: GemmBenchmarkSpec) -> None:
-    """A, B and C must fit where the GEMM runs; said before anything is allocated."""
-    from servers.overlap.limits import fmt_bytes, gpu_memory_free, gpus_present, host_memory_available
-
-    elem = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[spec.dtype]
-    need = (spec.m * spec.k + spec.k * spec.n) * elem + spec.m * spec.n * (2 if spec.dtype == "fp8" else elem)
-    on_gpu = spec.device == "cuda" or (spec.device == "auto" and gpus_present() > 0)
-    free, where = (gpu_memory_free(0), "GPU 0") if on_gpu else (host_memory_available(), "host memory")
-    if free is not None and need > free:
-        raise InputError(
-            f"a {spec.m}x{spec.n}x{spec.k} {spec.dtype} GEMM needs {fmt_bytes(need)} for A, B and C but "
-            f"{where} has {fmt_bytes(free)} available; use a smaller shape"
-        )
-
-
-def resolve_backend(backend: str) -> str:
-    from servers.overlap.limits import gpus_present
-
-    if backend == "auto":
-        return "nccl" if gpus_present() > 0 else "gloo"
-    if backend == "nccl" and gpus_present() == 0:
-        raise InputError("backend 'nccl' needs NVIDIA GPUs and this machine has none; use 'gloo' (CPU) or 'auto'")
-    return backend
-
-
-def check_ranks(world_size: int, backend: str, dtype: str | None = None) -> None:
-    """Refuse before submitting what cannot run here: too many ranks, fp8 without GPUs."""
-    from servers.overlap.limits import max_world_size
-
-    cap = max_world_size(backend)
-    if world_size > cap:
-        where = "GPUs present" if backend == "nccl" else "CPU cores (gloo)"
-        raise InputError(f"world_size {world_size} is more than this machine runs: at most {cap} ({where})")
-    if dtype == "fp8" and backend != "nccl":
-        raise InputError(
-            "fp8 needs NVIDIA GPUs with FP8 tensor cores (sm_89+) and the nccl backend; use fp32, bf16 or fp16 on CPU"
-        )
-
-
-def check_overlap_memory(layers: list[tuple[str, int, int, int]], world_size: int, dtype: str, backend: str) -> None:
-    from servers.overlap.limits import fmt_bytes, gpu_memory_free, host_memory_available
-    from servers.overlap.overlap_bench import estimate_bytes_per_rank
-
-    need = max(estimate_bytes_per_rank(pattern, m, n, k, world_size, dtype) for pattern, m, n, k in layers)
-    if backend == "nccl":
-        free, where = gpu_memory_free(0), "free memory of GPU 0"
-    else:
-        total = host_memory_available()
-        free, where = (None if total is None else total // world_size), f"available host memory / {world_size} ranks"
-    if free is not None and need > free:
-        raise InputError(
-            f"this shape needs about {fmt_bytes(need)} per rank but only {fmt_bytes(free)} is "
-            f"available ({where}); use a smaller shape, fewer tokens or more ranks"
-        )
-
-
-def check_shapes(
-    layers: list[tuple[str, int, int, int]], world_size: int, methods: list[str], chunks: list[int]
-) -> None:
-    from servers.overlap.overlap_bench import shape_problems
-
-    for pattern, m, n, k in layers:
-        problems = shape_problems(pattern, m, n, k, world_size, methods, chunks)
-        if problems:
-            raise InputError(f"{pattern} M={m} N={n} K={k} on {world_size} ranks: " + "; ".join(problems))
-
-
 def register_distributed_tools(server: MCPServer, app: App) -> None:
     @agent_tool(
         server, title="Benchmark a collective", read_only=False, destructive=False, idempotent=False, open_world=False
@@ -294,11 +241,13 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
         world_size ranks (one process per GPU with nccl; processes with gloo on CPU), and return an
         nccl-tests-compatible table: size, count, type, time, algbw, busbw (nccl-tests factors) and #wrong from a
         real check of every element. Runs as a job (result within wait_s, else the handle). Seconds to minutes."""
-        backend = await in_thread(resolve_backend, spec.backend)
-        await in_thread(check_ranks, spec.world_size, backend)
-        data = spec.model_dump(mode="json") | {"backend": backend}
+        from servers.overlap.collectives import prepare_collective
+
+        # The job decides again with the same probe (servers/overlap/limits.py): the same backend, the same refusals.
+        backend, why, _ = await in_thread(prepare_collective, spec)
+        data = spec.model_dump(mode="json")
         view = await run_job(app, "collective_benchmark", data, wait_s=wait_s, ctx=ctx, timeout_s=timeout_s)
-        summary = summarize_job(view)
+        summary = _with_decision(summarize_job(view), spec.backend, why)
         if view.result and "avg_busbw" in view.result:
             summary = (
                 f"{spec.op} on {spec.world_size} ranks ({backend}): avg busbw {view.result['avg_busbw']:.4g} "
@@ -332,8 +281,9 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
         """Measure one tensor-parallel GEMM with its collective (ag_gemm, gemm_rs, gemm_ar): the sequential
         baseline against chunked, ring and symm_mem overlap (symm_mem only on NVLink GPUs; otherwise it says so):
         T_gemm, T_comm, T_sequential, T_overlap, exposed communication, efficiency E, speedup, TFLOP/s, busbw, and
-        each method's maximum difference from the sequential result. Runs as a job. On CPU the timings check
-        plumbing and correctness, not performance."""
+        each method's maximum difference from the sequential result; every row carries validity checks (rows whose
+        timings cannot be true are flagged with the reason and not scored) and the best valid, correct row is named
+        (or why there is none). Runs as a job. On CPU the timings check plumbing and correctness, not performance."""
         if preset is not None:
             from servers.overlap.presets import get_preset
 
@@ -344,14 +294,13 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
                 raise InputError(f"preset {chosen.name} has no layer {layer!r}; its layers: {', '.join(names)}")
             shape = match[0]
             spec = spec.model_copy(update={"pattern": shape.pattern, "m": shape.m, "n": shape.n, "k": shape.k})
-        backend = await in_thread(resolve_backend, spec.backend)
-        await in_thread(check_ranks, spec.world_size, backend, spec.dtype)
-        layers = [(spec.pattern, spec.m, spec.n, spec.k)]
-        await in_thread(check_shapes, layers, spec.world_size, list(spec.methods), list(spec.chunks))
-        await in_thread(check_overlap_memory, layers, spec.world_size, spec.dtype, backend)
-        data = spec.model_dump(mode="json") | {"backend": backend}
+        from servers.overlap.overlap_bench import prepare_overlap
+
+        # The job decides again with the same probe (servers/overlap/limits.py): the same backend, the same refusals.
+        _, why = await in_thread(prepare_overlap, spec)
+        data = spec.model_dump(mode="json")
         view = await run_job(app, "overlap_benchmark", data, wait_s=wait_s, ctx=ctx, timeout_s=timeout_s)
-        summary = summarize_job(view)
+        summary = _with_decision(summarize_job(view), spec.backend, why)
         if view.result and view.result.get("table"):
             summary += "\n" + str(view.result["table"])
         return tool_result(view, summary)
@@ -377,15 +326,26 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
         ] = (2, 4, 8),
         iters: Annotated[int, Field(ge=1, le=1000, description="Timed iterations per measurement")] = 10,
         backend: Annotated[
-            Literal["auto", "gloo", "nccl"], Field(description="auto: nccl on GPUs, else gloo")
+            Literal["auto", "gloo", "nccl"],
+            Field(description="auto: nccl when CUDA can use this machine's GPUs, else gloo"),
         ] = "auto",
+        predict_for_gpu: Annotated[
+            str | None,
+            Field(
+                max_length=64,
+                description="Catalog GPU (e.g. H100-SXM) whose predict_overlap figures go next to the measurement. "
+                "Default: the measured GPU when the catalog has it; on CPU or an uncatalogued GPU, none (and why)",
+            ),
+        ] = None,
         wait_s: WaitS = 20,
         timeout_s: Annotated[float, Field(gt=0, le=12 * 3600, description="Wall-time limit of the job")] = 3 * 3600,
     ) -> Annotated[CallToolResult, JobView]:
         """Sweep methods and chunk counts for each layer (a preset's TP layers or given ones) and return, per layer,
-        the best configuration (the fastest method whose output matches the sequential result), the measured gain
-        over sequential next to predict_overlap's, and a table. A job: long sweeps return the handle; follow with
-        wait_for_job."""
+        the best configuration (the fastest method whose output matches the sequential result and whose timings
+        pass the validity checks; none, with the reason, when no row is valid), the measured gain over sequential
+        next to predict_overlap's gain (for the measured GPU, or predict_for_gpu; otherwise the reason there is
+        none), a verdict, and a table. Rows with impossible timings are flagged and never scored. A job: long
+        sweeps return the handle; follow with wait_for_job."""
         from servers.overlap.overlap_bench import OverlapTuneSpec
 
         if (preset is None) == (layers is None):
@@ -401,11 +361,8 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
             chosen = get_preset(preset, seq_len, micro_batch)
             layers = [OverlapLayer(layer=s.layer, pattern=s.pattern, m=s.m, n=s.n, k=s.k) for s in chosen.layers]
         assert layers is not None
-        resolved = await in_thread(resolve_backend, backend)
-        await in_thread(check_ranks, world_size, resolved, dtype)
-        shapes = [(layer.pattern, layer.m, layer.n, layer.k) for layer in layers]
-        await in_thread(check_shapes, shapes, world_size, list(methods), list(chunks))
-        await in_thread(check_overlap_memory, shapes, world_size, dtype, resolved)
+        from servers.overlap.overlap_bench import prepare_tune
+
         spec = OverlapTuneSpec(
             layers=layers,
             world_size=world_size,
@@ -413,15 +370,23 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
             methods=methods,
             chunks=chunks,
             iters=iters,
-            backend=resolved,
+            backend=backend,
+            predict_for_gpu=predict_for_gpu,
         )
+        # The job decides again with the same probe (servers/overlap/limits.py): the same backend, the same refusals.
+        _, why, _, _ = await in_thread(prepare_tune, spec)
         view = await run_job(
             app, "overlap_tune", spec.model_dump(mode="json"), wait_s=wait_s, ctx=ctx, timeout_s=timeout_s
         )
-        summary = summarize_job(view)
+        summary = _with_decision(summarize_job(view), backend, why)
         if view.result and view.result.get("table"):
             summary += "\n" + str(view.result["table"])
         return tool_result(view, summary)
+
+
+def _with_decision(summary: str, requested: str, why: str) -> str:
+    """The summary, with the backend decision when 'auto' made one (the job records it too)."""
+    return f"{summary}\n{why}" if requested == "auto" else summary
 
 
 def register_all(server: MCPServer, app: App) -> None:
