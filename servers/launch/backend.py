@@ -78,6 +78,23 @@ class BackendHandle(BaseModel):
     backend: str
     key: str = Field(description="The idempotency key it was submitted with")
     native_id: str = Field(description="The engine's id: a job id locally, a Slurm job id, a TrainJob name...")
+    job_dir: str | None = Field(
+        default=None, description="The job folder (logs, metrics, the exit record the job writes), when it has one"
+    )
+
+
+class EngineStatus(BaseModel):
+    """What an engine says of a job, mapped onto the job engine's states, with what a person needs to know."""
+
+    state: JobState
+    native_state: str | None = Field(default=None, description="The engine's own state name, e.g. PENDING, TIMEOUT")
+    reason: str | None = Field(
+        default=None, description="Why it waits (e.g. Slurm's Resources, Priority) or how it ended, in words"
+    )
+    exit_code: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    restarts: int = Field(default=0, description="Times the engine requeued or restarted it")
 
 
 @runtime_checkable
@@ -100,6 +117,12 @@ class Backend(Protocol):
 
     def poll(self, handle: BackendHandle) -> JobState:
         """The job's state, mapped onto the engine's seven states."""
+        ...
+
+    def status(self, handle: BackendHandle) -> EngineStatus:
+        """The job's state with the engine's own words: the pending reason, the exit code, how it ended. Exact
+        also after the engine forgot the job (an exit record the job wrote itself), never guessed: a job the
+        engine no longer knows and that left no record is LOST, never SUCCEEDED."""
         ...
 
     def cancel(self, handle: BackendHandle) -> JobState:

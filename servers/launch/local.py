@@ -41,7 +41,7 @@ from servers.core.jobfiles import JobContext, JobFiles
 from servers.core.jobstore import JobState
 from servers.core.netns import LOOPBACK_ENV, isolated_argv
 from servers.core.settings import Settings
-from servers.launch.backend import JOB_DIR_PLACEHOLDER, BackendHandle, BackendPlan, SubmitRequest
+from servers.launch.backend import JOB_DIR_PLACEHOLDER, BackendHandle, BackendPlan, EngineStatus, SubmitRequest
 
 if TYPE_CHECKING:
     from servers.core.jobs import JobEngine
@@ -260,6 +260,17 @@ class LocalBackend:
 
     def poll(self, handle: BackendHandle) -> JobState:
         return self._engine().get(handle.native_id).state
+
+    def status(self, handle: BackendHandle) -> EngineStatus:
+        record = self._engine().get(handle.native_id)
+        return EngineStatus(
+            state=record.state,
+            native_state=record.state.value,
+            reason=record.reason,
+            exit_code=record.exit_code,
+            started_at=record.started_at,
+            ended_at=record.ended_at,
+        )
 
     def cancel(self, handle: BackendHandle) -> JobState:
         return self._engine().cancel(handle.native_id).state
