@@ -235,7 +235,7 @@ def test_max_restarts_lets_a_failed_first_attempt_resume_from_its_checkpoint(tmp
 
 
 @pytest.mark.timeout(180)
-def test_through_the_job_engine_the_reason_names_the_rank_and_submit_is_idempotent(tmp_path: Path) -> None:
+def test_through_the_job_engine_the_reason_names_the_rank_and_the_key_finds_the_job(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path / "state", cancel_grace_s=1.0, allowed_roots=[tmp_path])
     engine = JobEngine(settings, owner="test", child_env=CHILD_ENV)
     engine.register_kind(JobKind("train", ENTRY, "torchrun training", 120))
@@ -244,8 +244,8 @@ def test_through_the_job_engine_the_reason_names_the_rank_and_submit_is_idempote
     plan = backend.plan(spec, settings)
     request = SubmitRequest(key="k-1", spec=spec, timeout_s=120)
     handle = backend.submit(plan, request)
-    assert backend.submit(plan, request) == handle
-    assert LocalBackend(engine, kind="train").submit(plan, request) == handle  # found in the store
+    assert LocalBackend(engine, kind="train").find("k-1") == handle  # found in the store (recovery of a lost bind)
+    assert backend.find("k-other") is None
     deadline = time.monotonic() + 90
     while backend.poll(handle) not in (JobState.FAILED, JobState.SUCCEEDED) and time.monotonic() < deadline:
         time.sleep(0.3)

@@ -228,3 +228,53 @@ async def test_annotations_are_true(suite_client: Client) -> None:
     recipes = {r["name"]: r for r in (await ok(suite_client, "list_recipes", {}))["recipes"]}
     assert "process wall time" in recipes["tiny-grpo"]["description"]
     assert "CPU" in recipes["tiny-grpo"]["metric_notes"]["compute_gpu_hours"]
+
+
+async def test_the_submit_runs_the_plan_that_was_shown(app: App, settings) -> None:
+    """One plan (the backend's), bound by the token: the job runs exactly it; a plan that would differ now (here the
+    job network setting changed) is refused until planned and shown again."""
+    spec = {"recipe": "tiny-gpt", "args": ["--steps", "3"], "nproc_per_node": 1}
+    async with Client(create_test_suite(app), mode="legacy") as client:
+        plan = await ok(client, "plan_training_job", {"spec": spec})
+        assert plan["argv"] == plan["backend_plan"]["argv"] and "$JOB_DIR" in " ".join(plan["argv"])
+        job = await ok(client, "submit_training_job", {"plan_token": plan["plan_token"], "wait_s": 0})
+        done = await finish(client, job["job_id"])
+        assert done["state"] == "SUCCEEDED", done["reason"]
+        assert done["spec"]["plan"]["argv"] == plan["backend_plan"]["argv"]
+    other = App(settings.model_copy(update={"job_network": "host"}), owner="test", child_env=app._child_env)
+    async with Client(create_test_suite(other), mode="legacy") as client:
+        text = await error(client, "submit_training_job", {"plan_token": plan["plan_token"]})
+        assert "the plan changed since it was shown" in text
+
+
+async def test_a_key_whose_submit_died_is_recovered(app: App) -> None:
+    import time as clock
+
+    from servers.launch.training import IdempotencyKeys, TrainingJobSpec, spec_hash
+
+    spec = {"recipe": "tiny-gpt", "args": ["--steps", "3"], "nproc_per_node": 1, "idempotency_key": "lost-bind"}
+    async with Client(create_test_suite(app), mode="legacy") as client:
+        first = await ok(client, "submit_training_job", {"spec": spec, "wait_s": 0})
+        keys = IdempotencyKeys(app.settings)
+        # The server died after starting the job, before recording it against the key:
+        with keys_db(app) as conn:
+            conn.execute("UPDATE launch_keys SET job_id = NULL WHERE key = 'lost-bind'")
+        again = await ok(client, "submit_training_job", {"spec": spec, "wait_s": 0})
+        assert again["job_id"] == first["job_id"] and keys.lookup("lost-bind")[1] == first["job_id"]
+        # A claim whose submit died before any job started: released once stale, then the submit goes ahead.
+        stale = {**spec, "idempotency_key": "never-started"}
+        digest = spec_hash(TrainingJobSpec.model_validate({**stale, "gpus_per_node": 0}))
+        assert keys.claim("never-started", digest)
+        assert "starting right now" in await error(client, "submit_training_job", {"spec": stale})
+        with keys_db(app) as conn:
+            conn.execute("UPDATE launch_keys SET created_at = ? WHERE key = 'never-started'", (clock.time() - 3600,))
+        started = await ok(client, "submit_training_job", {"spec": stale, "wait_s": 0})
+        assert started["job_id"] != first["job_id"]
+        for job_id in (first["job_id"], started["job_id"]):
+            await finish(client, job_id)
+
+
+def keys_db(app: App):
+    from servers.core.db import connect
+
+    return connect(app.settings.db_path)

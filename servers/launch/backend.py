@@ -6,8 +6,9 @@ A backend is an adapter between a validated training spec and one engine. Its fi
 - ``plan(spec, settings)``: what would run, exactly, with NO side effects (no files, no processes, no network):
   the argv or the rendered batch script/manifest, the environment additions, the working directory, the
   resources. The server shows the plan for confirmation, and the launch is bound to it.
-- ``submit(plan, request)``: start the work; idempotent for the same ``request.key`` (a second submit with the
-  same key returns the first handle and starts nothing).
+- ``submit(plan, request)``: start exactly that plan, recording ``request.key`` with the job. Idempotency is the
+  launch server's, one table for every backend (training.IdempotencyKeys); ``find(key)`` recovers a job whose
+  submit was not recorded there (the server died in between).
 - ``poll(handle)``: the engine's state mapped onto the job engine's seven states (``JobState``).
 - ``cancel(handle)``: stop it; idempotent. ``logs(handle, ...)``: text of one process's log.
 
@@ -29,6 +30,8 @@ from servers.core.settings import Settings
 
 # The placeholder a plan made before its job folder exists uses for that folder; binding replaces it.
 JOB_DIR_PLACEHOLDER = "$JOB_DIR"
+# The placeholder for the GPUs a job is given when it is admitted (comma-separated indices); binding replaces it.
+GPUS_PLACEHOLDER = "$ASSIGNED_GPUS"
 
 
 class BackendPlan(BaseModel):
@@ -46,15 +49,21 @@ class BackendPlan(BaseModel):
     )
     notes: list[str] = Field(default_factory=list, description="What a person should know before confirming")
 
-    def bind(self, job_dir: Path | str) -> "BackendPlan":
-        """The plan with the job-folder placeholder replaced by the real folder (once the job exists)."""
+    gpus_wanted: int = Field(default=0, ge=0, description="GPUs per node the job is given when it is admitted")
+
+    def bind(self, job_dir: Path | str, gpus: list[int] | None = None) -> "BackendPlan":
+        """The plan with the placeholders replaced: the job folder (once the job exists) and, when given, the GPUs
+        assigned at admission."""
         folder = str(job_dir)
+        assigned = ",".join(str(g) for g in gpus) if gpus is not None else None
 
         def sub(text: str) -> str:
-            return text.replace(JOB_DIR_PLACEHOLDER, folder)
+            text = text.replace(JOB_DIR_PLACEHOLDER, folder)
+            return text if assigned is None else text.replace(GPUS_PLACEHOLDER, assigned)
 
         return self.model_copy(
             update={
+                "gpus": list(gpus) if gpus is not None else self.gpus,
                 "argv": [sub(a) for a in self.argv],
                 "env": {k: sub(v) for k, v in self.env.items()},
                 "cwd": sub(self.cwd),
@@ -112,7 +121,12 @@ class Backend(Protocol):
         ...
 
     def submit(self, plan: BackendPlan, request: SubmitRequest) -> BackendHandle:
-        """Start the plan. Idempotent: the same request.key returns the first handle."""
+        """Start exactly this plan, recording request.key with the job (so `find` recovers it)."""
+        ...
+
+    def find(self, key: str) -> BackendHandle | None:
+        """The job submitted with this key, if the engine has one: what recovers a submit whose server died
+        between starting the job and recording it (the launch server keeps the one idempotency table)."""
         ...
 
     def poll(self, handle: BackendHandle) -> JobState:

@@ -41,7 +41,14 @@ from servers.core.jobfiles import JobContext, JobFiles
 from servers.core.jobstore import JobState
 from servers.core.netns import LOOPBACK_ENV, isolated_argv
 from servers.core.settings import Settings
-from servers.launch.backend import JOB_DIR_PLACEHOLDER, BackendHandle, BackendPlan, EngineStatus, SubmitRequest
+from servers.launch.backend import (
+    GPUS_PLACEHOLDER,
+    JOB_DIR_PLACEHOLDER,
+    BackendHandle,
+    BackendPlan,
+    EngineStatus,
+    SubmitRequest,
+)
 
 if TYPE_CHECKING:
     from servers.core.jobs import JobEngine
@@ -145,8 +152,6 @@ class LocalBackend:
     def __init__(self, engine: "JobEngine | None" = None, kind: str = "train") -> None:
         self.engine = engine
         self.kind = kind
-        self._by_key: dict[str, BackendHandle] = {}
-        self._lock = threading.Lock()
 
     def available(self) -> tuple[bool, str]:
         if importlib.util.find_spec("torch") is None:
@@ -177,11 +182,16 @@ class LocalBackend:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in user_env.items()):
             raise ValueError("env must map names to string values")
         # A job given no GPUs sees none: CUDA_VISIBLE_DEVICES is always set, "" when the list is empty or absent.
+        # GPUs are named either now ("gpus": indices) or at admission ("gpus_wanted": how many; the plan then
+        # holds GPUS_PLACEHOLDER, which bind() replaces with the indices the job was given).
         gpus = [int(g) for g in spec.get("gpus") or []]
         if len(set(gpus)) != len(gpus) or any(g < 0 for g in gpus):
             raise ValueError(f"gpus must be distinct indices >= 0, got {gpus}")
         if gpus and len(gpus) < nproc:
             raise ValueError(f"{nproc} ranks need {nproc} GPUs, and gpus names {len(gpus)}")
+        wanted = 0 if gpus else int(spec.get("gpus_wanted") or 0)
+        if wanted and wanted < nproc:
+            raise ValueError(f"{nproc} ranks need {nproc} GPUs, and gpus_wanted is {wanted}")
         network = str(spec.get("network") or "isolated")
         if network not in NETWORKS:
             raise ValueError(f"network must be one of {', '.join(NETWORKS)}, got {network!r}")
@@ -199,8 +209,12 @@ class LocalBackend:
         if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = "1"
         notes = [f"{nproc} rank(s) on this machine; per-rank logs as processes rank0..rank{nproc - 1}"]
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
-        if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = GPUS_PLACEHOLDER if wanted else ",".join(str(g) for g in gpus)
+        if wanted:
+            notes.append(
+                f"{wanted} free GPU(s), assigned when the job is admitted (CUDA_VISIBLE_DEVICES); rank r uses cuda:r"
+            )
+        elif gpus:
             notes.append(f"GPUs {env['CUDA_VISIBLE_DEVICES']} (CUDA_VISIBLE_DEVICES); rank r uses cuda:r")
         else:
             notes.append("no GPU: CUDA_VISIBLE_DEVICES is empty, the ranks run on CPU (gloo)")
@@ -219,7 +233,8 @@ class LocalBackend:
             argv=argv,
             env=env,
             cwd=cwd,
-            gpus=gpus,
+            gpus=None if wanted else gpus,
+            gpus_wanted=wanted,
             nnodes=1,
             nproc_per_node=nproc,
             notes=notes,
@@ -231,29 +246,58 @@ class LocalBackend:
         return self.engine
 
     def submit(self, plan: BackendPlan, request: SubmitRequest) -> BackendHandle:
-        """Start the job through the engine; the same key returns the first job (looked up in the job store
-        too, so a restarted server does not launch twice). The plan is stored with the spec and the worker
-        refuses to run if the plan it makes differs from it."""
+        """Start exactly `plan` through the engine: the job is admitted (the concurrency quota, and its GPUs
+        assigned) in one transaction with the jobs of every server on this state directory; the worker runs the
+        stored plan, bound to the job folder and those GPUs. The key is stored with the job (see `find`)."""
         engine = self._engine()
-        with self._lock:
-            if request.key in self._by_key:
-                return self._by_key[request.key]
-            existing = self._find_by_key(request.key)
-            if existing is None:
-                spec = {**request.spec, "idempotency_key": request.key, "plan": plan.model_dump(mode="json")}
-                existing = engine.submit(self.kind, spec, timeout_s=request.timeout_s).id
-            handle = BackendHandle(backend=self.name, key=request.key, native_id=existing)
-            self._by_key[request.key] = handle
-            return handle
+        spec = {**request.spec, "idempotency_key": request.key, "plan": plan.model_dump(mode="json")}
+        try:
+            record = engine.submit(self.kind, spec, timeout_s=request.timeout_s, admit=self._admission(plan, spec))
+        except ValueError as exc:  # assign_gpus: too few free GPUs
+            from servers.core.errors import QuotaError
 
-    def _find_by_key(self, key: str) -> str | None:
+            raise QuotaError(str(exc)) from exc
+        return BackendHandle(backend=self.name, key=request.key, native_id=record.id, job_dir=record.job_dir)
+
+    def _admission(self, plan: BackendPlan, spec: dict[str, Any]) -> Callable[[list[Any]], dict[str, Any]] | None:
+        """GPU assignment, run by the engine inside the transaction that admits the job, so that two submits
+        (from this server or another) never count the same free GPU."""
+        wanted = plan.gpus_wanted
+        if not wanted:
+            return None
+        from servers.core.errors import QuotaError
+        from servers.core.machine import gpus_present
+
+        present = gpus_present()
+        limit = self._engine().settings.max_concurrent_gpus
+
+        def admit(active: list[Any]) -> dict[str, Any]:
+            held: set[int] = set()
+            in_use = 0
+            for record in active:
+                if record.kind == self.kind:
+                    gpus = [g for g in record.spec.get("gpus") or [] if isinstance(g, int)]
+                    in_use += len(gpus)
+                    if not record.spec.get("share_gpus"):
+                        held.update(gpus)
+            share = bool(spec.get("share_gpus"))
+            if not share and in_use + wanted > limit:
+                raise QuotaError(
+                    f"{in_use} GPUs are in use and this job needs {wanted}; at most {limit} at once "
+                    "(LLM_INFRA_MCP_MAX_CONCURRENT_GPUS)"
+                )
+            return {**spec, "gpus": assign_gpus(wanted, set() if share else held, present, share_gpus=share)}
+
+        return admit
+
+    def find(self, key: str) -> BackendHandle | None:
         store = self._engine().store
         offset = 0
         while True:
             page = store.list_jobs(kind=self.kind, limit=200, offset=offset)
             for job in page.jobs:
                 if job.spec.get("idempotency_key") == key:
-                    return job.id
+                    return BackendHandle(backend=self.name, key=key, native_id=job.id, job_dir=job.job_dir)
             offset += len(page.jobs)
             if not page.jobs or offset >= page.total:
                 return None
@@ -284,14 +328,6 @@ class LocalBackend:
                 return f.read(max(0, max_bytes)).decode("utf-8", errors="replace")
         except FileNotFoundError:
             return ""
-
-    def busy_gpus(self) -> set[int]:
-        """GPUs held by this backend's active jobs (those not started with share_gpus), for assign_gpus."""
-        busy: set[int] = set()
-        for job in self._engine().reconcile_all():
-            if job.kind == self.kind and not job.spec.get("share_gpus"):
-                busy.update(int(g) for g in job.spec.get("gpus") or [])
-        return busy
 
 
 # ---- per-rank logs -------------------------------------------------------------------------------------------------
@@ -599,20 +635,25 @@ def _last_step(metrics: Path) -> int | None:
     return None
 
 
-def _check_bound(spec: Mapping[str, Any], plan: BackendPlan, job_dir: Path) -> None:
+def plan_to_run(spec: Mapping[str, Any], job_dir: Path) -> BackendPlan:
+    """What the worker runs: the plan that was shown and submitted (stored with the job), bound to the job folder
+    and to the GPUs the job was given at admission; a spec without a stored plan (a direct call) is planned here."""
     stored = spec.get("plan")
-    if not isinstance(stored, dict):
-        return
-    confirmed = BackendPlan.model_validate(stored).bind(job_dir)
-    if confirmed.argv != plan.argv or confirmed.env != plan.env:
-        raise RuntimeError("the command differs from the plan it was launched with; plan and launch again")
+    if stored is None:
+        return LocalBackend().plan(spec, job_dir=job_dir)
+    plan = BackendPlan.model_validate(stored)
+    if plan.gpus_wanted:
+        gpus = spec.get("gpus")
+        if not isinstance(gpus, list) or len(gpus) != plan.gpus_wanted:
+            raise RuntimeError(f"the job was admitted without its {plan.gpus_wanted} GPU(s); submit it again")
+        return plan.bind(job_dir, [int(g) for g in gpus])
+    return plan.bind(job_dir)
 
 
 def run_training_job(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """The training job kind's work function (runs in the job's worker process). See the module docstring."""
     job_dir = ctx.files.dir
-    plan = LocalBackend().plan(spec, job_dir=job_dir)
-    _check_bound(spec, plan, job_dir)
+    plan = plan_to_run(spec, job_dir)
     log_dir = job_dir / LOG_DIR_NAME
     log_dir.mkdir(parents=True, exist_ok=True)
     ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)

@@ -2,8 +2,8 @@
 to follow them. Checks, plans, tokens, the audit log and idempotency keys live in training.py; the executor is
 the job engine running local.py's work function."""
 
-from collections.abc import Callable
-from typing import Annotated, Any
+import time
+from typing import TYPE_CHECKING, Annotated, Any
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
@@ -12,13 +12,17 @@ from mcp.types import CallToolResult
 from pydantic import BaseModel, Field
 
 from servers.core.assemble import ServerPart, build_server
-from servers.core.errors import InputError, QuotaError
+from servers.core.errors import InputError
 from servers.core.jobs import JobKind
 from servers.core.jobstore import ACTIVE_STATES, JobRecord
 from servers.core.jobview import JobView
 from servers.core.mcp_layer import App, WaitS, agent_tool, client_name, in_thread, summarize_job, tool_result
 from servers.launch.backends import BackendStatus, detect_all
 from servers.launch.training import TrainingJobSpec, TrainingPlan
+
+if TYPE_CHECKING:
+    from servers.launch.local import LocalBackend
+    from servers.launch.training import IdempotencyKeys
 
 NAME = "launch"
 INSTRUCTIONS = (
@@ -32,6 +36,7 @@ JOB_KINDS = [
         TRAINING_KIND, "servers.launch.local:run_training_job", "torchrun of a recipe or script", default_timeout_s=3600
     ),
 ]
+STALE_CLAIM_S = 120.0  # an idempotency key claimed this long ago without a job: its submit died
 PLAN_TOKEN_PATTERN = r"^[A-Za-z0-9_\-]+\.[0-9a-f]{32}$"
 
 
@@ -77,7 +82,9 @@ def make_plan(app: App, spec: TrainingJobSpec) -> TrainingPlan:
     from servers.core.machine import gpus_present
     from servers.launch import training
 
-    return training.plan(app.settings, spec, gpus_present=gpus_present(), gpus_in_use=gpus_in_use(app))
+    return training.plan(
+        app.settings, spec, gpus_present=gpus_present(), gpus_in_use=gpus_in_use(app), backend=local_backend(app)
+    )
 
 
 def recipe_docs() -> list[RecipeDoc]:
@@ -188,27 +195,25 @@ def register(server: MCPServer, app: App) -> None:
         if spec is None and plan_token is None:
             raise InputError("give spec, plan_token, or both")
         audit = AuditLog(app.settings)
-        planned = spec_from_token(app.settings, plan_token) if plan_token else None
-        plan = await in_thread(make_plan, app, spec or planned)
-        if planned is not None and spec is not None and spec_hash(planned) != plan.plan_hash:
-            raise InputError("plan_token was made for a different spec; plan this spec again and use its token")
+        token_spec, token_plan = spec_from_token(app.settings, plan_token) if plan_token else (None, None)
+        plan = await in_thread(make_plan, app, spec or token_spec)
         normalised = TrainingJobSpec.model_validate(plan.spec)
+        if token_spec is not None and plan.plan_hash != token_plan:
+            if spec is not None and spec_hash(normalised) != spec_hash(token_spec):
+                raise InputError("plan_token was made for a different spec; plan this spec again and use its token")
+            raise InputError(
+                "the plan changed since it was shown (the machine, the settings or the script's place changed): "
+                "call plan_training_job again, show the new plan, and submit with its plan_token"
+            )
         keys = IdempotencyKeys(app.settings) if normalised.idempotency_key else None
         if keys is not None:
-            existing = await in_thread(keys.lookup, normalised.idempotency_key)
-            if existing is not None:
-                digest, job_id = existing
-                if digest != plan.plan_hash:
-                    raise InputError(
-                        f"idempotency_key {normalised.idempotency_key!r} was used for a different spec; use a new key"
-                    )
-                if job_id is None:
-                    raise InputError("a submit with this idempotency_key is starting right now; get_job shortly")
-                view = await in_thread(lambda: job_view_of(app, job_id))
+            found = await in_thread(existing_job, app, keys, normalised)
+            if found is not None:
+                view = await in_thread(lambda: job_view_of(app, found))
                 return tool_result(view, f"already submitted with this idempotency_key: {summarize_job(view)}")
         approval_taken = False
         if plan.needs_confirmation:
-            how = await confirm(ctx, plan, planned is not None)
+            how = await confirm(ctx, plan, token_spec is not None)
             approval_taken = how == "approved by the person (llm-infra-mcp approve)"
             audit.record(
                 "confirm" if how else "decline",
@@ -221,7 +226,7 @@ def register(server: MCPServer, app: App) -> None:
                 raise ToolError(
                     f"not started: the person declined the launch ({plan.estimated_gpu_hours:.3g} GPU-hours at most)"
                 )
-        if keys is not None and not await in_thread(keys.claim, normalised.idempotency_key, plan.plan_hash):
+        if keys is not None and not await in_thread(keys.claim, normalised.idempotency_key, spec_hash(normalised)):
             if approval_taken:
                 await in_thread(Approvals(app.settings).used, plan.plan_id, None)
             raise InputError("another submit with this idempotency_key got there first; get_job to follow it")
@@ -319,68 +324,52 @@ def job_view_of(app: App, job_id: str) -> JobView:
     return job_view(app.engine.get(job_id))
 
 
-def job_payload(app: App, plan: TrainingPlan, spec: TrainingJobSpec) -> dict[str, Any]:
-    """What the local backend's work function gets: paths resolved; GPUs are assigned at admission."""
-    return {
-        "script": plan.script_path,
-        "args": list(spec.args),
-        "nproc_per_node": plan.nproc_per_node,
-        "max_restarts": spec.max_restarts,
-        "env": dict(spec.env),
-        "gpus": [],
-        "gpus_wanted": plan.gpus,
-        "share_gpus": spec.share_gpus,
-        "network": app.settings.job_network,
-        "workdir": plan.cwd if spec.workdir else None,
-        "max_log_bytes": app.settings.max_log_bytes_per_job,
-        "run_id": plan.plan_hash,
-        "recipe": plan.recipe,
-        "name": spec.name,
-        "tags": list(spec.tags),
-        "plan_hash": plan.plan_hash,
-        "training_spec": spec.model_dump(mode="json"),
-    }
+def local_backend(app: App) -> "LocalBackend":
+    """The backend the server runs training jobs on (the local one: the job engine runs torchrun)."""
+    from servers.launch.local import LocalBackend
 
-
-def gpu_admission(app: App, payload: dict[str, Any]) -> Callable[[list[JobRecord]], dict[str, Any]]:
-    """The admission step for a training job: run by the job engine inside the transaction that admits the job,
-    so that two submits (from this server or another) never count the same free GPU."""
-    from servers.core.machine import gpus_present
-    from servers.launch.local import assign_gpus
-
-    present = gpus_present()
-
-    def admit(active: list[JobRecord]) -> dict[str, Any]:
-        wanted = int(payload["gpus_wanted"])
-        if not wanted:
-            return {**payload, "gpus": []}
-        held: set[int] = set()
-        in_use = 0
-        for record in active:
-            if record.kind == TRAINING_KIND:
-                gpus = [g for g in record.spec.get("gpus") or [] if isinstance(g, int)]
-                in_use += len(gpus)
-                if not record.spec.get("share_gpus"):
-                    held.update(gpus)
-        limit = app.settings.max_concurrent_gpus
-        if not payload["share_gpus"] and in_use + wanted > limit:
-            raise QuotaError(
-                f"{in_use} GPUs are in use and this job needs {wanted}; at most {limit} at once "
-                "(LLM_INFRA_MCP_MAX_CONCURRENT_GPUS)"
-            )
-        busy = set() if payload["share_gpus"] else held
-        return {**payload, "gpus": assign_gpus(wanted, busy, present)}
-
-    return admit
+    return LocalBackend(app.engine, kind=TRAINING_KIND)
 
 
 def start_training(app: App, plan: TrainingPlan, spec: TrainingJobSpec) -> JobRecord:
-    """Admit (concurrency quota, GPUs) and start the job in one step of the job engine."""
-    payload = job_payload(app, plan, spec)
-    try:
-        return app.engine.submit(TRAINING_KIND, payload, timeout_s=spec.max_wall_s, admit=gpu_admission(app, payload))
-    except ValueError as exc:  # assign_gpus: too few free GPUs
-        raise QuotaError(str(exc)) from exc
+    """Submit exactly the plan that was made (and shown) through the backend; the job as the engine has it."""
+    import secrets
+
+    from servers.launch.backend import SubmitRequest
+
+    key = spec.idempotency_key or f"{plan.plan_hash}-{secrets.token_hex(6)}"
+    request = SubmitRequest(
+        key=key,
+        spec={**plan.backend_spec, "plan_hash": plan.plan_hash, "training_spec": spec.model_dump(mode="json")},
+        timeout_s=spec.max_wall_s,
+    )
+    handle = local_backend(app).submit(plan.backend_plan, request)
+    return app.engine.get(handle.native_id)
+
+
+def existing_job(app: App, keys: "IdempotencyKeys", spec: TrainingJobSpec) -> str | None:
+    """The job already submitted with the spec's idempotency key, or None. A key claimed by a submit that never
+    recorded its job (the server died in between) is recovered from the backend, or released once stale."""
+    from servers.launch.training import spec_hash
+
+    key = spec.idempotency_key
+    assert key is not None
+    found = keys.lookup(key)
+    if found is None:
+        return None
+    digest, job_id, claimed_at = found
+    if digest != spec_hash(spec):
+        raise InputError(f"idempotency_key {key!r} was used for a different spec; use a new key")
+    if job_id is not None:
+        return job_id
+    handle = local_backend(app).find(key)
+    if handle is not None:
+        keys.bind(key, handle.native_id)
+        return handle.native_id
+    if time.time() - claimed_at > STALE_CLAIM_S:
+        keys.release(key)
+        return None
+    raise InputError("a submit with this idempotency_key is starting right now; get_job shortly")
 
 
 PART = ServerPart(name=NAME, instructions=INSTRUCTIONS, register=register, job_kinds=JOB_KINDS, starts_jobs=True)

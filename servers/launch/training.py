@@ -26,6 +26,7 @@ from servers.core.db import connect, initialise
 from servers.core.errors import InputError, QuotaError
 from servers.core.paths import resolve_inside_roots
 from servers.core.settings import Settings
+from servers.launch.backend import Backend, BackendPlan
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 # A job may set only variables that tune the libraries a training run uses, or its own (JOB_*). An allow-list:
@@ -121,9 +122,13 @@ class TrainingPlan(BaseModel):
     plan_hash: str = Field(description="Hash of the normalised spec; recorded in the audit log")
     spec: dict[str, Any] = Field(description="The normalised spec (defaults filled in)")
     backend: str
-    argv: list[str] = Field(description="The exact command (the job folder is known only at submit)")
+    argv: list[str] = Field(description="The exact command; $JOB_DIR is the job folder, known once submitted")
     cwd: str
-    env: dict[str, str] = Field(description="Variables added to the job's environment")
+    env: dict[str, str] = Field(description="Variables added to the job's environment ($ASSIGNED_GPUS: at admission)")
+    rendered: str | None = Field(default=None, description="The batch script or manifest, for engines that take one")
+    notes: list[str] = Field(default_factory=list, description="What the backend says a person should know")
+    backend_spec: dict[str, Any] = Field(description="What the backend planned from (paths resolved)")
+    backend_plan: BackendPlan = Field(description="The plan the submit runs, exactly; the plan_token binds it")
     script_path: str
     recipe: str | None
     nproc_per_node: int
@@ -192,13 +197,21 @@ def spec_hash(spec: TrainingJobSpec) -> str:
     return hashlib.sha256(canonical(spec).encode()).hexdigest()[:16]
 
 
-def make_token(settings: Settings, spec: TrainingJobSpec) -> str:
-    body = base64.urlsafe_b64encode(canonical(spec).encode()).decode().rstrip("=")
+def plan_digest(spec: TrainingJobSpec, backend_plan: BackendPlan) -> str:
+    """The plan's id: the normalised spec and the backend's exact plan together."""
+    plan_json = json.dumps(backend_plan.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256((canonical(spec) + "\n" + plan_json).encode()).hexdigest()[:16]
+
+
+def make_token(settings: Settings, spec: TrainingJobSpec, digest: str) -> str:
+    payload = json.dumps({"spec": spec.model_dump(mode="json"), "plan": digest}, sort_keys=True, separators=(",", ":"))
+    body = base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
     signature = hmac.new(_signing_key(settings), body.encode(), hashlib.sha256).hexdigest()[:32]
     return f"{body}.{signature}"
 
 
-def spec_from_token(settings: Settings, token: str) -> TrainingJobSpec:
+def spec_from_token(settings: Settings, token: str) -> tuple[TrainingJobSpec, str]:
+    """The spec a token was made for and the id of the plan it bound (checked against a fresh plan at submit)."""
     body, _, signature = token.rpartition(".")
     expected = hmac.new(_signing_key(settings), body.encode(), hashlib.sha256).hexdigest()[:32]
     if not body or not hmac.compare_digest(signature, expected):
@@ -210,7 +223,9 @@ def spec_from_token(settings: Settings, token: str) -> TrainingJobSpec:
         data = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
     except ValueError:
         raise InputError("plan_token cannot be decoded; make a new plan") from None
-    return TrainingJobSpec.model_validate(data)
+    if not isinstance(data, dict) or not isinstance(data.get("plan"), str) or not isinstance(data.get("spec"), dict):
+        raise InputError("plan_token is from an older version; make a new plan")
+    return TrainingJobSpec.model_validate(data["spec"]), data["plan"]
 
 
 _KEYS_SCHEMA = """
@@ -230,10 +245,11 @@ class IdempotencyKeys:
         self.db_path = settings.db_path
         initialise(self.db_path, _KEYS_SCHEMA)
 
-    def lookup(self, key: str) -> tuple[str, str | None] | None:
+    def lookup(self, key: str) -> tuple[str, str | None, float] | None:
+        """(spec hash, job id or None while the submit runs, when the key was claimed)."""
         with connect(self.db_path) as conn:
-            row = conn.execute("SELECT spec_hash, job_id FROM launch_keys WHERE key = ?", (key,)).fetchone()
-        return None if row is None else (row[0], row[1])
+            row = conn.execute("SELECT spec_hash, job_id, created_at FROM launch_keys WHERE key = ?", (key,)).fetchone()
+        return None if row is None else (row[0], row[1], float(row[2]))
 
     def claim(self, key: str, digest: str) -> bool:
         import sqlite3
@@ -404,7 +420,20 @@ def interpreter_area(path: Path) -> str | None:
     return None
 
 
-def plan(settings: Settings, spec: TrainingJobSpec, *, gpus_present: int, gpus_in_use: int) -> TrainingPlan:
+def _default_backend() -> "Backend":
+    from servers.launch.local import LocalBackend
+
+    return LocalBackend()
+
+
+def plan(
+    settings: Settings,
+    spec: TrainingJobSpec,
+    *,
+    gpus_present: int,
+    gpus_in_use: int,
+    backend: "Backend | None" = None,
+) -> TrainingPlan:
     """Check everything and describe exactly what would run. No side effects beyond the signing key file."""
     script, recipe, expected = resolve_script(settings, spec)
     check_env(spec.env)
@@ -443,21 +472,13 @@ def plan(settings: Settings, spec: TrainingJobSpec, *, gpus_present: int, gpus_i
             f"{gpus_in_use} GPUs are in use and this job needs {gpus}; at most "
             f"{settings.max_concurrent_gpus} at once (LLM_INFRA_MCP_MAX_CONCURRENT_GPUS)"
         )
-    workdir = (
-        resolve_inside_roots(spec.workdir, settings.roots(), what="workdir") if spec.workdir else Path("<job folder>")
-    )
-    if spec.workdir and not Path(workdir).is_dir():
+    workdir = resolve_inside_roots(spec.workdir, settings.roots(), what="workdir") if spec.workdir else None
+    if workdir is not None and not workdir.is_dir():
         raise InputError(f"workdir {spec.workdir!r} is not a directory")
-    from servers.launch.local import NETWORK_NOTES, torchrun_argv
+    from servers.launch.local import NETWORK_NOTES
 
-    argv = torchrun_argv(script, list(spec.args), nproc, spec.max_restarts, Path("<job folder>/torchrun"), "run")
-    env = dict(spec.env) | {
-        "LLM_INFRA_MCP_METRICS": "<job folder>/metrics.jsonl",
-        "LLM_INFRA_MCP_CHECKPOINT_DIR": "<job folder>/checkpoints",
-    }
-    env["CUDA_VISIBLE_DEVICES"] = "<assigned at submit: free GPUs>" if gpus else ""
     if settings.job_network == "isolated":
-        from servers.core.netns import LOOPBACK_ENV, isolated_argv, probe
+        from servers.core.netns import probe
 
         found = probe()
         if not found.available:
@@ -467,22 +488,45 @@ def plan(settings: Settings, spec: TrainingJobSpec, *, gpus_present: int, gpus_i
                 "sent to it. To run in the host's network anyway (a trusted network only), the person sets "
                 "LLM_INFRA_MCP_JOB_NETWORK=host"
             )
-        argv = isolated_argv(argv)
-        env = {k: v for k, v in LOOPBACK_ENV.items() if k not in env} | env
     else:
         warnings.append(NETWORK_NOTES["host"])
+    normalised = spec.model_copy(update={"nproc_per_node": nproc, "gpus_per_node": gpus})
+    backend_spec = {
+        "script": str(script),
+        "args": list(spec.args),
+        "nproc_per_node": nproc,
+        "max_restarts": spec.max_restarts,
+        "env": dict(spec.env),
+        "gpus_wanted": gpus,
+        "share_gpus": spec.share_gpus,
+        "network": settings.job_network,
+        "workdir": str(workdir) if spec.workdir else None,
+        "max_log_bytes": settings.max_log_bytes_per_job,
+        "run_id": spec_hash(normalised),
+        "recipe": recipe,
+        "name": spec.name,
+        "tags": list(spec.tags),
+    }
+    try:
+        backend_plan = (backend or _default_backend()).plan(backend_spec, settings)
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
     estimated = gpus * spec.max_wall_s / 3600
     if any(a.strip().startswith(("$(", "`")) or ";" in a or "&&" in a or "|" in a for a in spec.args):
         warnings.append("some args look like shell syntax: they reach the script as literal strings, no shell runs")
-    normalised = spec.model_copy(update={"nproc_per_node": nproc, "gpus_per_node": gpus})
+    digest = plan_digest(normalised, backend_plan)
     return TrainingPlan(
-        plan_token=make_token(settings, normalised),
-        plan_hash=spec_hash(normalised),
+        plan_token=make_token(settings, normalised, digest),
+        plan_hash=digest,
         spec=normalised.model_dump(mode="json"),
         backend=spec.backend,
-        argv=argv,
-        cwd=str(workdir),
-        env=env,
+        argv=backend_plan.argv,
+        cwd=backend_plan.cwd,
+        env=backend_plan.env,
+        rendered=backend_plan.rendered,
+        notes=backend_plan.notes,
+        backend_spec=backend_spec,
+        backend_plan=backend_plan,
         script_path=str(script),
         recipe=recipe,
         nproc_per_node=nproc,
@@ -490,7 +534,7 @@ def plan(settings: Settings, spec: TrainingJobSpec, *, gpus_present: int, gpus_i
         estimated_gpu_hours=estimated,
         expected_runtime=expected,
         needs_confirmation=estimated > settings.confirm_above_gpu_hours,
-        plan_id=spec_hash(normalised),
+        plan_id=digest,
         network=NETWORK_NOTES[settings.job_network],
         quotas=quotas,
         warnings=warnings,
