@@ -61,6 +61,26 @@ def _load_recipe(name: str) -> ModuleType:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("recipe", ["tiny-gpt", "tiny-grpo"])
+def test_a_rank_slowed_on_purpose_shows_in_the_per_rank_step_times(tmp_path: Path, recipe: str) -> None:
+    """Stragglers on demand: rank 1's own work takes 5x as long from step 11; rank 0 logs every rank's work and
+    step time. Under DDP the step times stay about equal (the others wait), the work times tell who is slow."""
+    env = _env(tmp_path, recipe)
+    extra = ["--evals", "2", "--eval-size", "64"] if recipe == "tiny-grpo" else []
+    steps = ["--steps", "40", "--log-every", "10", *extra]
+    _torchrun(recipe, 2, env, *steps, "--slow-rank", "1", "--slow-factor", "5", "--slow-from-step", "11")
+    rows, _ = metrics.read_metrics(env["LLM_INFRA_MCP_METRICS"])
+    train = [r for r in rows if r.get("split") == "train"]
+    assert [len(r["rank_work_s"]) for r in train] == [2] * len(train)
+    first, later = train[0], train[1:]
+    assert first["rank_work_s"][1] < 3 * first["rank_work_s"][0] + 0.002  # not slow before step 11
+    for row in later:
+        work, step = row["rank_work_s"], row["rank_step_s"]
+        assert work[1] > 2.5 * work[0], work
+        assert abs(step[0] - step[1]) < 0.5 * max(step)  # the fast rank waits for the slow one
+
+
+@pytest.mark.timeout(240)
 def test_tiny_gpt_two_ranks_learns_and_resumes(tmp_path: Path) -> None:
     env = _env(tmp_path, "gpt")
     first = _torchrun("tiny-gpt", 2, env, "--steps", "60", "--log-every", "5", "--ckpt-every", "20")

@@ -39,6 +39,16 @@ def _arg(name: str, type_: str, default: int | float | str | None, help_: str) -
     return RecipeArg(name, type_, default, help_)
 
 
+STRAGGLER_ARGS = (
+    _arg("--slow-rank", "int", -1, "rank to slow down (-1: none)"),
+    _arg("--slow-factor", "float", 1.0, "how many times slower its work per step is"),
+    _arg("--slow-from-step", "int", 0, "the step from which it is slow"),
+)
+RANK_TIME_NOTES = (
+    ("rank_work_s", "per rank (list index = rank): seconds of its own work per step, before it waits for the others"),
+    ("rank_step_s", "per rank: seconds per step, waiting included (about equal across ranks under DDP)"),
+)
+
 TINY_GPT = RecipeInfo(
     name="tiny-gpt",
     path=HERE / "tiny_gpt.py",
@@ -59,10 +69,12 @@ TINY_GPT = RecipeInfo(
         _arg("--seed", "int", 0, "seed of the corpus, the initial weights and the batches"),
         _arg("--log-every", "int", 10, "steps between metric rows"),
         _arg("--ckpt-every", "int", 50, "steps between checkpoints (0: only at the end)"),
+        *STRAGGLER_ARGS,
     ),
     expected_time_cpu="about 10 s with 2 ranks (gloo) or 1 rank at the defaults, including start-up",
     expected_time_gpu="a few seconds at the defaults; start-up dominates",
-    metrics=("loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu", "split"),
+    metrics=("loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu", "split", "rank_work_s", "rank_step_s"),
+    metric_notes=RANK_TIME_NOTES,
 )
 
 TINY_GRPO = RecipeInfo(
@@ -91,11 +103,25 @@ TINY_GRPO = RecipeInfo(
         _arg("--seed", "int", 0, "seed of the weights, the prompts and the sampling"),
         _arg("--log-every", "int", 20, "steps between training metric rows"),
         _arg("--ckpt-every", "int", 100, "steps between checkpoints (0: only at the end)"),
+        *STRAGGLER_ARGS,
     ),
     expected_time_cpu="about 12 s with 1 rank, about 25 s with 2 ranks (gloo) at the defaults, including start-up",
     expected_time_gpu="about 10-20 s at the defaults (the model is tiny; kernel launches dominate)",
-    metrics=("loss", "lr", "grad_norm", "reward", "pass_rate", "compute_flops", "compute_gpu_hours", "split", "device"),
+    metrics=(
+        "loss",
+        "lr",
+        "grad_norm",
+        "reward",
+        "pass_rate",
+        "compute_flops",
+        "compute_gpu_hours",
+        "split",
+        "device",
+        "rank_work_s",
+        "rank_step_s",
+    ),
     metric_notes=(
+        *RANK_TIME_NOTES,
         ("pass_rate", "held-out greedy pass rate (eval rows, split 'eval')"),
         ("compute_flops", "training FLOPs so far: 6 x parameters per prompt; deterministic, the one to fit on CPU"),
         (

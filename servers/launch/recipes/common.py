@@ -189,3 +189,58 @@ class Timer:
 
     def elapsed(self) -> float:
         return self.offset + time.perf_counter() - self.start
+
+
+def add_straggler_arguments(parser: Any) -> None:
+    """--slow-rank / --slow-factor / --slow-from-step: make one rank slower on purpose (stragglers for tests and
+    demos: the rank's own work per step takes `factor` times as long, from the given step on)."""
+    parser.add_argument("--slow-rank", type=int, default=-1, help="rank to slow down (-1: none)")
+    parser.add_argument("--slow-factor", type=float, default=1.0, help="how many times slower its work per step is")
+    parser.add_argument("--slow-from-step", type=int, default=0, help="the step from which it is slow")
+
+
+class StepTimes:
+    """Per-rank step timing: each rank's own work per step (`work_s`: from the step's start to the end of its
+    computation, before it waits for the others) and the whole step (`step_s`), averaged over the steps since the
+    last report; `report` gathers them from every rank (a collective: every rank must call it at the same step)
+    for rank 0 to log as lists indexed by rank (rank_work_s, rank_step_s). The straggler arguments slow one rank's
+    work by sleeping in `work_done`."""
+
+    def __init__(self, d: Dist, slow_rank: int = -1, slow_factor: float = 1.0, slow_from_step: int = 0) -> None:
+        self.d = d
+        self.slow = d.rank == slow_rank and slow_factor > 1.0
+        self.factor = slow_factor
+        self.from_step = slow_from_step
+        self._start = 0.0
+        self._work = 0.0
+        self._step = 0.0
+        self._count = 0
+
+    def start(self) -> None:
+        self._start = time.perf_counter()
+
+    def work_done(self, step: int) -> None:
+        if self.slow and step >= self.from_step:
+            time.sleep((time.perf_counter() - self._start) * (self.factor - 1.0))
+        self._work += time.perf_counter() - self._start
+
+    def end(self) -> None:
+        self._step += time.perf_counter() - self._start
+        self._count += 1
+
+    def report(self) -> dict[str, list[float]]:
+        n = max(1, self._count)
+        mine = [self._work / n, self._step / n]
+        self._work = self._step = 0.0
+        self._count = 0
+        if self.d.backend is None:
+            rows = [mine]
+        else:
+            t = torch.tensor(mine, dtype=torch.float64, device=self.d.device)
+            gathered = [torch.zeros_like(t) for _ in range(self.d.world_size)]
+            dist.all_gather(gathered, t)
+            rows = [g.tolist() for g in gathered]
+        return {
+            "rank_work_s": [round(r[0], 6) for r in rows],
+            "rank_step_s": [round(r[1], 6) for r in rows],
+        }

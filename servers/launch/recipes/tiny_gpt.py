@@ -9,7 +9,8 @@ sees the same text; the loss falls from about log(vocabulary) towards the gramma
 own batches (seeded by step and rank) and DistributedDataParallel averages gradients when WORLD_SIZE > 1.
 
 Contract with the launch server: rank 0 appends rows to LLM_INFRA_MCP_METRICS (loss, lr, grad_norm, tokens,
-tokens_per_s, mfu; a final held-out loss with split "eval"); every --ckpt-every steps rank 0 saves a checkpoint to
+tokens_per_s, mfu, and every rank's work and step time as rank_work_s / rank_step_s; a final held-out loss with
+split "eval"); --slow-rank / --slow-factor / --slow-from-step make one rank a straggler on purpose; every --ckpt-every steps rank 0 saves a checkpoint to
 LLM_INFRA_MCP_CHECKPOINT_DIR, and a start (or a torchrun restart) resumes from the newest one. MFU is
 6 * parameters * tokens/s per GPU over the GPU catalog's dense bf16 peak (bf16 autocast on GPU); on CPU it is
 logged as null.
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the corpus, the initial weights and the batches")
     p.add_argument("--log-every", type=int, default=10, help="steps between metric rows")
     p.add_argument("--ckpt-every", type=int, default=50, help="steps between checkpoints (0: only at the end)")
+    common.add_straggler_arguments(p)
     return p
 
 
@@ -220,7 +222,9 @@ def train(args: argparse.Namespace, d: common.Dist) -> int:
     tokens_per_step = args.batch_size * args.seq_len * d.world_size
     window_start, window_tokens = time.perf_counter(), 0
     loss_value = float("nan")
+    times = common.StepTimes(d, args.slow_rank, args.slow_factor, args.slow_from_step)
     for step in range(start_step + 1, args.steps + 1):
+        times.start()
         lr = lr_at(step, args.steps, args.lr)
         for group in opt.param_groups:
             group["lr"] = lr
@@ -230,10 +234,12 @@ def train(args: argparse.Namespace, d: common.Dist) -> int:
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_cuda):
             logits = ddp(x)
         loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
+        times.work_done(step)  # before backward, where DDP's all-reduce makes the ranks wait for each other
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        times.end()
         tokens += tokens_per_step
         window_tokens += tokens_per_step
 
@@ -252,6 +258,7 @@ def train(args: argparse.Namespace, d: common.Dist) -> int:
                 tokens_per_s=tps,
                 mfu=mfu,
                 split="train",
+                **times.report(),
             )
             if d.is_main:
                 shown = f"{100 * mfu:.2f}%" if mfu is not None else "n/a"

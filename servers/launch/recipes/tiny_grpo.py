@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, the prompts and the sampling")
     p.add_argument("--log-every", type=int, default=20, help="steps between training metric rows")
     p.add_argument("--ckpt-every", type=int, default=100, help="steps between checkpoints (0: only at the end)")
+    common.add_straggler_arguments(p)
     return p
 
 
@@ -201,7 +202,9 @@ def train(args: argparse.Namespace, d: common.Dist) -> int:
 
     evals = set(eval_schedule(args.steps, args.evals))
     g = args.group_size
+    times = common.StepTimes(d, args.slow_rank, args.slow_factor, args.slow_from_step)
     for step in range(start_step + 1, args.steps + 1):
+        times.start()
         lr = args.lr / (1.0 + step / args.lr_decay_steps)
         for group in opt.param_groups:
             group["lr"] = lr
@@ -218,10 +221,12 @@ def train(args: argparse.Namespace, d: common.Dist) -> int:
             with torch.no_grad():
                 ref_logp = F.log_softmax(reference(a, b).float(), dim=-1)
             loss = loss + args.kl_coef * (logp.exp() * (logp - ref_logp)).sum(-1).mean()
+        times.work_done(step)  # before backward, where DDP's all-reduce makes the ranks wait for each other
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
         opt.step()
+        times.end()
         flops += 6.0 * params * args.batch_size * d.world_size
 
         if step % args.log_every == 0 or step == args.steps:
@@ -236,6 +241,7 @@ def train(args: argparse.Namespace, d: common.Dist) -> int:
                 split="train",
                 compute_flops=flops,
                 compute_gpu_hours=hours,
+                **times.report(),
             )
         if step in evals and d.is_main:
             evaluate(step)
