@@ -269,7 +269,7 @@ def test_no_bootstrap_gives_no_intervals() -> None:
     assert all(p.ci_low is None and p.ci_high is None for p in out.parameters.values())
 
 
-def test_block_indices_keep_each_run_and_use_contiguous_blocks() -> None:
+def test_block_indices_keep_each_run_and_use_circular_blocks() -> None:
     rng = np.random.default_rng(0)
     groups = [np.array([0, 2, 4, 6, 8, 10, 12, 14]), np.array([1, 3, 5, 7, 9, 11, 13, 15])]
     idx = _block_indices(rng, groups, 16, 50)
@@ -277,7 +277,17 @@ def test_block_indices_keep_each_run_and_use_contiguous_blocks() -> None:
     for g in groups:
         assert np.isin(idx[:, g], g).all()  # residuals stay within their run
         pos = np.searchsorted(g, idx[:, g])  # positions along the run; blocks of 2 (= round(8^(1/3)))
-        assert np.all(pos[:, 1::2] == pos[:, 0::2] + 1)
+        assert np.all(pos[:, 1::2] == (pos[:, 0::2] + 1) % g.size)  # contiguous, wrapping past the run's end
+
+
+def test_circular_blocks_draw_every_point_equally_often() -> None:
+    """Plain moving blocks draw a run's first and last points length times less often than the middle ones, so
+    the resampled residuals' mean is not the residuals' mean: circular blocks draw each point equally often."""
+    rng = np.random.default_rng(1)
+    group = np.arange(64)
+    idx = _block_indices(rng, [group], 64, 4000)
+    counts = np.bincount(idx.ravel(), minlength=64) / idx.size
+    assert np.allclose(counts, 1 / 64, rtol=0.05)
 
 
 def test_several_runs_bootstrap_and_fit_one_curve() -> None:

@@ -1,5 +1,6 @@
 """Scaling helpers below the MCP layer: inverting curves, reading data files, the default R0, crossings."""
 
+import itertools
 import math
 from pathlib import Path
 
@@ -11,9 +12,10 @@ from hypothesis import strategies as st
 from servers.core.errors import InputError
 from servers.scaling import analysis, laws
 from servers.scaling.data import Columns, DataPoint, points_from_rows, read_rows
+from servers.scaling.fit_sigmoid import default_r0, start_points
 from servers.scaling.fitstore import StoredFit
 from servers.scaling.fitting import FitOutcome, ParameterEstimate
-from servers.scaling.server import first_value
+from servers.scaling.server import r0_start_points
 
 
 @given(
@@ -77,15 +79,19 @@ def test_reading_files(tmp_path: Path) -> None:
         read_rows(empty, keys, "d.csv")
 
 
-def test_default_r0_is_where_each_run_starts() -> None:
-    points = [
-        DataPoint(compute=c, value=v, run=r)
-        for c, v, r in [(10, 0.2, "a"), (100, 0.4, "a"), (20, 0.3, "b"), (5, 0.26, "b")]
-    ]
-    assert first_value(points) == pytest.approx((0.2 + 0.26) / 2)
+def test_default_r0_is_where_each_run_starts_one_rule_for_the_fit_and_the_tool() -> None:
+    """Issue 10, 5: the tool used its own R0 (every run's first value), the fit another (runs that start more than
+    5% later left out). Now there is one rule, in fit_sigmoid, and the tool takes its start points from it."""
+    rows = [(10, 0.2, "a"), (100, 0.4, "a"), (20, 0.3, "b"), (5, 0.26, "b"), (5.2, 0.3, "c"), (50, 0.5, "c")]
+    points = [DataPoint(compute=c, value=v, run=r) for c, v, r in rows]
+    # run a starts at 10, twice the earliest start (5): left out; c starts within 5% of it: kept
+    assert start_points(*zip(*rows, strict=True)) == [("b", 5.0, 0.26), ("c", 5.2, 0.3)]
+    compute, value, runs = r0_start_points(points)
+    assert default_r0(compute, value, runs) == pytest.approx((0.26 + 0.3) / 2)
+    assert default_r0(*zip(*rows, strict=True)) == pytest.approx((0.26 + 0.3) / 2)
 
 
-def _fit(params: dict[str, float], rmse: float = 0.01) -> StoredFit:
+def _fit(params: dict[str, float], rmse: float = 0.01, fit_id: str = "fit-1") -> StoredFit:
     outcome = FitOutcome(
         model="scalerl",
         method="robust",
@@ -100,7 +106,7 @@ def _fit(params: dict[str, float], rmse: float = 0.01) -> StoredFit:
     )
     points = [DataPoint(compute=float(c), value=0.3) for c in np.geomspace(100, 10_000, 10)]
     return StoredFit(
-        id="fit-1",
+        id=fit_id,
         label=None,
         model="scalerl",
         method="robust",
@@ -114,10 +120,20 @@ def _fit(params: dict[str, float], rmse: float = 0.01) -> StoredFit:
     )
 
 
-def test_crossings_skip_ties_near_the_start() -> None:
+def test_crossings_are_every_change_of_order_and_ties_near_the_start_are_regions() -> None:
     early = _fit({"A": 0.6, "B": 2.0, "C_mid": 1000, "R0": 0.25})
-    late = _fit({"A": 0.7, "B": 2.0, "C_mid": 5000, "R0": 0.252})  # starts 0.002 above: a tie, not a crossing
-    [cross] = analysis.crossings(early, late)
-    gap = laws.scalerl(cross, **analysis.point_params(early)) - laws.scalerl(cross, **analysis.point_params(late))
-    assert abs(gap) < 1e-9 and 1000 < cross < 100_000
+    # late starts 0.003 above early (a tie within the RMSE), early overtakes it, then late overtakes early
+    late = _fit({"A": 0.7, "B": 2.0, "C_mid": 5000, "R0": 0.256}, fit_id="fit-2")
+    crossed = analysis.crossings(early, late)
+    assert len(crossed) == 2 and crossed[0] < 1000 < crossed[1] < 100_000  # what the fitted curves do
+    for cross in crossed:
+        gap = laws.scalerl(cross, **analysis.point_params(early)) - laws.scalerl(cross, **analysis.point_params(late))
+        assert abs(gap) < 1e-9
+    # without bootstrap draws, a lead must exceed the larger RMSE (0.01): the start is a tie, not late's lead
+    regions = analysis.lead_regions(early, late, 0.95)
+    assert [r.leader for r in regions] == [None, "fit-1", None, "fit-2", "fit-2"]
+    assert [r.extrapolated for r in regions] == [False, False, False, False, True]  # the data end at 10,000
+    assert regions[1].low > crossed[0] and regions[3].low > crossed[1] and regions[3].high == regions[4].low == 10_000
+    assert regions[0].low == 100 and regions[-1].high == pytest.approx(1e6)
+    assert all(a.high == b.low for a, b in itertools.pairwise(regions))  # they cover the range
     assert analysis.crossings(early, _fit({"A": 0.5, "B": 2.0, "C_mid": 1000, "R0": 0.25})) == []

@@ -11,7 +11,14 @@ import numpy as np
 from servers.core.errors import InputError
 from servers.scaling import laws
 from servers.scaling.fitstore import StoredFit
-from servers.scaling.fitting import Comparison, ComputeForTarget, FitInComparison, PairVerdict, PredictedValue
+from servers.scaling.fitting import (
+    Comparison,
+    ComputeForTarget,
+    FitInComparison,
+    LeadRegion,
+    PairVerdict,
+    PredictedValue,
+)
 
 MAX_CROSSINGS = 100  # crossings listed per pair (near-identical noisy curves could cross at many grid steps)
 MAX_COMPUTE = 1e40  # the largest compute the tools accept anywhere; targets beyond it count as out of reach
@@ -180,41 +187,77 @@ def has_optimal_path(params: dict[str, float]) -> bool:
 
 
 def compute_for_target(fit: StoredFit, target: float, level: float, unit: str) -> ComputeForTarget:
+    """The compute at which the fit reaches `target`, and whether it gets there at all, as the fitted curve and its
+    bootstrap draws say together: reachable (the curve gets there and at least `level` of the draws do),
+    unreachable (it does not and at most 1 - level do), uncertain otherwise, with the share stated."""
     params = point_params(fit)
-    needed = compute_to_reach(fit.model, params, target)
-    draws = [compute_to_reach(fit.model, d, target) for d in fit.outcome.bootstrap_draws]
-    reached = [c for c in draws if c is not None and c <= MAX_COMPUTE]
-    share = len(reached) / len(draws) if draws else None
-    lo = hi = None
-    if reached and share is not None and share >= level:
-        tail = (1 - level) / 2 * 100
-        lo, hi = (float(v) for v in np.percentile(reached, [tail, 100 - tail]))
     asymptote = params["E"] if fit.model == "chinchilla" else params["A"]
     if fit.model == "chinchilla" and not has_optimal_path(params):
-        statement = (
-            "this fit has an exponent or coefficient at 0 (alpha, beta, A or B on its bound), so the compute-optimal "
-            "path is not defined; refit with runs that span more of N and D"
+        return ComputeForTarget(
+            target=target,
+            verdict="undefined",
+            reachable=None,
+            compute=None,
+            statement="this fit has an exponent or coefficient at 0 (alpha, beta, A or B on its bound), so the "
+            "compute-optimal path is not defined; refit with runs that span more of N and D",
         )
-    elif needed is None:
-        statement = (
-            f"the fitted asymptote {asymptote:.4g} does not reach the target {target:g}: more compute on "
-            "this recipe will not get there"
-        )
-    elif not needed <= MAX_COMPUTE:
-        statement = f"the curve gets to {target:g} only beyond {MAX_COMPUTE:g} {unit}: out of reach in practice"
-        needed = None
-    elif needed == 0:
-        statement = f"the curve already starts at or beyond {target:g}"
+    needed = compute_to_reach(fit.model, params, target)
+    point_reaches = needed is not None and needed <= MAX_COMPUTE
+    beyond = needed is not None and not point_reaches  # only beyond any compute the tools accept
+    draws = [compute_to_reach(fit.model, d, target) for d in fit.outcome.bootstrap_draws]
+    spent = np.array([c if c is not None and c <= MAX_COMPUTE else math.inf for c in draws])
+    share = float(np.mean(np.isfinite(spent))) if draws else None
+    lo = hi = None
+    if share is not None and share > 0:
+        tail = (1 - level) / 2 * 100
+        with np.errstate(invalid="ignore"):  # between two infinite draws the percentile is NaN: no end there
+            low, high = np.percentile(spent, [tail, 100 - tail])  # a draw that never gets there counts as infinite
+        lo, hi = _finite(float(low)), _finite(float(high))
+    if share is None:
+        verdict = "reachable" if point_reaches else "unreachable"
+    elif point_reaches and share >= level:
+        verdict = "reachable"
+    elif not point_reaches and share <= 1 - level:
+        verdict = "unreachable"
     else:
-        statement = f"about {needed:.4g} {unit} to reach {target:g}"
-        if lo is not None:
-            statement += f" ({level:.0%} interval {lo:.3g}..{hi:.3g})"
-    if share is not None and share < 1:
-        statement += f"; {share:.0%} of bootstrap draws reach it within {MAX_COMPUTE:g} {unit}"
+        verdict = "uncertain"
+
+    within = f"within {MAX_COMPUTE:g} {unit}"
+    if point_reaches and needed == 0:
+        fitted = f"the fitted curve already starts at or beyond {target:g}"
+    elif point_reaches:
+        fitted = f"the fitted curve reaches {target:g} at about {needed:.4g} {unit}"
+    elif beyond:
+        fitted = f"the fitted curve gets to {target:g} only beyond {MAX_COMPUTE:g} {unit} (out of reach in practice)"
+    else:
+        fitted = f"the fitted asymptote {asymptote:.4g} does not reach the target {target:g}"
+    band = ""
+    if lo is not None:
+        band = f"{level:.0%} interval over all draws " + (
+            f"{lo:.3g} to {hi:.3g} {unit}" if hi is not None else f"from {lo:.3g} {unit}, with no upper end"
+        )
+    if share is None:
+        statement = f"{fitted} (from the point estimate only: the fit has no bootstrap draws to say how sure)"
+    elif verdict == "reachable":
+        statement = f"reachable: {fitted}; {share:.0%} of bootstrap draws reach it {within}"
+        statement += f" ({band})" if band else ""
+    elif verdict == "unreachable":
+        statement = (
+            f"unreachable: {fitted}, and only {share:.0%} of bootstrap draws reach it {within}: more compute on this "
+            "recipe will not get there"
+        )
+    else:
+        statement = (
+            f"uncertain: {fitted}, but {share:.0%} of bootstrap draws reach it {within} and {1 - share:.0%} never "
+            f"do; at the {level:.0%} level neither 'it gets there' nor 'it does not' holds"
+            + (f" ({band})" if band else "")
+            + "; extend the run to higher compute before relying on either"
+        )
     return ComputeForTarget(
         target=target,
-        reachable=needed is not None,
-        compute=needed,
+        verdict=verdict,
+        reachable=True if verdict == "reachable" else False if verdict == "unreachable" else None,
+        compute=needed if point_reaches else None,
         ci_low=lo,
         ci_high=hi,
         draws_reaching=share,
@@ -224,41 +267,187 @@ def compute_for_target(fit: StoredFit, target: float, level: float, unit: str) -
 
 # ---- comparing recipes --------------------------------------------------------------------------------------
 
+GRID_POINTS = 600  # compute values per pair at which who leads is decided
+CHECK_FACTOR = 8  # the consistency check evaluates the fitted curves this many times more finely
+
 
 def _name(fit: StoredFit) -> str:
     return fit.label or fit.id
 
 
-def crossings(first: StoredFit, second: StoredFit) -> list[float]:
-    """Compute values where one curve overtakes the other, from the data's smallest compute to 100x its largest.
+def _used_computes(fit: StoredFit) -> list[float]:
+    excluded = excluded_indices(fit)
+    return [p.compute for i, p in enumerate(fit.points) if p.compute is not None and i not in excluded]
 
-    Stretches where the curves lie within the data's scatter of each other (e.g. both still near R0) are ties,
-    not crossings: only a change of which curve is ahead by more than that scatter counts.
-    """
+
+def compute_range(first: StoredFit, second: StoredFit) -> tuple[float, float, float]:
+    """(start, end, data end) of the compute a comparison considers: from the smallest fitted compute of either
+    fit to 100 times the largest; beyond `data end` (the smaller of the two fits' largest compute) at least one
+    curve is extrapolated."""
+    used = [_used_computes(f) for f in (first, second)]
+    start = min(min(u) for u in used)
+    end = max(max(u) for u in used) * 100
+    return start, end, min(max(u) for u in used)
+
+
+def _gap(first: StoredFit, second: StoredFit, c: np.ndarray) -> np.ndarray:
+    """first's fitted curve minus second's at compute c (as predict_scaling evaluates them)."""
+    with np.errstate(all="ignore"):
+        return curve(first.model, point_params(first), c) - curve(second.model, point_params(second), c)
+
+
+def _root(first: StoredFit, second: StoredFit, low: float, high: float) -> float:
     from scipy.optimize import brentq
 
-    used = [p.compute for f in (first, second) for p in f.points if p.compute]
-    grid = np.geomspace(min(used), max(used) * 100, 4000)
-    p1, p2 = point_params(first), point_params(second)
+    try:
+        with np.errstate(all="ignore"):
+            return float(brentq(lambda c: float(_gap(first, second, np.asarray(c))), low, high))
+    except (ValueError, RuntimeError):  # not finite in between: the grid point stands for the crossing
+        return high
 
-    def gap(c: float | np.ndarray) -> np.ndarray:
-        return curve(first.model, p1, np.asarray(c)) - curve(second.model, p2, np.asarray(c))
 
-    with np.errstate(all="ignore"):
-        diff = gap(grid)
-    tie = max(first.outcome.rmse, second.outcome.rmse)
-    ahead = np.where(np.isfinite(diff) & (np.abs(diff) > tie), np.sign(diff), 0.0)
-    clear = np.nonzero(ahead)[0]
+def crossings(first: StoredFit, second: StoredFit) -> list[float]:
+    """Compute values where the fitted curves (point estimates) cross, over compute_range: every change of which
+    one is above, as predict_scaling shows it; how sure either lead is, is the regions' business."""
+    start, end, data_end = compute_range(first, second)
+    grid = _grid(start, end, data_end)
+    diff = _gap(first, second, grid)
+    sign = np.where(np.isfinite(diff), np.sign(diff), 0.0)
+    nonzero = np.nonzero(sign)[0]
     found = []
-    for before, after in itertools.pairwise(clear):
-        if ahead[before] != ahead[after] and len(found) < MAX_CROSSINGS:
-            try:
-                with np.errstate(all="ignore"):
-                    root = float(brentq(lambda c: float(gap(c)), grid[before], grid[after]))
-            except (ValueError, RuntimeError):  # not finite in between: the grid point stands for the crossing
-                root = float(grid[after])
-            found.append(root)
+    for before, after in itertools.pairwise(nonzero):
+        if sign[before] != sign[after] and len(found) < MAX_CROSSINGS:
+            found.append(_root(first, second, float(grid[before]), float(grid[after])))
     return found
+
+
+def _grid(start: float, end: float, data_end: float, points: int = GRID_POINTS) -> np.ndarray:
+    return np.unique(np.concatenate([np.geomspace(start, end, points), [data_end]]))
+
+
+def _draw_gaps(first: StoredFit, second: StoredFit, c: np.ndarray) -> np.ndarray | None:
+    """(pairs, len(c)) first's draw minus second's draw (independent bootstraps, paired by index); NaN where a
+    draw's curve is not finite. None without draws."""
+    dx, dy = first.outcome.bootstrap_draws, second.outcome.bootstrap_draws
+    n = min(len(dx), len(dy))
+    if n == 0:
+        return None
+    with np.errstate(all="ignore"):
+        gx = np.array([curve(first.model, d, c) for d in dx[:n]])
+        gy = np.array([curve(second.model, d, c) for d in dy[:n]])
+        gaps = gx - gy
+    return np.where(np.isfinite(gaps), gaps, np.nan)
+
+
+def lead_regions(first: StoredFit, second: StoredFit, level: float) -> list[LeadRegion]:
+    """Who leads where over compute_range. At each compute of a fine grid, a fit is ahead when its fitted curve is
+    above the other's and at least `level` of the bootstrap draw pairs agree (without draws: when the curves
+    differ by more than the larger RMSE); elsewhere the two are indistinguishable. Consecutive grid points with the
+    same call (and on the same side of the data's end) form a region. Then the check that keeps the verdict
+    consistent with predict_scaling: each region with a leader is evaluated on a grid CHECK_FACTOR times finer,
+    ends included, and if the leader's fitted curve is not above the other's everywhere there, the region is
+    called indistinguishable instead."""
+    start, end, data_end = compute_range(first, second)
+    grid = _grid(start, end, data_end)
+    diff = _gap(first, second, grid)
+    gaps = _draw_gaps(first, second, grid)
+    label = np.zeros(grid.size, dtype=int)  # +1 first ahead, -1 second ahead, 0 indistinguishable
+    p_first: np.ndarray | None = None
+    finite = np.isfinite(diff)
+    if gaps is not None:
+        counted = np.sum(np.isfinite(gaps), axis=0)
+        with np.errstate(all="ignore"):
+            p_first = np.where(counted > 0, np.nansum(gaps > 0, axis=0) / np.maximum(counted, 1), np.nan)
+            p_second = np.where(counted > 0, np.nansum(gaps < 0, axis=0) / np.maximum(counted, 1), np.nan)
+        label[finite & (diff > 0) & (p_first >= level)] = 1
+        label[finite & (diff < 0) & (p_second >= level)] = -1
+    else:
+        tie = max(first.outcome.rmse, second.outcome.rmse)
+        label[finite & (diff > tie)] = 1
+        label[finite & (diff < -tie)] = -1
+    beyond = grid > data_end
+    runs: list[tuple[int, int]] = []  # consecutive grid points with the same call and the same side of the data end
+    for k in range(grid.size):
+        if runs and label[k] == label[runs[-1][0]] and beyond[k] == beyond[runs[-1][0]]:
+            runs[-1] = (runs[-1][0], k)
+        else:
+            runs.append((k, k))
+    # Each run owns its grid points; the stretch between two runs goes to a neighbouring tie when one fits, to the
+    # next run when both sides have the same leader (the data's end between them), else it is a tie of its own.
+    spans: list[tuple[float, float, int, bool]] = []
+    for n, (i, j) in enumerate(runs):
+        low = float(grid[i])
+        if n > 0:
+            pj = runs[n - 1][1]
+            prev_side, side = int(label[pj]), int(label[i])
+            if side == 0 or prev_side == side:
+                low = float(grid[pj])
+            elif not (prev_side == 0 and beyond[pj] == beyond[i]):
+                spans.append((float(grid[pj]), float(grid[i]), 0, bool(beyond[i])))
+            else:
+                spans[-1] = (*spans[-1][:1], float(grid[i]), *spans[-1][2:])
+        spans.append((low, float(grid[j]), int(label[i]), bool(beyond[i])))
+    checked = _merged(_checked(first, second, _merged(spans), grid))
+    return [_region(first, second, lo, hi, side, ext, p_first, grid, diff) for lo, hi, side, ext in checked]
+
+
+Span = tuple[float, float, int, bool]  # low, high, side (+1 first ahead, -1 second, 0 neither), extrapolated
+
+
+def _merged(spans: list[Span]) -> list[Span]:
+    """Adjacent spans with the same call and the same side of the data's end, joined; empty ones dropped."""
+    out: list[Span] = []
+    for low, high, side, ext in spans:
+        if high < low or (high == low and out):
+            continue
+        if out and out[-1][2] == side and out[-1][3] == ext:
+            out[-1] = (out[-1][0], high, side, ext)
+        else:
+            out.append((low, high, side, ext))
+    return out
+
+
+def _checked(first: StoredFit, second: StoredFit, spans: list[Span], grid: np.ndarray) -> list[Span]:
+    """The consistency check: in a span where one fit is called ahead, its fitted curve must be above the other's
+    everywhere (checked CHECK_FACTOR times finer than the grid that decided, ends included); a span that fails is
+    called indistinguishable instead."""
+    out: list[Span] = []
+    for low, high, side, ext in spans:
+        if side != 0:
+            steps = int(np.sum((grid >= low) & (grid <= high)))
+            c = np.geomspace(low, high, max(16, CHECK_FACTOR * steps)) if high > low else np.array([low])
+            gap = _gap(first, second, c) * side
+            if not np.all(np.isfinite(gap) & (gap > 0)):
+                side = 0
+        out.append((low, high, side, ext))
+    return out
+
+
+def _region(
+    first: StoredFit,
+    second: StoredFit,
+    low: float,
+    high: float,
+    side: int,
+    beyond: bool,
+    p_first: np.ndarray | None,
+    grid: np.ndarray,
+    diff: np.ndarray,
+) -> LeadRegion:
+    inside = (grid >= low) & (grid <= high)
+    probs = None
+    if p_first is not None and np.any(inside & np.isfinite(p_first)):
+        values = p_first[inside & np.isfinite(p_first)]
+        probs = (float(np.min(values)), float(np.max(values)))
+    gap = diff[inside & np.isfinite(diff)]
+    return LeadRegion(
+        low=low,
+        high=high,
+        leader=None if side == 0 else (first.id if side > 0 else second.id),
+        p_first_ahead=probs,
+        largest_gap=float(np.max(np.abs(gap))) if gap.size else 0.0,
+        extrapolated=beyond,
+    )
 
 
 def _share(first: list[float], second: list[float], better: Any) -> float | None:
@@ -268,7 +457,7 @@ def _share(first: list[float], second: list[float], better: Any) -> float | None
     return float(np.mean([better(first[i], second[i]) for i in range(n)]))
 
 
-def compare(fits: list[StoredFit]) -> Comparison:
+def compare(fits: list[StoredFit], level: float = 0.95) -> Comparison:
     models = {f.model for f in fits}
     if not models <= {"scalerl", "power_law"}:
         raise InputError(
@@ -306,27 +495,31 @@ def compare(fits: list[StoredFit]) -> Comparison:
             p_e = None
             if x.model == y.model == "scalerl":
                 p_e = _share([d["C_mid"] for d in draws_x], [d["C_mid"] for d in draws_y], lambda u, v: u < v)
-            cross = crossings(x, y)
+            start, end, data_end = compute_range(x, y)
+            regions = lead_regions(x, y, level)
             pairs.append(
                 PairVerdict(
                     first=x.id,
                     second=y.id,
                     p_first_higher_asymptote=p_a,
                     p_first_more_efficient=p_e,
-                    crossings=cross,
-                    verdict=_pair_verdict(x, y, p_a, cross, unit),
+                    compute_range=(start, end),
+                    regions=regions,
+                    crossings=crossings(x, y),
+                    verdict=_pair_verdict(x, y, p_a, regions, (start, end, data_end), unit, level),
                 )
             )
     best = max(rows, key=lambda r: r.asymptote)
     with_mid = [r for r in rows if r.c_mid is not None]
     efficient = min(with_mid, key=lambda r: r.c_mid or math.inf) if with_mid else None
     label = {f.id: _name(f) for f in fits}
-    verdict = f"{label[best.fit_id]} has the highest asymptote (A={best.asymptote:.3f})"
+    verdict = f"{label[best.fit_id]} has the highest fitted asymptote (A={best.asymptote:.3f})"
     if efficient is not None and efficient.fit_id != best.fit_id:
         verdict += f"; {label[efficient.fit_id]} is the most efficient (half its gain at {efficient.c_mid:.3g} {unit})"
     verdict += ". " + " ".join(p.verdict for p in pairs)
     return Comparison(
         compute_unit=unit,
+        level=level,
         fits=rows,
         pairs=pairs,
         best_asymptote=best.fit_id,
@@ -335,17 +528,72 @@ def compare(fits: list[StoredFit]) -> Comparison:
     )
 
 
-def _pair_verdict(x: StoredFit, y: StoredFit, p_a: float | None, cross: list[float], unit: str) -> str:
+def _where(low: float, high: float, start: float, end: float) -> str:
+    if low <= start and high >= end:
+        return "throughout"
+    if low <= start:
+        return f"below ~{high:.3g}"
+    if high >= end:
+        return f"beyond ~{low:.3g}"
+    return f"from ~{low:.3g} to ~{high:.3g}"
+
+
+def _shares(group: list[LeadRegion], first: bool) -> str:
+    """The least and greatest share of draw pairs with `first` (else the second fit) above, over the regions."""
+    ranges = [r.p_first_ahead for r in group if r.p_first_ahead is not None]
+    if not ranges:
+        return ""
+    lo, hi = min(p[0] for p in ranges), max(p[1] for p in ranges)
+    if not first:
+        lo, hi = 1 - hi, 1 - lo
+    return f"{lo:.0%}" if round(lo * 100) == round(hi * 100) else f"{lo:.0%}-{hi:.0%}"
+
+
+def _pair_verdict(
+    x: StoredFit,
+    y: StoredFit,
+    p_a: float | None,
+    regions: list[LeadRegion],
+    span: tuple[float, float, float],
+    unit: str,
+    level: float,
+) -> str:
+    """The pair's verdict in words, built from the regions alone (so it says no more than they do): consecutive
+    regions with the same call are told as one stretch, with the part beyond the data named."""
+    start, end, data_end = span
+    names = {x.id: _name(x), y.id: _name(y)}
+    groups: list[list[LeadRegion]] = []
+    for r in regions:
+        if groups and groups[-1][0].leader == r.leader:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    parts = []
+    for group in groups:
+        low, high, leader = group[0].low, group[-1].high, group[0].leader
+        where = _where(low, high, start, end)
+        ext = [r for r in group if r.extrapolated]
+        details = []
+        if leader is None:
+            shown = _shares(group, True)
+            details += [f"{names[x.id]} above in {shown} of bootstrap draws"] if shown else []
+        else:
+            shown = _shares(group, leader == x.id)
+            details.append(f"in {shown} of bootstrap draws" if shown else "point estimates only: no bootstrap draws")
+            details.append(f"by up to {max(r.largest_gap for r in group):.3g}")
+        if ext:
+            details.append("extrapolated" if len(ext) == len(group) else f"extrapolated beyond {ext[0].low:.3g}")
+        call = "indistinguishable" if leader is None else f"{names[leader]} ahead"
+        parts.append(f"{call} {where}" + (f" ({'; '.join(details)})" if details else ""))
+    text = (
+        f"{names[x.id]} vs {names[y.id]} ({unit} from {start:.3g} to {end:.3g}, fitted up to {data_end:.3g}; "
+        f"'ahead' where the fitted curves and at least {level:.0%} of bootstrap draws agree): " + "; ".join(parts) + "."
+    )
     ax, ay = x.outcome.parameters["A"].value, y.outcome.parameters["A"].value
-    hi, lo = (x, y) if ax >= ay else (y, x)
+    hi = x if ax >= ay else y
     p_hi = None if p_a is None else (p_a if hi is x else 1 - p_a)
-    sure = "" if p_hi is None else f" (in {p_hi:.0%} of bootstrap draws)"
-    text = f"{_name(hi)} has the higher asymptote than {_name(lo)}{sure}"
+    sure = "" if p_hi is None else f" in {p_hi:.0%} of bootstrap draws"
+    text += f" Asymptote: {names[hi.id]} higher ({max(ax, ay):.3f} vs {min(ax, ay):.3f}){sure}"
     if abs(ax - ay) < 0.02:
         text += "; the difference is within ScaleRL's seed-to-seed spread of about 0.02 on A, so treat it as a tie"
-    if cross:
-        beyond = cross[-1]
-        text += f"; {_name(hi)} wins beyond ~{beyond:.3g} {unit}, {_name(lo)} is ahead below it"
-    else:
-        text += f"; the curves do not cross in the range considered, so {_name(hi)} leads throughout"
     return text + "."

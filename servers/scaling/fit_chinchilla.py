@@ -58,7 +58,7 @@ GRID_E = (-1.0, -0.5, 0.0, 0.5, 1.0)
 GRID_EXPONENT = (0.0, 0.5, 1.0, 1.5, 2.0)
 MIN_POINTS = 5
 FEW_POINTS = 15  # fewer than ~3 points per parameter: warn
-WIDE_FACTOR = 10.0  # a 95% interval on A or B wider than this factor: warn
+WIDE_FACTOR = 10.0  # an interval on A or B wider than this factor: warn
 
 
 def start_grid(
@@ -307,9 +307,10 @@ def _fit_robust(
 
 def _bootstrap(
     data: tuple[NDArray[np.float64], ...], delta: float, fits: list[_LocalFit], resamples: int, seed: int
-) -> list[dict[str, float]]:
+) -> tuple[list[dict[str, float]], dict[str, int]]:
     """Refits on ``resamples`` resamples of the points (with replacement; numpy default_rng(seed)), each from the
-    full-data optimum and the next two distinct local optima (``fits`` sorted best first), keeping the best."""
+    full-data optimum and the next two distinct local optima (``fits`` sorted best first), keeping the best; and
+    the refits left out, counted by reason."""
     warm = [fits[0].theta]
     for fit in fits[1:]:
         if len(warm) == 3:
@@ -317,8 +318,9 @@ def _bootstrap(
         if all(np.max(np.abs(fit.theta - w)) > 1e-3 for w in warm):
             warm.append(fit.theta)
     draws: list[dict[str, float]] = []
+    failed: dict[str, int] = {}
     if resamples <= 0:
-        return draws
+        return draws, failed
     rng = np.random.default_rng(seed)
     count = len(data[0])
     for _ in range(resamples):
@@ -326,9 +328,12 @@ def _bootstrap(
         sample = (data[0][idx], data[1][idx], data[2][idx])
         results = [_lbfgs(w, sample, delta, maxiter=BOOTSTRAP_MAXITER) for w in warm]
         theta = min(results, key=lambda res: res[1])[0]
-        if np.all(np.isfinite(theta)):
-            draws.append(theta_to_params(theta))
-    return draws
+        params = theta_to_params(theta) if np.all(np.isfinite(theta)) else None
+        if params is not None and all(math.isfinite(v) for v in params.values()):
+            draws.append(params)
+        else:
+            failed["non-finite parameters"] = failed.get("non-finite parameters", 0) + 1
+    return draws, failed
 
 
 def _validate(
@@ -365,12 +370,13 @@ def fit_chinchilla(
     seed: int = 0,
     starts: NDArray[np.float64] | None = None,
     top_k: int = 20,
+    level: float = 0.95,
 ) -> FitOutcome:
     """Fit L(N, D) = E + A / N^alpha + B / D^beta to (params N, tokens D, loss) runs by Hoffmann et al.'s method.
 
     ``starts`` replaces the 4,500-start grid (rows a, b, e, alpha, beta; see ``start_grid``); ``top_k`` is how
     many of the best candidates the robust method refines with L-BFGS-B. ``bootstrap`` resamples of the points
-    (with replacement, numpy default_rng(seed)) give 95% percentile intervals and the draws.
+    (with replacement, numpy default_rng(seed)) give percentile intervals of coverage ``level`` and the draws.
     """
     t0 = time.perf_counter()
     if method not in ("robust", "naive-grid"):
@@ -384,6 +390,9 @@ def fit_chinchilla(
     if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
         raise InputError(f"top_k must be an integer >= 1, got {top_k!r}")
     bootstrap, top_k = int(bootstrap), int(top_k)
+    if not (isinstance(level, (int, float)) and 0.0 < level < 1.0):
+        raise InputError(f"level must lie strictly between 0 and 1 (e.g. 0.95), got {level!r}")
+    tail = (1.0 - float(level)) / 2.0 * 100.0
     n, d, loss_ = _validate(params, tokens, loss)
     grid = start_grid() if starts is None else np.atleast_2d(np.asarray(starts, dtype=np.float64))
     if grid.ndim != 2 or grid.shape[1] != 5 or len(grid) == 0 or not np.all(np.isfinite(grid)):
@@ -399,7 +408,7 @@ def fit_chinchilla(
             fits, info = _fit_robust(data, (n, d, loss_), delta, grid, top_k)
         fits.sort(key=lambda fit: fit.objective)
         best = fits[0]
-        draws = _bootstrap(data, delta, fits, bootstrap, seed)
+        draws, failed = _bootstrap(data, delta, fits, bootstrap, seed)
     theta = best.theta
     point = theta_to_params(theta)
 
@@ -408,12 +417,12 @@ def fit_chinchilla(
         lo = hi = None
         if draws:
             values = np.array([draw[name] for draw in draws])
-            lo, hi = (float(v) for v in np.percentile(values, [2.5, 97.5]))
+            lo, hi = (float(v) for v in np.percentile(values, [tail, 100.0 - tail]))
         estimates[name] = ParameterEstimate(value=point[name], ci_low=lo, ci_high=hi)
 
     l_hat = np.exp(log_loss_lse(theta, data[0], data[1]))  # the fit's own loss (an exponent may sit on 0)
     rmse = float(np.sqrt(np.mean((l_hat - loss_) ** 2)))
-    warnings = _warnings(n, d, best, theta, estimates, draws)
+    warnings = _warnings(n, d, best, theta, estimates, draws, tail)
     reached = sum(fit.objective <= best.objective * (1 + 1e-9) + 1e-300 for fit in fits)
     message = f"{best.message} ({info}; {reached} of {len(fits)} run(s) reached the best objective)"
     return FitOutcome(
@@ -425,7 +434,10 @@ def fit_chinchilla(
         converged=best.success,
         message=message,
         warnings=warnings,
+        level=float(level),
         bootstrap=len(draws),
+        bootstrap_run=bootstrap,
+        bootstrap_failed=failed,
         bootstrap_draws=draws,
         points_used=len(n),
         duration_s=time.perf_counter() - t0,
@@ -439,6 +451,7 @@ def _warnings(
     theta: NDArray[np.float64],
     estimates: dict[str, ParameterEstimate],
     draws: list[dict[str, float]],
+    tail: float = 2.5,
 ) -> list[str]:
     out: list[str] = []
     if len(n) < FEW_POINTS:
@@ -495,10 +508,11 @@ def _warnings(
         be = np.array([dr["beta"] for dr in draws])
         g = (al * np.array([dr["A"] for dr in draws]) / (be * np.array([dr["B"] for dr in draws]))) ** (1.0 / (al + be))
         share = be / (al + be)
-        g_lo, g_hi = np.percentile(g[np.isfinite(g)], [2.5, 97.5]) if np.any(np.isfinite(g)) else (math.nan,) * 2
-        s_lo, s_hi = np.percentile(share, [2.5, 97.5])
+        ends = [tail, 100.0 - tail]
+        g_lo, g_hi = np.percentile(g[np.isfinite(g)], ends) if np.any(np.isfinite(g)) else (math.nan,) * 2
+        s_lo, s_hi = np.percentile(share, ends)
         out.append(
-            "Very wide 95% bootstrap intervals: "
+            f"Very wide {100 - 2 * tail:.0f}% bootstrap intervals: "
             + "; ".join(wide)
             + ". The loss surface is flat along the A-B ridge (as the Epoch AI replication of Chinchilla found), "
             "so do not interpret A or B on their own. Compute-optimal allocations depend on alpha/beta and "

@@ -4,7 +4,8 @@ them: the outcome with its bootstrap draws, the data it was fitted on, and the o
 The file is shared with the jobs, and may be damaged: opening the store checks it (servers.core.db.prepare: a
 newer schema is refused unchanged, a damaged file is moved aside), every failing operation raises a
 StateDatabaseError saying what is wrong, and a row that cannot be read is skipped by list_fits (and named by
-get) rather than breaking the listing."""
+get) rather than breaking the listing. A database moved aside lately is told by notices() (list_scaling_fits shows
+them): the fits stored before are in the moved file."""
 
 import json
 import logging
@@ -13,6 +14,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -149,18 +151,40 @@ class FitStore:
             raise NotFoundError(message)
         return self._parse(row)
 
-    def list_fits(self, *, limit: int, offset: int) -> tuple[list[StoredFit], int]:
-        """A page of fits, newest first, and the number of rows. A damaged row is left out of the page (and
-        logged); get names what is wrong with it."""
+    def list_fits(self, *, limit: int, offset: int) -> "FitPage":
+        """A page of fits, newest first. Rows whose stored JSON is broken are left out of the listing and of
+        `total` and counted in `damaged` (a cheap check in SQL over every row); a row on the page that still cannot
+        be read is left out too, counted in `damaged` (and named in `problems`); get names what is wrong with any."""
+        intact = " AND ".join(f"json_valid({c})" for c in _JSON_COLUMNS)
         with self._connect() as conn:
-            total = conn.execute("SELECT COUNT(*) FROM fits").fetchone()[0]
+            total, damaged = conn.execute(
+                f"SELECT COALESCE(SUM({intact}), 0), COALESCE(SUM(NOT ({intact})), 0) FROM fits"
+            ).fetchone()
             rows = conn.execute(
-                "SELECT * FROM fits ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?", (limit, offset)
+                f"SELECT * FROM fits WHERE {intact} ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?",
+                (limit, offset),
             ).fetchall()
-        fits = []
+        page = FitPage(fits=[], total=int(total), damaged=int(damaged), consumed=len(rows), listed=int(total))
         for row in rows:
             try:
-                fits.append(self._parse(row))
+                page.fits.append(self._parse(row))
             except InputError as exc:
                 log.warning("%s", exc)
-        return fits, total
+                page.total -= 1
+                page.damaged += 1
+                page.problems.append(str(exc))
+        return page
+
+
+@dataclass
+class FitPage:
+    """What list_fits returns: the readable fits of the page, the number of readable rows (`total`, as far as
+    known), the damaged ones (`damaged`), how many rows the page went through (`consumed`) and how many the
+    listing pages over (`listed`): the next offset is offset + consumed while that is below `listed`."""
+
+    fits: list[StoredFit]
+    total: int
+    damaged: int
+    consumed: int
+    listed: int
+    problems: list[str] = field(default_factory=list)

@@ -3,7 +3,7 @@ server can import it at start-up; the numerics live in fit_sigmoid.py and fit_ch
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 SigmoidMethod = Literal["robust", "scalerl-grid", "curve_fit"]
 ChinchillaMethod = Literal["robust", "naive-grid"]
@@ -11,13 +11,41 @@ ChinchillaMethod = Literal["robust", "naive-grid"]
 
 class ParameterEstimate(BaseModel):
     value: float
-    ci_low: float | None = Field(default=None, description="Lower end of the 95% bootstrap interval")
-    ci_high: float | None = Field(default=None, description="Upper end of the 95% bootstrap interval")
+    ci_low: float | None = Field(
+        default=None, description="Lower end of the bootstrap interval, at the fit's level (FitOutcome.level)"
+    )
+    ci_high: float | None = Field(
+        default=None, description="Upper end of the bootstrap interval, at the fit's level (FitOutcome.level)"
+    )
     fixed: bool = Field(default=False, description="True if the parameter was held fixed, not fitted")
+    note: str | None = Field(default=None, description="How a fixed parameter was set")
+
+
+def interval_warning(name: str, p: ParameterEstimate, level: float, below: float | None) -> str:
+    """The warning a fit carries when the interval of `name` does not contain its estimate."""
+    share = "" if below is None else f"; {below:.0%} of the bootstrap refits lie below the estimate"
+    return (
+        f"The {level:.0%} interval of {name} [{p.ci_low:.4g}, {p.ci_high:.4g}] does not contain its estimate "
+        f"{p.value:.4g}{share}: the refits are centred away from the fit, so this interval is biased and does not "
+        f"describe the estimate's uncertainty; do not quote it (refit with more points, or another method)."
+    )
+
+
+def failure_warning(run: int, used: int, failed: dict[str, int]) -> str:
+    """The warning a fit carries when some bootstrap refits were left out."""
+    reasons = "; ".join(f"{count}: {reason}" for reason, count in sorted(failed.items(), key=lambda kv: -kv[1]))
+    text = f"{run - used} of {run} bootstrap refits were left out ({reasons}); the intervals rest on the other {used}"
+    if used < 0.9 * run:
+        text += ", and may be too narrow if the failures are not at random: treat them with caution"
+    return text + "."
 
 
 class FitOutcome(BaseModel):
-    """One fit: point estimates, bootstrap intervals and draws, quality, and what to be careful about."""
+    """One fit: point estimates, bootstrap intervals and draws, quality, and what to be careful about.
+
+    Its own checks (run whenever one is made or read back): every interval that does not contain its estimate
+    carries a warning (interval_warning), and the bootstrap's counts add up (bootstrap + failed = bootstrap_run,
+    with a warning naming the reasons whenever refits were left out)."""
 
     model: Literal["scalerl", "power_law", "chinchilla"]
     method: str
@@ -29,12 +57,50 @@ class FitOutcome(BaseModel):
     converged: bool
     message: str = Field(description="What the optimiser said")
     warnings: list[str] = Field(default_factory=list)
-    bootstrap: int = Field(description="Bootstrap resamples that produced a fit")
+    level: float = Field(default=0.95, description="Coverage of the parameters' bootstrap intervals")
+    bootstrap: int = Field(description="Bootstrap resamples whose refit is used (the intervals rest on these)")
+    bootstrap_run: int | None = Field(
+        default=None, description="Bootstrap resamples refitted: bootstrap (used) + the failed ones"
+    )
+    bootstrap_failed: dict[str, int] = Field(
+        default_factory=dict, description="Bootstrap refits left out, counted by reason"
+    )
     bootstrap_draws: list[dict[str, float]] = Field(
         default_factory=list, description="Parameter values of each bootstrap refit, for prediction intervals"
     )
     points_used: int
     duration_s: float
+
+    @model_validator(mode="after")
+    def _own_checks(self) -> "FitOutcome":
+        if self.bootstrap_run is not None:
+            failed = sum(self.bootstrap_failed.values())
+            gap = self.bootstrap_run - self.bootstrap - failed
+            if gap > 0:
+                self.bootstrap_failed["left out without a recorded reason"] = gap
+            elif gap < 0:
+                self.bootstrap_run = self.bootstrap + failed
+            if self.bootstrap_run > self.bootstrap:
+                self._warn(failure_warning(self.bootstrap_run, self.bootstrap, self.bootstrap_failed))
+        for name, p in self.parameters.items():
+            if p.ci_low is None or p.ci_high is None or p.ci_low <= p.value <= p.ci_high:
+                continue
+            values = [d[name] for d in self.bootstrap_draws if name in d]
+            below = sum(v < p.value for v in values) / len(values) if values else None
+            self._warn(interval_warning(name, p, self.level, below))
+        return self
+
+    def _warn(self, text: str) -> None:
+        if text not in self.warnings:
+            self.warnings.append(text)
+
+    def intervals_missing_their_estimate(self) -> list[str]:
+        """Names of the parameters whose interval does not contain the estimate."""
+        return [
+            n
+            for n, p in self.parameters.items()
+            if p.ci_low is not None and p.ci_high is not None and not p.ci_low <= p.value <= p.ci_high
+        ]
 
 
 # ---- what predictions and comparisons return ------------------------------------------------------------
@@ -57,12 +123,28 @@ class PredictedValue(BaseModel):
 
 class ComputeForTarget(BaseModel):
     target: float
-    reachable: bool
-    compute: float | None = Field(description="Compute needed (FLOPs along the compute-optimal path for chinchilla)")
-    ci_low: float | None = None
-    ci_high: float | None = None
+    verdict: Literal["reachable", "unreachable", "uncertain", "undefined"] = Field(
+        description="reachable: the fitted curve gets there and at least `level` of the bootstrap draws do; "
+        "unreachable: it does not and at most 1 - level of the draws do; uncertain: anything between (see "
+        "draws_reaching); undefined: the fit has no compute-optimal path (chinchilla with a term on its bound)"
+    )
+    reachable: bool | None = Field(
+        description="True when the verdict is reachable, False when unreachable, null when uncertain or undefined"
+    )
+    compute: float | None = Field(
+        description="Compute at which the fitted curve reaches the target (FLOPs along the compute-optimal path for "
+        "chinchilla); null when the fitted curve does not reach it"
+    )
+    ci_low: float | None = Field(
+        default=None,
+        description="Lower end of the compute's interval over all draws (a draw that never gets there "
+        "counts as infinite compute)",
+    )
+    ci_high: float | None = Field(
+        default=None, description="Upper end of that interval; null when more than its tail of draws never get there"
+    )
     draws_reaching: float | None = Field(
-        default=None, description="Share of bootstrap draws whose curve reaches the target at all"
+        default=None, description="Share of bootstrap draws whose curve reaches the target (within 1e40 compute)"
     )
     statement: str
 
@@ -77,6 +159,24 @@ class FitInComparison(BaseModel):
     b: float
 
 
+class LeadRegion(BaseModel):
+    """A stretch of compute over which one fit is clearly ahead of the other, or neither is."""
+
+    low: float = Field(description="Where the stretch begins (compute)")
+    high: float = Field(description="Where it ends (compute)")
+    leader: str | None = Field(
+        description="The fit ahead throughout the stretch: its fitted curve is above the other's at every compute "
+        "in it (as predict_scaling gives) and so are at least `level` of the bootstrap draw pairs at every compute "
+        "checked; null where the two are indistinguishable"
+    )
+    p_first_ahead: tuple[float, float] | None = Field(
+        description="Least and greatest share of bootstrap draw pairs in which the first fit is above the second, "
+        "over the stretch; null without bootstrap draws"
+    )
+    largest_gap: float = Field(description="Largest difference between the fitted curves over the stretch")
+    extrapolated: bool = Field(description="True beyond the compute either fit was fitted on")
+
+
 class PairVerdict(BaseModel):
     first: str
     second: str
@@ -86,12 +186,20 @@ class PairVerdict(BaseModel):
     p_first_more_efficient: float | None = Field(
         description="Share of draw pairs in which the first fit reaches half its gain with less compute (scalerl)"
     )
-    crossings: list[float] = Field(description="Compute values where the two fitted curves cross")
+    compute_range: tuple[float, float] = Field(
+        description="The compute considered: from the smallest fitted compute to 100 times the largest"
+    )
+    regions: list[LeadRegion] = Field(description="Who leads where, in order of compute, covering compute_range")
+    crossings: list[float] = Field(
+        description="Compute values where the two fitted curves (point estimates) cross; whether either is clearly "
+        "ahead on each side is in regions"
+    )
     verdict: str
 
 
 class Comparison(BaseModel):
     compute_unit: str
+    level: float = Field(description="Share of bootstrap draw pairs that must agree before a fit is called ahead")
     fits: list[FitInComparison]
     pairs: list[PairVerdict]
     best_asymptote: str

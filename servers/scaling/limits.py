@@ -166,8 +166,10 @@ class FitTask:
     value: list[float] = field(default_factory=list)
     run: list[str] | None = None
     r0: float | None = None
+    r0_from: tuple[list[float], list[float], list[str]] | None = None  # the points the default R0 comes from
     free_r0: bool = False
     y_max: float = 1.0
+    level: float = 0.95
     params: list[float] = field(default_factory=list)
     tokens: list[float] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)
@@ -189,7 +191,9 @@ def compute_fit(task: FitTask) -> FitOutcome:
         if task.model == "chinchilla":
             from servers.scaling.fit_chinchilla import fit_chinchilla
 
-            return fit_chinchilla(task.params, task.tokens, task.loss, bootstrap=task.bootstrap, seed=task.seed)
+            return fit_chinchilla(
+                task.params, task.tokens, task.loss, bootstrap=task.bootstrap, seed=task.seed, level=task.level
+            )
         return _fit_curve(task)
 
 
@@ -203,8 +207,10 @@ def _fit_curve(task: FitTask) -> FitOutcome:
         model=task.model,  # type: ignore[arg-type]
         method=task.method,  # type: ignore[arg-type]
         r0=task.r0,
+        r0_from=task.r0_from,
         free_r0=task.free_r0,
         y_max=task.y_max,
         bootstrap=task.bootstrap,
         seed=task.seed,
+        level=task.level,
     )

@@ -4,7 +4,7 @@ beside this one (imported when a tool runs, so the server starts without numpy o
 
 import base64
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from mcp.server import MCPServer
@@ -101,27 +101,98 @@ def _wanted_keys(model: ModelName, columns: Columns) -> list[str]:
     return keys + ([columns.run] if columns.run and model != "chinchilla" else [])
 
 
-def load_points(app: App, model: ModelName, source: DataSource) -> tuple[list[DataPoint], str]:
+FLOPS_COLUMN = "compute_flops"  # what the bundled recipes log: deterministic training FLOPs
+GPU_HOURS_COLUMN = "compute_gpu_hours"  # training wall time x ranks / 3600: GPU-hours on GPUs, wall time on CPU
+
+
+@dataclass
+class LoadedData:
+    """Points read for a fit, where they came from, and what the agent should know about how they were read."""
+
+    points: list[DataPoint]
+    source: str
+    compute_column: str | None = None  # the file's or job's column the compute came from
+    notes: list[str] = field(default_factory=list)
+
+
+def job_device(spec: dict[str, Any], rows: list[dict[str, Any]]) -> str | None:
+    """Where a job's compute was spent: 'cpu' or 'cuda' from its metrics rows (the bundled recipes log `device`),
+    else from its spec (a training job planned with no GPUs ran on CPU); None when neither says."""
+    devices = {str(r["device"]) for r in rows if r.get("device") not in (None, "")}
+    if devices:
+        return "cpu" if devices == {"cpu"} else "cuda" if "cpu" not in devices else "mixed"
+    if "gpus_wanted" in spec:
+        return "cuda" if spec.get("gpus_wanted") or spec.get("gpus") else "cpu"
+    return None
+
+
+def cpu_wall_time_warning(where: str, has_flops: bool) -> str:
+    return (
+        f"The compute of this fit is {GPU_HOURS_COLUMN} of {where}, which ran on CPU: there it counts "
+        "CPU-process wall hours, not GPU-hours, and wall time varies with the machine's load, so the same run fits "
+        "a different curve on a busier machine (C_mid and every compute in predictions shift with it). Fit CPU "
+        f"runs on {FLOPS_COLUMN} (data.columns.compute='{FLOPS_COLUMN}', compute_unit='flops'), which is "
+        "deterministic" + ("; these metrics have it." if has_flops else ".")
+    )
+
+
+def load_points(app: App, model: ModelName, source: DataSource) -> LoadedData:
     given = [name for name in ("points", "path", "job_id") if getattr(source, name) is not None]
     if len(given) != 1:
         raise InputError(f"give exactly one of points, path or job_id (got {', '.join(given) or 'none'})")
     if source.points is not None:
-        return source.points, "inline"
+        return LoadedData(source.points, "inline")
     keys = _wanted_keys(model, source.columns)
+    curves = model != "chinchilla"
     if source.path is not None:
         path = resolve_inside_roots(source.path, app.settings.roots(), what="data file")
         if not path.is_file():
             raise InputError(f"data file {source.path!r} does not exist (resolved to {path})")
-        rows, present = read_rows(path, keys, str(path))
-        return points_from_rows(rows, present, model, source.columns, str(path)), f"file:{path}"
+        wall = curves and source.columns.compute == GPU_HOURS_COLUMN  # a recipe's metrics file: where it ran
+        rows, present = read_rows(
+            path, list(dict.fromkeys(keys + (["device", FLOPS_COLUMN] if wall else []))), str(path)
+        )
+        points = points_from_rows(rows, present, model, source.columns, str(path))
+        notes = []
+        if wall and job_device({}, [r for r in rows if r.get(source.columns.value) not in (None, "")]) == "cpu":
+            notes.append(cpu_wall_time_warning(f"the run in {path.name}", FLOPS_COLUMN in present))
+        return LoadedData(points, f"file:{path}", source.columns.compute if curves else None, notes)
     assert source.job_id is not None
     record = app.engine.get(source.job_id)
     metrics = app.engine.files(record).metrics
     if not metrics.exists():
         raise InputError(f"job {source.job_id!r} has logged no metrics yet")
     where = f"job {source.job_id}'s metrics"
-    rows, present = read_rows(metrics, keys, where)
-    return points_from_rows(rows, present, model, source.columns, where), f"job:{source.job_id}"
+    extra = [FLOPS_COLUMN, GPU_HOURS_COLUMN, "device"] if curves else []
+    rows, present = read_rows(metrics, list(dict.fromkeys(keys + extra)), where)
+    columns, notes = source.columns, []
+    if not curves:
+        return LoadedData(points_from_rows(rows, present, model, columns, where), f"job:{source.job_id}")
+    with_value = [r for r in rows if r.get(columns.value) not in (None, "")]
+    device = job_device(record.spec if isinstance(record.spec, dict) else {}, with_value)
+    if "compute" not in columns.model_fields_set and columns.compute not in present:
+        # No compute column named, and the default is absent: the recipes' own columns, the deterministic FLOPs
+        # first unless the job ran on GPUs (then GPU-hours, ScaleRL's unit).
+        order = (GPU_HOURS_COLUMN, FLOPS_COLUMN) if device == "cuda" else (FLOPS_COLUMN, GPU_HOURS_COLUMN)
+        chosen = next((c for c in order if c in present), None)
+        if chosen is not None:
+            columns = columns.model_copy(update={"compute": chosen})
+            why = " (the job ran on CPU, where GPU-hours are wall time)" if device == "cpu" else ""
+            notes.append(
+                f"Compute: the job's metrics have no {source.columns.compute!r} column, so {chosen} was used{why}; "
+                "name another with data.columns.compute."
+            )
+    if columns.compute == GPU_HOURS_COLUMN and device == "cpu":
+        notes.append(cpu_wall_time_warning(f"job {source.job_id}", FLOPS_COLUMN in present))
+    points = points_from_rows(rows, present, model, columns, where)
+    return LoadedData(points, f"job:{source.job_id}", columns.compute, notes)
+
+
+def default_compute_unit(compute_unit: str | None, loaded: LoadedData) -> str:
+    """The compute unit given, else 'flops' for a FLOPs column and 'gpu_hours' otherwise."""
+    if compute_unit is not None:
+        return compute_unit
+    return "flops" if loaded.compute_column == FLOPS_COLUMN else "gpu_hours"
 
 
 class FitReport(BaseModel):
@@ -143,10 +214,17 @@ class FitReport(BaseModel):
     )
     thinning: str | None = Field(default=None, description="How the points were thinned, or null when they were not")
     excluded: list[Excluded] = Field(description="Which points were left out and why (first 200)")
-    bootstrap: int = Field(description="Bootstrap resamples that produced a fit")
+    level: float = Field(default=0.95, description="Coverage of the parameters' bootstrap intervals")
+    bootstrap: int = Field(description="Bootstrap resamples whose refit is used: the intervals rest on these")
     bootstrap_requested: int = Field(
         default=0,
         description=f"Resamples asked for; fewer are run above the bootstrap budget ({limits.BOOTSTRAP_RULE})",
+    )
+    bootstrap_run: int = Field(
+        default=0, description="Resamples refitted (those asked for, less any budget cut): bootstrap + failed"
+    )
+    bootstrap_failed: dict[str, int] = Field(
+        default_factory=dict, description="Refits left out of the intervals, counted by reason"
     )
     duration_s: float
     resource_uri: str
@@ -171,8 +249,11 @@ def report(fit: StoredFit) -> FitReport:
         points_thinned=int(thinning.get("before", 0)) - int(thinning.get("after", 0)),
         thinning=thinning.get("rule"),
         excluded=fit.excluded[:200],
+        level=o.level,
         bootstrap=o.bootstrap,
         bootstrap_requested=int(fit.options.get("bootstrap", o.bootstrap)),
+        bootstrap_run=o.bootstrap_run if o.bootstrap_run is not None else o.bootstrap,
+        bootstrap_failed=o.bootstrap_failed,
         duration_s=o.duration_s,
         resource_uri=fit.resource_uri,
     )
@@ -190,17 +271,30 @@ def describe_parameters(parameters: dict[str, ParameterEstimate]) -> str:
     return ", ".join(parts)
 
 
-def first_value(points: list[DataPoint]) -> float:
-    """R0 by default: the value each run starts from (at its smallest compute, before any min_compute cut),
-    averaged over runs. The excluded early points still say where the curve starts."""
-    starts: dict[str, tuple[float, float]] = {}
-    for p in points:
-        if p.compute is None or p.value is None:
-            continue
-        run = p.run or ""
-        if run not in starts or p.compute < starts[run][0]:
-            starts[run] = (p.compute, p.value)
-    return sum(value for _, value in starts.values()) / len(starts)
+def describe_bootstrap(result: "FitReport") -> str:
+    """The bootstrap's counts in words: asked, run, used, failed and why."""
+    if result.bootstrap_requested == 0:
+        return "no bootstrap (no intervals)"
+    if result.bootstrap_run == 0:
+        return f"no bootstrap run of the {result.bootstrap_requested} resamples asked (see the warnings)"
+    text = f"bootstrap: {result.bootstrap} of {result.bootstrap_requested} resamples used"
+    if result.bootstrap_run < result.bootstrap_requested:
+        text += f" ({result.bootstrap_run} run within the budget)"
+    failed = sum(result.bootstrap_failed.values())
+    if failed:
+        reasons = ", ".join(f"{n} {why}" for why, n in result.bootstrap_failed.items())
+        text += f"; {failed} refit(s) left out: {reasons}"
+    return text + f"; intervals at {result.level:.0%}"
+
+
+def r0_start_points(points: list[DataPoint]) -> tuple[list[float], list[float], list[str]]:
+    """The points the default R0 ('first') is taken from, by the one rule (fit_sigmoid.start_points), over every
+    point of the runs (those below min_compute too: they still say where the curve starts)."""
+    from servers.scaling.fit_sigmoid import start_points
+
+    usable = [p for p in points if p.compute is not None and p.value is not None]
+    starts = start_points([p.compute for p in usable], [p.value for p in usable], [p.run or "" for p in usable])
+    return [c for _, c, _ in starts], [v for _, _, v in starts], [r for r, _, _ in starts]
 
 
 @dataclass
@@ -225,6 +319,7 @@ def prepare_fit(
     method: str,
     bootstrap: int,
     seed: int,
+    level: float = 0.95,
 ) -> PreparedFit:
     """Validate the points, leave out those outside [min_compute, max_compute], thin above the point cap, and
     cut the bootstrap to its budget (limits.py). Cheap: plain Python, O(points)."""
@@ -238,6 +333,7 @@ def prepare_fit(
         "method": method,
         "bootstrap": bootstrap,
         "seed": seed,
+        "level": level,
     }
     excluded: list[Excluded] = []
     if model == "chinchilla":
@@ -253,6 +349,7 @@ def prepare_fit(
             params=[data.params[i] for i in kept],
             tokens=[data.tokens[i] for i in kept],
             loss=[data.loss[i] for i in kept],
+            level=level,
         )
     else:
         if method == "scalerl-grid" and model != "scalerl":
@@ -268,9 +365,11 @@ def prepare_fit(
             compute=[curve.compute[i] for i in kept],
             value=[curve.value[i] for i in kept],
             run=runs if any(runs) else None,
-            r0=first_value(points) if r0 == "first" else None if r0 == "free" else float(r0),
+            r0=None if r0 in ("first", "free") else float(r0),
+            r0_from=r0_start_points(points) if r0 == "first" and model == "scalerl" else None,
             free_r0=r0 == "free",
             y_max=y_max,
+            level=level,
         )
     notes = []
     if thinning is not None:
@@ -345,6 +444,8 @@ async def run_fit(
     method: str,
     bootstrap: int,
     seed: int,
+    level: float = 0.95,
+    notes: list[str] | None = None,
 ) -> StoredFit:
     """Validate, fit and store. Nothing is stored unless the whole fit succeeded (and was not cancelled)."""
     prepared: PreparedFit = await in_thread(
@@ -358,10 +459,11 @@ async def run_fit(
         method=method,
         bootstrap=bootstrap,
         seed=seed,
+        level=level,
     )
     outcome = await compute_outcome(prepared.task)
     check_outcome(outcome, model, compute_unit)
-    outcome.warnings = [*outcome.warnings, *prepared.notes]
+    outcome.warnings = [*outcome.warnings, *prepared.notes, *(notes or [])]
     return await in_thread(
         _fits(app).add,
         label=label,
@@ -423,8 +525,14 @@ class Allocation(BaseModel):
 
 class FitList(BaseModel):
     fits: list[FitReport]
-    total: int
+    total: int = Field(description="Stored fits that can be read (damaged rows are counted in `damaged`)")
+    damaged: int = Field(default=0, description="Stored fits that are damaged and cannot be read")
     next_offset: int | None
+    notices: list[str] = Field(
+        default_factory=list,
+        description="What happened to the store lately, e.g. a damaged state database moved aside (the fits "
+        "stored before are in the moved file), and damaged fits on this page",
+    )
 
 
 class ComputeConversion(BaseModel):
@@ -462,11 +570,14 @@ def register(server: MCPServer, app: App) -> None:
         data: Annotated[DataSource, Field(description="The data: inline points, a file, or a job's metrics")],
         label: Annotated[str | None, Field(max_length=128, description="A name for this fit, e.g. the recipe")] = None,
         compute_unit: Annotated[
-            str,
+            str | None,
             Field(
-                max_length=32, pattern=r"^[A-Za-z0-9_./ -]+$", description="Unit of compute, e.g. gpu_hours or flops"
+                max_length=32,
+                pattern=r"^[A-Za-z0-9_./ -]+$",
+                description="Unit of compute, e.g. gpu_hours or flops; default flops when the compute column is "
+                "compute_flops, else gpu_hours",
             ),
-        ] = "gpu_hours",
+        ] = None,
         min_compute: Annotated[
             ComputeValue | None,
             Field(
@@ -497,24 +608,29 @@ def register(server: MCPServer, app: App) -> None:
             ),
         ] = 200,
         seed: Annotated[int, Field(ge=0, le=2**32 - 1, description="Seed of the bootstrap")] = 0,
+        level: Annotated[float, Field(ge=0.5, le=0.99, description="Coverage of the parameters' intervals")] = 0.95,
     ) -> Annotated[CallToolResult, FitReport]:
-        """Fit a scaling law to data and store the fit: each parameter with a 95% bootstrap interval, the residual
-        error, points used and excluded, and warnings an agent should act on (A on its bound, C_mid beyond the data
-        so A is weakly identified, too few points, no convergence). About 0.1 s for a 75-point RL curve with 200
-        resamples. Bounded work: above 5,000 curve points (2,000 chinchilla points) the points are thinned evenly
-        along compute within each run (points_thinned and thinning say how), and the bootstrap is cut to its budget
-        (bootstrap_requested says what was asked); the worst case is tens of seconds (method scalerl-grid), in a
-        worker process that stops when the call is cancelled. Returns a fit_id for predict_scaling,
-        compare_scaling_fits and plot_scaling_fit."""
-        points, source = await in_thread(load_points, app, model, data)
+        """Fit a scaling law to data and store the fit: each parameter with a bootstrap interval (coverage `level`,
+        95% by default), the residual error, points used and excluded, the bootstrap's counts (asked, run, used,
+        failed and why), and warnings an agent should act on (A on its bound, C_mid beyond the data so A is weakly
+        identified, too few points, no convergence, an interval that misses its estimate, compute that is CPU wall
+        time). Data from a job: without data.columns.compute, a job's compute_flops (deterministic) is used, or
+        compute_gpu_hours when the job ran on GPUs. About 0.1 s for a 75-point RL curve with 200 resamples. Bounded
+        work: above 5,000 curve points (2,000 chinchilla points) the points are thinned evenly along compute within
+        each run (points_thinned and thinning say how), and the bootstrap is cut to its budget (bootstrap_requested
+        says what was asked); the worst case is tens of seconds (method scalerl-grid), in a worker process that
+        stops when the call is cancelled. Returns a fit_id for predict_scaling, compare_scaling_fits and
+        plot_scaling_fit."""
+        loaded = await in_thread(load_points, app, model, data)
+        points = loaded.points
         await ctx.report_progress(0, 1, f"fitting {model} to {len(points)} points")
         fit = await run_fit(
             app,
             model,
             points,
-            source=source,
+            source=loaded.source,
             label=label,
-            compute_unit=compute_unit,
+            compute_unit=default_compute_unit(compute_unit, loaded),
             min_compute=min_compute,
             max_compute=max_compute,
             r0=r0,
@@ -522,12 +638,15 @@ def register(server: MCPServer, app: App) -> None:
             method=method,
             bootstrap=bootstrap,
             seed=seed,
+            level=level,
+            notes=loaded.notes,
         )
         await ctx.report_progress(1, 1, "fitted")
         result = report(fit)
         text = (
             f"{model} fit {fit.id}: {describe_parameters(result.parameters)}; rmse {result.rmse:.4g} on "
-            f"{result.points_used} points ({result.points_excluded} excluded)"
+            f"{result.points_used} points ({result.points_excluded} excluded), compute in {fit.compute_unit}; "
+            f"{describe_bootstrap(result)}"
         )
         if result.warnings:
             text += "\nwarnings:\n" + "\n".join(f"- {w}" for w in result.warnings)
@@ -540,11 +659,11 @@ def register(server: MCPServer, app: App) -> None:
         fit_id: FitId,
         compute: Annotated[
             list[ComputeValue] | None,
-            Field(max_length=1000, description="Compute values to predict at (scalerl, power_law)"),
+            Field(min_length=1, max_length=1000, description="Compute values to predict at (scalerl, power_law)"),
         ] = None,
         at: Annotated[
             list[DataPoint] | None,
-            Field(max_length=1000, description="{params, tokens} to predict the loss at (chinchilla)"),
+            Field(min_length=1, max_length=1000, description="{params, tokens} to predict the loss at (chinchilla)"),
         ] = None,
         target: Annotated[
             float | None,
@@ -560,8 +679,9 @@ def register(server: MCPServer, app: App) -> None:
     ) -> Annotated[CallToolResult, Prediction]:
         """Predict from a stored fit: the value at given compute (or the loss at given model size and tokens), each
         with the bootstrap interval of the curve and a prediction interval that adds the data's scatter, flagged
-        when extrapolated; and/or the compute needed to reach a target value, or a plain statement that the fitted
-        asymptote is below it. Instant."""
+        when extrapolated; and/or the compute needed to reach a target value, with a verdict that follows the
+        fitted curve and its bootstrap draws together: reachable, unreachable, or uncertain (with the share of
+        draws that get there). Instant."""
         from servers.scaling import analysis
 
         fit = await in_thread(_fits(app).get, fit_id)
@@ -600,6 +720,8 @@ def register(server: MCPServer, app: App) -> None:
             lines.append(f"{where}: {v.value:.4g}{band}{' (extrapolated)' if v.extrapolated else ''}")
         if reach is not None:
             lines.append(f"target {target:g}: {reach.statement}")
+        if fit.outcome.warnings:
+            lines.append("fit warnings: " + " | ".join(fit.outcome.warnings[:4]))
         return finite_result(result, "\n".join(lines))
 
     @agent_tool(
@@ -617,8 +739,13 @@ def register(server: MCPServer, app: App) -> None:
         ] = None,
         min_compute: Annotated[ComputeValue | None, Field(description="Exclude points below this compute")] = None,
         compute_unit: Annotated[
-            str, Field(max_length=32, pattern=r"^[A-Za-z0-9_./ -]+$", description="Unit of compute")
-        ] = "gpu_hours",
+            str | None,
+            Field(
+                max_length=32,
+                pattern=r"^[A-Za-z0-9_./ -]+$",
+                description="Unit of compute; default flops when the compute column is compute_flops, else gpu_hours",
+            ),
+        ] = None,
         r0: R0Option = "first",
         y_max: Annotated[float, Field(gt=0, le=1e6, description="Upper bound of the metric")] = 1.0,
         bootstrap: Annotated[
@@ -629,7 +756,9 @@ def register(server: MCPServer, app: App) -> None:
         compute), predict the held-out points beyond it, and report per-point, mean and max absolute error and which
         model extrapolates better on this data (the power law tends to overshoot the asymptote). The fits are stored
         (fit ids returned) for plotting. A few seconds."""
-        points, source = await in_thread(load_points, app, "scalerl", data)
+        loaded = await in_thread(load_points, app, "scalerl", data)
+        points, source = loaded.points, loaded.source
+        compute_unit = default_compute_unit(compute_unit, loaded)
         computes = [p.compute for p in points if p.compute is not None]
         if not computes:
             raise InputError("the data have no compute values")
@@ -658,6 +787,7 @@ def register(server: MCPServer, app: App) -> None:
                 method="robust",
                 bootstrap=bootstrap,
                 seed=0,
+                notes=loaded.notes,
             )
             import numpy as np
 
@@ -713,14 +843,25 @@ def register(server: MCPServer, app: App) -> None:
             list[FitId],
             Field(min_length=2, max_length=8, description="Fits of the recipes to compare (same compute unit)"),
         ],
+        level: Annotated[
+            float,
+            Field(
+                ge=0.5,
+                le=0.99,
+                description="Share of bootstrap draw pairs that must agree before a recipe is called ahead",
+            ),
+        ] = 0.95,
     ) -> Annotated[CallToolResult, Comparison]:
         """Compare two or more RL recipes from their fits: which has the higher asymptote A and which is more
-        efficient (reaches half its gain with less compute), the bootstrap probability of each ordering, where the
-        fitted curves cross, and a plain-language verdict ("X wins beyond ~N GPU-hours"). Instant."""
+        efficient (reaches half its gain with less compute), with the bootstrap probability of each ordering; and,
+        for each pair, who leads where along compute (regions: one recipe ahead where its fitted curve is above
+        the other's, as predict_scaling gives, and at least `level` of the bootstrap draw pairs agree; elsewhere
+        indistinguishable), with the draws' probabilities per region and where the fitted curves cross, in a
+        plain-language verdict ("X ahead below ~N GPU-hours; indistinguishable beyond"). Instant."""
         from servers.scaling.analysis import compare
 
         fits = [await in_thread(_fits(app).get, i) for i in fit_ids]
-        comparison = await in_thread(compare, fits)
+        comparison = await in_thread(compare, fits, level)
         return finite_result(comparison, comparison.verdict)
 
     @agent_tool(server, title="Plot scaling fits", read_only=True, destructive=False, idempotent=True, open_world=False)
@@ -858,15 +999,26 @@ def register(server: MCPServer, app: App) -> None:
         offset: Annotated[int, Field(ge=0, le=1_000_000, description="Fits to skip (newest first)")] = 0,
     ) -> Annotated[CallToolResult, FitList]:
         """List stored scaling fits, newest first, with their parameters and warnings; pages with limit and offset.
-        Cheap. Use it to find fit ids from earlier sessions."""
-        fits, total = await in_thread(_fits(app).list_fits, limit=limit, offset=offset)
-        next_offset = offset + len(fits) if offset + len(fits) < total else None
-        lines = [f"{total} fit(s)"] + [
-            f"- {f.id} {f.label or ''} {f.model}: {describe_parameters(f.outcome.parameters)}" for f in fits
+        Cheap. Use it to find fit ids from earlier sessions. `notices` says what happened to the store lately (a
+        damaged state database moved aside: the fits stored before are in the moved file); damaged fits are
+        counted in `damaged`, not in `total`."""
+        store = _fits(app)
+        page = await in_thread(store.list_fits, limit=limit, offset=offset)
+        notices = [*await in_thread(store.notices), *page.problems]
+        next_offset = offset + page.consumed if page.consumed and offset + page.consumed < page.listed else None
+        head = f"{page.total} fit(s)" + (f", {page.damaged} damaged (not listed)" if page.damaged else "")
+        lines = [head] + [
+            f"- {f.id} {f.label or ''} {f.model}: {describe_parameters(f.outcome.parameters)}" for f in page.fits
         ]
-        return finite_result(
-            FitList(fits=[report(f) for f in fits], total=total, next_offset=next_offset), "\n".join(lines)
+        lines += [f"Note: {n}" for n in notices]
+        result = FitList(
+            fits=[report(f) for f in page.fits],
+            total=page.total,
+            damaged=page.damaged,
+            next_offset=next_offset,
+            notices=notices,
         )
+        return finite_result(result, "\n".join(lines))
 
     @agent_tool(
         server,
