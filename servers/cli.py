@@ -79,7 +79,7 @@ def approve(plan_id: str, *, yes: bool) -> int:
             print("no launch waits for approval")
         for row in pending:
             summary = json.loads(row["summary"])
-            what = summary.get("recipe") or summary.get("script")
+            what = summary.get("what") or summary.get("recipe") or summary.get("script")
             print(f"{row['plan_id']}  {what}  up to {summary['estimated_gpu_hours']:.3g} GPU-hours")
         return 0
     if not PLAN_ID_PATTERN.fullmatch(plan_id):
@@ -91,10 +91,8 @@ def approve(plan_id: str, *, yes: bool) -> int:
         return 2
     summary = json.loads(row["summary"])
     print(f"Plan {plan_id}:")
-    for key in ("recipe", "script", "args", "nproc_per_node", "gpus", "max_wall_s", "estimated_gpu_hours", "env"):
-        print(f"  {key}: {summary.get(key)}")
-    print(f"  command: {' '.join(summary.get('argv') or [])}")
-    print(f"  {summary.get('network')}")
+    for key, value in summary.items():
+        print(f"  {key}: {value}")
     if not yes:
         try:
             with open("/dev/tty") as tty:

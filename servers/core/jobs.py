@@ -310,10 +310,18 @@ class JobEngine:
         return self.refresh(self._must_get(job_id))
 
     def list_jobs(
-        self, *, kind: str | None = None, state: JobState | None = None, limit: int = 20, offset: int = 0
+        self,
+        *,
+        kind: str | None = None,
+        state: JobState | None = None,
+        limit: int = 20,
+        offset: int = 0,
+        sweep_id: str | None = None,
     ) -> JobPage:
         self.reconcile_all()
-        return self.store.list_jobs(kind=kind, states=[state] if state else None, limit=limit, offset=offset)
+        return self.store.list_jobs(
+            kind=kind, states=[state] if state else None, limit=limit, offset=offset, sweep_id=sweep_id
+        )
 
     def files(self, record: JobRecord) -> JobFiles:
         return JobFiles(record.job_dir)

@@ -279,9 +279,13 @@ class JobStore:
         states: list[JobState] | None = None,
         limit: int = 20,
         offset: int = 0,
+        sweep_id: str | None = None,
     ) -> JobPage:
         where: list[str] = []
         params: list[Any] = []
+        if sweep_id is not None:  # a damaged spec (not JSON) matches nothing instead of failing the query
+            where.append("(CASE WHEN json_valid(spec) THEN json_extract(spec, '$.sweep_id') END) = ?")
+            params.append(sweep_id)
         if kind is not None:
             where.append("kind = ?")
             params.append(kind)

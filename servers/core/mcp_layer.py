@@ -33,6 +33,7 @@ from servers.core.audit import AuditLog
 from servers.core.db import StateDatabaseError
 from servers.core.errors import (
     InputError,
+    NotFoundError,
     describe_schema,
     format_path,
     schema_alternatives,
@@ -382,10 +383,75 @@ class JobList(BaseModel):
     )
 
 
+SWEEP_ID = r"^sweep-[0-9a-f]{16}$"
+
+
+class SweepRunState(BaseModel):
+    job_id: str
+    index: int | None
+    state: JobState
+    reason: str | None = None
+    elapsed_s: float | None = None
+
+
+class SweepStatus(BaseModel):
+    sweep_id: str
+    runs: int = Field(description="Jobs of the sweep")
+    finished: int = Field(description="Runs that have ended (any final state)")
+    states: dict[str, int] = Field(description="Runs per state; the counts add up to runs")
+    jobs: list[SweepRunState] = Field(description="Each run, in run order")
+
+
 class JobWait(BaseModel):
-    job: JobView
+    job: JobView | None = Field(default=None, description="The job waited for (absent when a sweep was)")
+    sweep: SweepStatus | None = Field(default=None, description="The sweep waited for, when job_id named one")
     waited_s: float
-    timed_out: bool = Field(description="True if the job was still running when the wait ended")
+    timed_out: bool = Field(description="True if the job (or a run of the sweep) was still running when the wait ended")
+
+
+def sweep_status(app: App, sweep_id: str) -> SweepStatus:
+    page = app.engine.list_jobs(sweep_id=sweep_id, limit=1000)
+    if page.total == 0:
+        raise NotFoundError(f"no sweep with id {sweep_id!r}; submit_sweep returns it, list_jobs(sweep_id=...) too")
+    records = sorted(
+        page.jobs,
+        key=lambda r: (r.spec.get("sweep_index") if isinstance(r.spec.get("sweep_index"), int) else 1 << 30, r.id),
+    )
+    runs = []
+    states: dict[str, int] = {}
+    for r in records:
+        index = r.spec.get("sweep_index")
+        elapsed = round((r.ended_at or time.time()) - r.started_at, 3) if r.started_at else None
+        runs.append(
+            SweepRunState(
+                job_id=r.id,
+                index=index if isinstance(index, int) else None,
+                state=r.state,
+                reason=r.reason,
+                elapsed_s=elapsed,
+            )
+        )
+        states[r.state.value] = states.get(r.state.value, 0) + 1
+    finished = sum(1 for r in records if r.state.terminal)
+    return SweepStatus(sweep_id=sweep_id, runs=len(records), finished=finished, states=states, jobs=runs)
+
+
+async def wait_for_sweep(app: App, sweep_id: str, timeout_s: float, ctx: Context | None) -> JobWait:
+    """Poll a sweep until every run ends or `timeout_s` passes; progress: runs done of all."""
+    start = time.monotonic()
+    status = await in_thread(sweep_status, app, sweep_id)
+    last_note = -1.0
+    while status.finished < status.runs:
+        waited = time.monotonic() - start
+        if waited >= timeout_s:
+            break
+        if ctx is not None and waited - last_note >= 1.0:
+            last_note = waited
+            await ctx.report_progress(round(waited, 2), timeout_s, f"{status.finished}/{status.runs} runs done")
+        await anyio.sleep(min(0.5, max(0.0, timeout_s - waited)))
+        status = await in_thread(sweep_status, app, sweep_id)
+    waited = round(time.monotonic() - start, 3)
+    return JobWait(sweep=status, waited_s=waited, timed_out=status.finished < status.runs)
 
 
 def summarize_job(view: JobView) -> str:
@@ -438,7 +504,9 @@ async def run_job(
     record = await in_thread(lambda: app.engine.submit(kind, spec, timeout_s=timeout_s, admit=admit))
     if wait_s <= 0:
         return job_view(record)
-    return (await wait_for(app, record.id, wait_s, ctx)).job
+    waited = await wait_for(app, record.id, wait_s, ctx)
+    assert waited.job is not None
+    return waited.job
 
 
 def client_name(ctx: Context) -> str:
@@ -471,6 +539,9 @@ def register_job_tools(server: MCPServer, app: App) -> None:
             str | None, Field(max_length=64, description="Only jobs of this kind, e.g. 'gemm_benchmark'")
         ] = None,
         state: Annotated[JobState | None, Field(description="Only jobs in this state")] = None,
+        sweep_id: Annotated[
+            str | None, Field(pattern=SWEEP_ID, description="Only the runs of this sweep (from submit_sweep)")
+        ] = None,
         limit: Annotated[int, Field(ge=1, le=200, description="Jobs per page")] = 20,
         offset: Annotated[int, Field(ge=0, le=1_000_000, description="Jobs to skip (newest first)")] = 0,
     ) -> Annotated[CallToolResult, JobList]:
@@ -478,7 +549,7 @@ def register_job_tools(server: MCPServer, app: App) -> None:
         entry is the same view get_job gives. Use it to find a job id or see what is running."""
 
         def listing() -> tuple[Any, list[JobView], list[str]]:
-            page = app.engine.list_jobs(kind=kind, state=state, limit=limit, offset=offset)
+            page = app.engine.list_jobs(kind=kind, state=state, limit=limit, offset=offset, sweep_id=sweep_id)
             return page, [job_view(r) for r in page.jobs], app.engine.notices()
 
         page, views, notices = await in_thread(listing)
@@ -504,10 +575,19 @@ def register_job_tools(server: MCPServer, app: App) -> None:
             ),
         ] = 30,
     ) -> Annotated[CallToolResult, JobWait]:
-        """Wait until a job ends or timeout_s passes, sending progress notifications meanwhile; then return the
-        job as get_job shows it, with timed_out telling which happened. Call it again to keep waiting. Costs
-        nothing but the wait."""
+        """Wait until a job ends (or, given a sweep id, every run of the sweep) or timeout_s passes, sending progress
+        notifications meanwhile; then return the job as get_job shows it (or each run's state), with timed_out
+        telling which happened. Call it again to keep waiting. Costs nothing but the wait."""
+        import re
+
+        if re.fullmatch(SWEEP_ID, job_id):
+            waited = await wait_for_sweep(app, job_id, timeout_s, ctx)
+            assert waited.sweep is not None
+            counts = ", ".join(f"{n} {state}" for state, n in sorted(waited.sweep.states.items()))
+            text = f"sweep {job_id}: {waited.sweep.finished}/{waited.sweep.runs} runs done ({counts})"
+            return tool_result(waited, ("still running after the wait; " if waited.timed_out else "") + text)
         waited = await wait_for(app, job_id, timeout_s, ctx)
+        assert waited.job is not None
         prefix = "still running after the wait; " if waited.timed_out else ""
         return tool_result(waited, prefix + summarize_job(waited.job))
 

@@ -18,6 +18,7 @@ from servers.core.jobstore import ACTIVE_STATES, JobRecord
 from servers.core.jobview import JobView
 from servers.core.mcp_layer import App, WaitS, agent_tool, client_name, in_thread, summarize_job, tool_result
 from servers.launch.backends import BackendStatus, detect_all
+from servers.launch.sweeps import SweepPlan
 from servers.launch.training import TrainingJobSpec, TrainingPlan
 
 if TYPE_CHECKING:
@@ -152,7 +153,7 @@ def register(server: MCPServer, app: App) -> None:
         audit line. Instant."""
         plan = await in_thread(make_plan, app, spec)
         if plan.needs_confirmation:
-            await in_thread(Approvals(app.settings).request, plan)
+            await in_thread(Approvals(app.settings).request, plan.plan_id, job_launch(plan).summary)
         AuditLog(app.settings).record(
             "plan",
             who=client_name(ctx),
@@ -213,8 +214,8 @@ def register(server: MCPServer, app: App) -> None:
                 return tool_result(view, f"already submitted with this idempotency_key: {summarize_job(view)}")
         approval_taken = False
         if plan.needs_confirmation:
-            how = await confirm(ctx, plan, token_spec is not None)
-            approval_taken = how == "approved by the person (llm-infra-mcp approve)"
+            how = await confirm(ctx, job_launch(plan), token_spec is not None)
+            approval_taken = how == APPROVED_BY_PERSON
             audit.record(
                 "confirm" if how else "decline",
                 who=client_name(ctx),
@@ -257,21 +258,18 @@ def register(server: MCPServer, app: App) -> None:
         if wait_s > 0:
             from servers.core.mcp_layer import wait_for
 
-            view = (await wait_for(app, view.job_id, wait_s, ctx)).job
+            waited = await wait_for(app, view.job_id, wait_s, ctx)
+            assert waited.job is not None
+            view = waited.job
         return tool_result(view, summarize_job(view))
 
-    async def confirm(ctx: Context, plan: TrainingPlan, has_token: bool) -> str | None:
-        """How the launch was approved, or None when the person declined. A plan_token alone approves only up to
+    async def confirm(ctx: Context, launch: Launch, has_token: bool) -> str | None:
+        """How the launch was approved, or None when the person declined. A token alone approves only up to
         LLM_INFRA_MCP_AUTO_APPROVE_GPU_HOURS: the agent holds the token, so it cannot stand for the person."""
         caps = ctx.client_capabilities
         if caps is not None and getattr(caps, "elicitation", None) is not None:
-            message = (
-                f"Start training {plan.recipe or plan.script_path} with {plan.nproc_per_node} rank(s) on "
-                f"{plan.gpus} GPU(s) here ({plan.backend}), for at most {plan.spec['max_wall_s']:g} s: up to "
-                f"{plan.estimated_gpu_hours:.3g} GPU-hours. Command: {' '.join(plan.argv)}"
-            )
             try:
-                answer = await ctx.elicit(message, Confirmation)
+                answer = await ctx.elicit(launch.message, Confirmation)
             except Exception:
                 answer = None
             if answer is not None:
@@ -279,32 +277,229 @@ def register(server: MCPServer, app: App) -> None:
                 return "confirmed by the person (elicitation)" if accepted else None
         if not has_token:
             raise InputError(
-                f"this launch (up to {plan.estimated_gpu_hours:.3g} GPU-hours) needs the person's "
-                "approval and this client cannot ask: call plan_training_job, show the plan to the "
-                "person, then submit with its plan_token"
+                f"this launch (up to {launch.gpu_hours:.3g} GPU-hours) needs the person's approval and this client "
+                f"cannot ask: call {launch.plan_tool}, show the plan to the person, then submit with its "
+                f"{launch.token_name}"
             )
-        if plan.estimated_gpu_hours <= app.settings.auto_approve_gpu_hours:
+        if launch.gpu_hours <= app.settings.auto_approve_gpu_hours:
             ceiling = app.settings.auto_approve_gpu_hours
             return f"auto-approved: at most LLM_INFRA_MCP_AUTO_APPROVE_GPU_HOURS={ceiling:g}"
         approvals = Approvals(app.settings)
-        if await in_thread(approvals.take, plan.plan_id):
-            return "approved by the person (llm-infra-mcp approve)"
-        await in_thread(approvals.request, plan)
-        raise InputError(approval_needed(app, plan))
+        if await in_thread(approvals.take, launch.plan_id):
+            return APPROVED_BY_PERSON
+        await in_thread(approvals.request, launch.plan_id, launch.summary)
+        raise InputError(approval_needed(app, launch))
+
+    @agent_tool(server, title="Plan a sweep", read_only=False, destructive=False, idempotent=True, open_world=False)
+    async def plan_sweep(
+        ctx: Context,
+        spec: Annotated[TrainingJobSpec, Field(description="The base job: every run is it with other arguments")],
+        grid: Annotated[
+            dict[Annotated[str, Field(max_length=64)], list[Annotated[str, Field(max_length=256)]]] | None,
+            Field(max_length=8, description='Flag -> values, every combination a run: {"--lr": ["0.02", "0.005"]}'),
+        ] = None,
+        variants: Annotated[
+            list[list[Annotated[str, Field(max_length=256)]]] | None,
+            Field(max_length=64, description="Or: one run per list of extra arguments"),
+        ] = None,
+    ) -> Annotated[CallToolResult, SweepPlan]:
+        """Plan a sweep: one training spec over a grid or a list of argument variants (at most 64 runs), each run's
+        exact plan and GPU-hours, their total, quotas for the whole sweep (all runs start at once), one approval
+        for all, and a sweep_token for submit_sweep. Writes only the audit line. Instant."""
+        swept = await in_thread(make_sweep, app, spec, grid, variants)
+        if swept.needs_confirmation:
+            await in_thread(Approvals(app.settings).request, swept.plan_id, sweep_summary(swept))
+        AuditLog(app.settings).record(
+            "plan_sweep",
+            who=client_name(ctx),
+            sweep_id=swept.sweep_id,
+            runs=len(swept.runs),
+            estimated_gpu_hours=swept.total_gpu_hours,
+        )
+        lines = [
+            f"sweep {swept.sweep_id}: {len(swept.runs)} run(s), at most {swept.total_gpu_hours:.3g} GPU-hours in all"
+            + (f"; needs the person's approval (plan_id {swept.plan_id})" if swept.needs_confirmation else "")
+        ]
+        lines += [f"- run {r.index}: {' '.join(r.args)}" for r in swept.runs]
+        return tool_result(swept, "\n".join(lines))
+
+    @agent_tool(server, title="Submit a sweep", read_only=False, destructive=False, idempotent=True, open_world=False)
+    async def submit_sweep(
+        ctx: Context,
+        sweep_token: Annotated[
+            str, Field(max_length=262144, pattern=PLAN_TOKEN_PATTERN, description="From plan_sweep")
+        ],
+    ) -> Annotated[CallToolResult, SweepSubmitted]:
+        """Start every run of a planned sweep as its own job (the same checks, approval and admission as
+        submit_training_job; one approval for the whole sweep). Idempotent: each run has the key <sweep id>-<index>,
+        so submitting the same sweep again starts nothing twice. Follow it with wait_for_job(job_id=<sweep id>) and
+        list_jobs(sweep_id=...). Returns the job ids at once."""
+        from servers.launch import sweeps
+
+        base, runs, digest = sweeps.read_token(app.settings, sweep_token)
+        swept = await in_thread(make_sweep_from_runs, app, base, runs)
+        if swept.plan_id != digest:
+            raise InputError(
+                "the sweep's plans changed since they were shown (the machine, the settings or a script changed): "
+                "call plan_sweep again, show it, and submit its sweep_token"
+            )
+        launch = sweep_launch(swept)
+        approval_taken = False
+        if swept.needs_confirmation:
+            how = await confirm(ctx, launch, True)
+            approval_taken = how == APPROVED_BY_PERSON
+            AuditLog(app.settings).record(
+                "confirm" if how else "decline",
+                who=client_name(ctx),
+                sweep_id=swept.sweep_id,
+                estimated_gpu_hours=swept.total_gpu_hours,
+                how=how or "declined by the person",
+            )
+            if not how:
+                raise ToolError(f"not started: the person declined the sweep ({swept.total_gpu_hours:.3g} GPU-hours)")
+        try:
+            job_ids = await in_thread(start_sweep, app, swept)
+        except BaseException:
+            if approval_taken:
+                await in_thread(Approvals(app.settings).used, swept.plan_id, None)
+            raise
+        if approval_taken:
+            await in_thread(Approvals(app.settings).used, swept.plan_id, swept.sweep_id)
+        AuditLog(app.settings).record("submit_sweep", who=client_name(ctx), sweep_id=swept.sweep_id, job_ids=job_ids)
+        result = SweepSubmitted(sweep_id=swept.sweep_id, job_ids=job_ids, total_gpu_hours=swept.total_gpu_hours)
+        return tool_result(
+            result,
+            f"sweep {swept.sweep_id}: {len(job_ids)} job(s) started or already running. Next: "
+            f"wait_for_job(job_id={swept.sweep_id!r}) until all end; list_jobs(sweep_id={swept.sweep_id!r}).",
+        )
 
 
-def approval_needed(app: App, plan: TrainingPlan) -> str:
+APPROVED_BY_PERSON = "approved by the person (llm-infra-mcp approve)"
+
+
+def approval_needed(app: App, launch: "Launch") -> str:
     """What the person must do to let a launch start when the client cannot ask them."""
     from servers.core.settings import default_home
 
     home = "" if app.settings.home == default_home().resolve() else f"LLM_INFRA_MCP_HOME={app.settings.home} "
     return (
-        f"not started: this launch (up to {plan.estimated_gpu_hours:.3g} GPU-hours, above "
+        f"not started: this launch (up to {launch.gpu_hours:.3g} GPU-hours, above "
         f"LLM_INFRA_MCP_CONFIRM_ABOVE_GPU_HOURS={app.settings.confirm_above_gpu_hours:g}) needs the person's "
         "approval, and this client cannot ask them. Ask the person to run, in a terminal on this machine: "
-        f"`{home}llm-infra-mcp approve {plan.plan_id}` (it shows the plan and asks), then call submit_training_job "
-        "again with the same plan_token. An agent cannot approve its own launch"
+        f"`{home}llm-infra-mcp approve {launch.plan_id}` (it shows the plan and asks), then call {launch.submit_tool} "
+        f"again with the same {launch.token_name}. An agent cannot approve its own launch"
     )
+
+
+class Launch(BaseModel):
+    """What a launch that needs the person's approval shows them, whatever it is (a job, a sweep)."""
+
+    plan_id: str
+    gpu_hours: float
+    message: str
+    summary: dict[str, Any]
+    plan_tool: str
+    submit_tool: str
+    token_name: str
+
+
+class SweepSubmitted(BaseModel):
+    sweep_id: str
+    job_ids: list[str] = Field(description="One job per run, in run order")
+    total_gpu_hours: float
+
+
+def job_launch(plan: TrainingPlan) -> Launch:
+    from servers.launch.training import plan_summary
+
+    return Launch(
+        plan_id=plan.plan_id,
+        gpu_hours=plan.estimated_gpu_hours,
+        message=(
+            f"Start training {plan.recipe or plan.script_path} with {plan.nproc_per_node} rank(s) on "
+            f"{plan.gpus} GPU(s) here ({plan.backend}), for at most {plan.spec['max_wall_s']:g} s: up to "
+            f"{plan.estimated_gpu_hours:.3g} GPU-hours. Command: {' '.join(plan.argv)}"
+        ),
+        summary=plan_summary(plan),
+        plan_tool="plan_training_job",
+        submit_tool="submit_training_job",
+        token_name="plan_token",
+    )
+
+
+def sweep_summary(swept: SweepPlan) -> dict[str, Any]:
+    first = swept.runs[0].plan
+    return {
+        "what": f"sweep of {first.recipe or first.script_path}",
+        "runs": len(swept.runs),
+        "args of each run": [" ".join(r.args) for r in swept.runs],
+        "gpus at once": swept.gpus_at_once,
+        "max_wall_s of each run": first.spec.get("max_wall_s"),
+        "estimated_gpu_hours": swept.total_gpu_hours,
+        "network": first.network,
+    }
+
+
+def sweep_launch(swept: SweepPlan) -> Launch:
+    first = swept.runs[0].plan
+    return Launch(
+        plan_id=swept.plan_id,
+        gpu_hours=swept.total_gpu_hours,
+        message=(
+            f"Start a sweep of {len(swept.runs)} runs of {first.recipe or first.script_path} here, all at once "
+            f"({swept.gpus_at_once} GPU(s) together): up to {swept.total_gpu_hours:.3g} GPU-hours in all."
+        ),
+        summary=sweep_summary(swept),
+        plan_tool="plan_sweep",
+        submit_tool="submit_sweep",
+        token_name="sweep_token",
+    )
+
+
+def make_sweep(
+    app: App, spec: TrainingJobSpec, grid: dict[str, list[str]] | None, variants: list[list[str]] | None
+) -> SweepPlan:
+    from servers.launch import sweeps
+
+    return make_sweep_from_runs(app, spec, sweeps.expand(spec, grid, variants))
+
+
+def make_sweep_from_runs(app: App, base: TrainingJobSpec, runs: list[list[str]]) -> SweepPlan:
+    from servers.launch import sweeps
+
+    active = app.engine.reconcile_all()
+    return sweeps.build(
+        app.settings,
+        base,
+        runs,
+        lambda run_spec: make_plan(app, run_spec),
+        active_jobs=len(active),
+        gpus_in_use=gpus_in_use(app),
+    )
+
+
+def start_sweep(app: App, swept: SweepPlan) -> list[str]:
+    """Every run as its own job, keyed <sweep id>-<index>: runs already started are found, not started again."""
+    from servers.launch.training import IdempotencyKeys, spec_hash
+
+    keys = IdempotencyKeys(app.settings)
+    job_ids: list[str] = []
+    for run in swept.runs:
+        spec = TrainingJobSpec.model_validate(run.plan.spec).model_copy(update={"idempotency_key": run.idempotency_key})
+        found = existing_job(app, keys, spec)
+        if found is not None:
+            job_ids.append(found)
+            continue
+        if not keys.claim(run.idempotency_key, spec_hash(spec)):
+            raise InputError(f"run {run.index} of the sweep is being submitted by another call right now")
+        try:
+            record = start_training(app, run.plan, spec, extra={"sweep_id": swept.sweep_id, "sweep_index": run.index})
+        except BaseException:
+            keys.release(run.idempotency_key)
+            raise
+        keys.bind(run.idempotency_key, record.id)
+        job_ids.append(record.id)
+    return job_ids
 
 
 def register_resources(server: MCPServer) -> None:
@@ -331,8 +526,11 @@ def local_backend(app: App) -> "LocalBackend":
     return LocalBackend(app.engine, kind=TRAINING_KIND)
 
 
-def start_training(app: App, plan: TrainingPlan, spec: TrainingJobSpec) -> JobRecord:
-    """Submit exactly the plan that was made (and shown) through the backend; the job as the engine has it."""
+def start_training(
+    app: App, plan: TrainingPlan, spec: TrainingJobSpec, *, extra: dict[str, Any] | None = None
+) -> JobRecord:
+    """Submit exactly the plan that was made (and shown) through the backend; the job as the engine has it.
+    `extra` joins the job's spec (a sweep's id and index)."""
     import secrets
 
     from servers.launch.backend import SubmitRequest
@@ -340,7 +538,12 @@ def start_training(app: App, plan: TrainingPlan, spec: TrainingJobSpec) -> JobRe
     key = spec.idempotency_key or f"{plan.plan_hash}-{secrets.token_hex(6)}"
     request = SubmitRequest(
         key=key,
-        spec={**plan.backend_spec, "plan_hash": plan.plan_hash, "training_spec": spec.model_dump(mode="json")},
+        spec={
+            **plan.backend_spec,
+            **(extra or {}),
+            "plan_hash": plan.plan_hash,
+            "training_spec": spec.model_dump(mode="json"),
+        },
         timeout_s=spec.max_wall_s,
     )
     handle = local_backend(app).submit(plan.backend_plan, request)

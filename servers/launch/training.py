@@ -296,28 +296,16 @@ class Approvals:
         self.db_path = settings.db_path
         initialise(self.db_path, _APPROVALS_SCHEMA)
 
-    def request(self, plan: "TrainingPlan") -> None:
-        """Record that this plan waits for a person (again, if an earlier approval of it was used)."""
-        summary = json.dumps(
-            {
-                "recipe": plan.recipe,
-                "script": plan.script_path,
-                "args": plan.spec.get("args"),
-                "argv": plan.argv,
-                "nproc_per_node": plan.nproc_per_node,
-                "gpus": plan.gpus,
-                "max_wall_s": plan.spec.get("max_wall_s"),
-                "estimated_gpu_hours": plan.estimated_gpu_hours,
-                "env": plan.spec.get("env"),
-                "network": plan.network,
-            }
-        )
+    def request(self, plan_id: str, summary_fields: dict[str, Any]) -> None:
+        """Record that this plan waits for a person (again, if an earlier approval of it was used). The summary is
+        what `llm-infra-mcp approve` shows; it must hold estimated_gpu_hours."""
+        summary = json.dumps(summary_fields, default=str)
         with connect(self.db_path) as conn:
             conn.execute(
                 "INSERT INTO launch_approvals (plan_id, summary, created_at) VALUES (?, ?, ?) "
                 "ON CONFLICT(plan_id) DO UPDATE SET summary = excluded.summary, created_at = excluded.created_at, "
                 "approved_at = NULL, approved_by = NULL, used_by_job = NULL WHERE used_by_job IS NOT NULL",
-                (plan.plan_id, summary, time.time()),
+                (plan_id, summary, time.time()),
             )
 
     def pending(self) -> list[dict[str, Any]]:
@@ -362,6 +350,22 @@ class Approvals:
                 )
             else:
                 conn.execute("UPDATE launch_approvals SET used_by_job = ? WHERE plan_id = ?", (job_id, plan_id))
+
+
+def plan_summary(plan: "TrainingPlan") -> dict[str, Any]:
+    """What a person approving this plan is shown."""
+    return {
+        "recipe": plan.recipe,
+        "script": plan.script_path,
+        "args": plan.spec.get("args"),
+        "command": " ".join(plan.argv),
+        "nproc_per_node": plan.nproc_per_node,
+        "gpus": plan.gpus,
+        "max_wall_s": plan.spec.get("max_wall_s"),
+        "estimated_gpu_hours": plan.estimated_gpu_hours,
+        "env": plan.spec.get("env"),
+        "network": plan.network,
+    }
 
 
 def resolve_script(settings: Settings, spec: TrainingJobSpec) -> tuple[Path, str | None, str | None]:

@@ -10,8 +10,9 @@ own batches (seeded by step and rank) and DistributedDataParallel averages gradi
 
 Contract with the launch server: rank 0 appends rows to LLM_INFRA_MCP_METRICS (loss, lr, grad_norm, tokens,
 tokens_per_s, mfu, and every rank's work and step time as rank_work_s / rank_step_s; a final held-out loss with
-split "eval"); --slow-rank / --slow-factor / --slow-from-step make one rank a straggler on purpose; every --ckpt-every steps rank 0 saves a checkpoint to
-LLM_INFRA_MCP_CHECKPOINT_DIR, and a start (or a torchrun restart) resumes from the newest one. MFU is
+split "eval"); --slow-rank / --slow-factor / --slow-from-step make one rank a straggler on purpose; every
+--ckpt-every steps rank 0 saves a checkpoint to LLM_INFRA_MCP_CHECKPOINT_DIR, and a start (or a torchrun
+restart) resumes from the newest one. MFU is
 6 * parameters * tokens/s per GPU over the GPU catalog's dense bf16 peak (bf16 autocast on GPU); on CPU it is
 logged as null.
 """

@@ -1,0 +1,1119 @@
+"""The Ray backend: a training job as a Ray job, submitted to a cluster's head through the Ray Jobs API.
+
+`RayBackend(address)` talks to the Jobs API of a Ray head (the dashboard's HTTP address, e.g.
+http://127.0.0.1:8265) with `ray.job_submission.JobSubmissionClient`; ray is imported inside the methods that
+need it, never at start-up. The five steps of the `Backend` protocol (servers/launch/backend.py):
+
+- ``plan(spec, settings, job_dir=None)``: no side effects. The command is torchrun of the recipe or script with
+  its args, as `local.torchrun_argv` builds it (``launcher="python"``: ``python SCRIPT ARGS`` for one rank),
+  run by a small wrapper, `ray_entry.py` (the fixed program in `WRAPPER_SOURCE`, standard library only), that
+  submit writes into the job folder. Ray Jobs runs its entrypoint with a shell, so `rendered` (what Ray gets) is
+  `argv` with every argument quoted by `shlex.quote`: each reaches the command literally, whatever shell syntax
+  it holds. The plan (a `RayPlan`) also shows the runtime_env (env_vars: the spec's env, the metrics and
+  checkpoint variables pointing into the job folder; working_dir only for a workdir inside the allowed roots)
+  and the entrypoint's resources (entrypoint_num_cpus: one per rank; entrypoint_num_gpus: the spec's GPUs).
+- ``submit(plan, request)``: `submit_job` with a submission id derived from `request.key`
+  (`submission_id_for`). Idempotent: when Ray knows that id (`get_job_info`), or the job folder holds the record
+  of an earlier submit of it, nothing is started and the same handle comes back. An unreachable address is a
+  `RayUnavailableError` that names the address and the setting, and nothing is submitted.
+- ``status``/``poll``: `get_job_info` mapped with `RAY_STATES` (PENDING -> QUEUED, RUNNING, STOPPED ->
+  CANCELLED, SUCCEEDED, FAILED; anything else -> LOST). A failed torchrun gets its root cause from the rank
+  logs (`local.describe_failure`). When Ray no longer knows the job (a restarted cluster forgets its jobs), the
+  exit record the wrapper wrote (ray_exit.json) gives the exact end; without one the job is LOST, never
+  SUCCEEDED.
+- ``cancel``: `stop_job` (idempotent; a job already ended keeps its state). ``logs``: the files in the job
+  folder by byte offset (logs/rank<r>.log, copied from torchrun's per-rank files by the wrapper;
+  logs/torchrun.log, torchrun's own output), and process "driver": Ray's log of the entrypoint
+  (`get_job_logs`; Ray sends it whole, the slice is cut here).
+
+The job folder (logs, metrics, checkpoints, the exit record) must be on a file system that the Ray node running
+the entrypoint sees at the same path: true for a head on this machine, a shared file system otherwise.
+"""
+
+import contextlib
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shlex
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from servers.core.jobfiles import PROCESS_NAME, BadJobFileError, atomic_write_json, open_regular, read_json
+from servers.core.jobstore import JobState
+from servers.core.paths import resolve_inside_roots
+from servers.core.settings import Settings
+from servers.launch.backend import (
+    JOB_DIR_PLACEHOLDER,
+    BackendHandle,
+    BackendPlan,
+    EngineStatus,
+    SubmitRequest,
+    map_state,
+)
+from servers.launch.local import (
+    CHECKPOINT_ENV,
+    LOG_DIR_NAME,
+    METRICS_ENV,
+    RUN_DIR_NAME,
+    RUN_ID_PATTERN,
+    attempt_dirs,
+    describe_failure,
+    last_exception_line,
+    torchrun_argv,
+)
+
+ADDRESS_ENV = "RAY_ADDRESS"
+ADDRESS_SETTING = "LLM_INFRA_MCP_RAY_ADDRESS"
+JOB_DIR_ENV = "LLM_INFRA_MCP_JOB_DIR"
+WRAPPER_NAME = "ray_entry.py"
+EXIT_RECORD = "ray_exit.json"
+SUBMIT_RECORD = "ray_submission.json"
+CANCEL_RECORD = "ray_cancel.json"
+DRIVER_PROCESS = "driver"
+LAUNCHERS = ("torchrun", "python")
+WRAPPER_GRACE_S = 30.0
+MAX_NPROC = 1024
+_REASON_CHARS = 2000
+
+RAY_STATES: dict[str, JobState] = {
+    "PENDING": JobState.QUEUED,
+    "RUNNING": JobState.RUNNING,
+    "STOPPED": JobState.CANCELLED,
+    "SUCCEEDED": JobState.SUCCEEDED,
+    "FAILED": JobState.FAILED,
+}
+
+SHELL_NOTE = (
+    "Ray Jobs runs the entrypoint with a shell (/bin/sh -c): `rendered` is argv with every argument quoted by "
+    "shlex.quote, so each argument reaches the command literally (no expansion, no command substitution)"
+)
+NETWORK_NOTE = (
+    "network: the Ray node's own; LLM_INFRA_MCP_JOB_NETWORK does not apply on Ray. torchrun's rendezvous store "
+    "listens on the node's interfaces without authentication, like Ray's own ports: the Ray cluster's network "
+    "must be trusted"
+)
+
+
+class RayUnavailableError(RuntimeError):
+    """The Ray Jobs API cannot be used: ray is missing, no address is set, the address does not answer, or it
+    refuses the token. The message says what was tried and what to set."""
+
+
+# ---- the wrapper that runs on the Ray node -------------------------------------------------------------------------
+WRAPPER_SOURCE = r'''"""llm-infra-mcp: the entrypoint of a Ray job, written by servers/launch/ray_backend.py (stdlib).
+
+python ray_entry.py --job-dir D [--cwd C] [--max-wall-s S] [--log-cap N] [--output NAME] [--rank-logs R] -- CMD...
+
+Runs CMD (an argv list; no shell) in C, copies its output to this process's output (Ray's job log) and to
+D/logs/NAME.log, copies torchrun's per-rank files under R to D/logs/rank<r>.log line by line, ends CMD at the
+wall-time limit S (SIGTERM, then SIGKILL of what is left after a grace), and at the end writes D/ray_exit.json
+(exit code or signal, times, attempts): how the job ended stays known after Ray forgets the job.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+GRACE_S = 30.0
+POLL_S = 0.5
+CHUNK = 1 << 20
+
+
+class Logs:
+    """The job's log files under one folder, together at most `cap` bytes (0: no cap); past it, a marker line."""
+
+    def __init__(self, folder, cap):
+        self.folder, self.cap, self.written, self.cut = folder, cap, 0, set()
+        self.lock = threading.Lock()
+
+    def touch(self, process):
+        with open(os.path.join(self.folder, process + ".log"), "ab"):
+            pass
+
+    def write(self, process, data):
+        with self.lock:
+            if process in self.cut or not data:
+                return
+            if self.cap and self.written + len(data) > self.cap:
+                keep = data[: max(0, self.cap - self.written)]
+                keep = keep[: keep.rfind(b"\n") + 1]
+                note = (
+                    f"\n----- llm-infra-mcp: log cut here: the job's logs reached {self.cap} bytes (max_log_bytes); "
+                    "the job goes on, its further output is dropped -----\n"
+                )
+                data = keep + note.encode()
+                self.cut.add(process)
+            with open(os.path.join(self.folder, process + ".log"), "ab") as f:
+                f.write(data)
+            self.written += len(data)
+
+
+def numbered(parent, prefix=""):
+    found = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return found
+    for name in names:
+        suffix = name[len(prefix) :] if name.startswith(prefix) else ""
+        path = os.path.join(parent, name)
+        if suffix.isdigit() and os.path.isdir(path):
+            found.append((int(suffix), path))
+    return sorted(found)
+
+
+def attempts(log_dir):
+    """(attempt, folder) of every attempt torchrun started: LOG_DIR/<run>/attempt_<n>/<local rank>/."""
+    found = []
+    try:
+        runs = sorted(os.listdir(log_dir)) if log_dir else []
+    except OSError:
+        return found
+    for run in runs:
+        found.extend(numbered(os.path.join(log_dir, run), "attempt_"))
+    return sorted(found)
+
+
+class RankMirror:
+    """Copies what each rank wrote (stdout.log, stderr.log of every attempt) to logs/rank<r>.log, whole lines."""
+
+    def __init__(self, log_dir, logs):
+        self.log_dir, self.logs, self.offsets, self.started = log_dir, logs, {}, set()
+
+    def sync(self, final=False):
+        for attempt, attempt_dir in attempts(self.log_dir):
+            for rank, rank_dir in numbered(attempt_dir):
+                self.logs.touch(f"rank{rank}")
+                for stream in ("stdout.log", "stderr.log"):
+                    self.copy(attempt, rank, os.path.join(rank_dir, stream), final)
+
+    def copy(self, attempt, rank, source, final):
+        while True:
+            offset = self.offsets.get(source, 0)
+            try:
+                size = os.path.getsize(source)
+            except OSError:
+                return
+            if size <= offset:
+                return
+            with open(source, "rb") as f:
+                f.seek(offset)
+                chunk = f.read(min(size - offset, CHUNK))
+            if not final and len(chunk) < CHUNK:
+                end = chunk.rfind(b"\n")
+                if end < 0:
+                    return  # a line still being written: copied once it ends
+                chunk = chunk[: end + 1]
+            marker = b""
+            if (attempt, rank) not in self.started:
+                self.started.add((attempt, rank))
+                if attempt > 0:
+                    marker = f"----- torchrun restart {attempt} (attempt_{attempt}) -----\n".encode()
+            self.logs.write(f"rank{rank}", marker + chunk)
+            self.offsets[source] = offset + len(chunk)
+            if not final:
+                return
+
+
+def descendants(pid):
+    """Every process below `pid` (Linux /proc), children first found first."""
+    children = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(name))
+    found, index = [pid], 0
+    while index < len(found):
+        found.extend(children.get(found[index], []))
+        index += 1
+    return found[1:]
+
+
+def kill_all(pids, sig):
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+
+
+def become_subreaper():
+    """Orphans of the command (ranks whose torchrun died) become this process's children, so none outlives it."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def write_record(path, record):
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".ray_exit.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def main(argv):
+    if "--" not in argv:
+        print("usage: ray_entry.py --job-dir D [options] -- CMD...", file=sys.stderr)
+        return 2
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(prog="ray_entry.py")
+    parser.add_argument("--job-dir", required=True)
+    parser.add_argument("--cwd", default="")
+    parser.add_argument("--max-wall-s", type=float, default=0.0)
+    parser.add_argument("--log-cap", type=int, default=0)
+    parser.add_argument("--output", default="main")
+    parser.add_argument("--rank-logs", default="")
+    opts = parser.parse_args(argv[:split])
+    command = argv[split + 1 :]
+    if not command:
+        print("ray_entry.py: no command after --", file=sys.stderr)
+        return 2
+    logs_dir = os.path.join(opts.job_dir, "logs")
+    for folder in (logs_dir, os.path.join(opts.job_dir, "checkpoints"), opts.rank_logs, opts.cwd):
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+    if opts.cwd:
+        os.chdir(opts.cwd)
+    logs = Logs(logs_dir, opts.log_cap)
+    logs.touch(opts.output)
+    mirror = RankMirror(opts.rank_logs, logs)
+    become_subreaper()
+    record = {"started_at": time.time(), "host": socket.gethostname(), "pid": os.getpid(), "cwd": os.getcwd()}
+    stopped = []
+
+    def on_signal(signum, frame):
+        stopped.append(signal.Signals(signum).name)
+
+    try:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except OSError as exc:
+        line = f"llm-infra-mcp: cannot start {command[0]}: {exc}\n"
+        sys.stdout.write(line)
+        logs.write(opts.output, line.encode())
+        record.update(exit_code=127, signal=None, timed_out=False, stopped_by=None, ended_at=time.time())
+        record.update(attempts=0, error=str(exc)[:2000])
+        write_record(os.path.join(opts.job_dir, "ray_exit.json"), record)
+        return 127
+    record["child_pid"] = proc.pid
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    def tee():
+        out = getattr(sys.stdout, "buffer", None)
+        while True:
+            try:
+                data = os.read(proc.stdout.fileno(), 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            if out is not None:
+                try:
+                    out.write(data)
+                    out.flush()
+                except (OSError, ValueError):
+                    out = None
+            logs.write(opts.output, data)
+
+    reader = threading.Thread(target=tee, daemon=True)
+    reader.start()
+    deadline = record["started_at"] + opts.max_wall_s if opts.max_wall_s > 0 else None
+    timed_out, kill_at, forwarded = False, None, False
+    while True:
+        try:
+            proc.wait(timeout=POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        mirror.sync()
+        now = time.time()
+        if stopped and not forwarded:
+            forwarded = True  # Ray signals every process of the job itself; make sure the command hears it
+            kill_all([proc.pid], signal.SIGTERM)
+            kill_at = kill_at or now + GRACE_S
+        if deadline is not None and now >= deadline and not timed_out:
+            timed_out = True
+            line = f"llm-infra-mcp: wall-time limit of {opts.max_wall_s:g} s reached: stopping the command (SIGTERM)\n"
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            logs.write(opts.output, line.encode())
+            kill_all([proc.pid], signal.SIGTERM)
+            kill_at = now + GRACE_S
+        if kill_at is not None and now >= kill_at:
+            kill_all([*descendants(proc.pid), proc.pid], signal.SIGKILL)
+            kill_at = now + GRACE_S
+    kill_all(descendants(os.getpid()), signal.SIGKILL)  # nothing of the command outlives it (we are its reaper)
+    reader.join(timeout=5)
+    mirror.sync(final=True)
+    code = proc.returncode
+    record.update(
+        exit_code=code if code >= 0 else None,
+        signal=signal.Signals(-code).name if code < 0 else None,
+        timed_out=timed_out,
+        stopped_by=stopped[0] if stopped else None,
+        ended_at=time.time(),
+        attempts=len(attempts(opts.rank_logs)),
+        logs_cut=sorted(logs.cut),
+    )
+    write_record(os.path.join(opts.job_dir, "ray_exit.json"), record)
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+'''
+WRAPPER_SHA256 = hashlib.sha256(WRAPPER_SOURCE.encode()).hexdigest()
+
+
+# ---- the plan --------------------------------------------------------------------------------------------------------
+class RayPlan(BackendPlan):
+    """A BackendPlan with what Ray's submit_job takes besides the entrypoint. Stored plans come back with
+    `RayPlan.model_validate(stored)`."""
+
+    runtime_env: dict[str, Any] = Field(description="Ray's runtime_env: env_vars (= env), working_dir if uploaded")
+    entrypoint_num_cpus: float = Field(ge=0, description="CPUs Ray reserves for the entrypoint (one per rank)")
+    entrypoint_num_gpus: float = Field(ge=0, description="GPUs Ray reserves for the entrypoint; Ray assigns them")
+    metadata: dict[str, str] = Field(default_factory=dict, description="Ray job metadata (shown by Ray's tools)")
+    max_wall_s: float | None = Field(default=None, description="Wall-time limit the wrapper enforces")
+    launcher: str = Field(default="torchrun", description="torchrun, or python for one rank")
+
+    def bind(self, job_dir: Path | str) -> "RayPlan":
+        bound = super().bind(job_dir)
+        folder = str(job_dir)
+
+        def sub(value: Any) -> Any:
+            if isinstance(value, str):
+                return value.replace(JOB_DIR_PLACEHOLDER, folder)
+            if isinstance(value, dict):
+                return {k: sub(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [sub(v) for v in value]
+            return value
+
+        return bound.model_copy(update={"runtime_env": sub(self.runtime_env)})
+
+
+def submission_id_for(key: str, prefix: str = "llm-infra-mcp") -> str:
+    """The Ray submission id for an idempotency key: deterministic, and safe in Ray's URLs and file names."""
+    readable = re.sub(r"[^A-Za-z0-9_-]", "_", key)[:48]
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return f"{prefix}-{readable}-{digest}"
+
+
+def normalise_address(address: str) -> str:
+    """The Jobs API base URL for an address: http(s)://host:port as given, host:port gets http://. A Ray Client
+    (ray://) or GCS address is refused with what to give instead."""
+    text = address.strip().rstrip("/")
+    if not text:
+        raise RayUnavailableError(_no_address())
+    if text.startswith("ray://") or text in ("auto", "local"):
+        raise RayUnavailableError(
+            f"Ray address {text!r} is not the Ray Jobs API: give the head's dashboard address, e.g. "
+            f"http://127.0.0.1:8265 ({ADDRESS_SETTING} or {ADDRESS_ENV})"
+        )
+    if not re.match(r"^https?://", text):
+        text = "http://" + text
+    return text
+
+
+def _no_address() -> str:
+    return (
+        f"no Ray address is set: set {ADDRESS_SETTING} (or {ADDRESS_ENV}) to the Ray Jobs API of the cluster's "
+        "head, its dashboard address, e.g. http://127.0.0.1:8265"
+    )
+
+
+def resolve_token(explicit: str | None = None) -> str | None:
+    """The token for a Ray cluster with token authentication: `explicit`, else $RAY_AUTH_TOKEN, else the file
+    $RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token (where Ray's own tools look). None when there is none."""
+    if explicit:
+        return explicit.strip()
+    env = os.environ.get("RAY_AUTH_TOKEN", "").strip()
+    if env:
+        return env
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
+    with contextlib.suppress(OSError):
+        if path.is_file():
+            text = path.read_text(errors="replace").strip()
+            return text or None
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _client_class() -> type:
+    """JobSubmissionClient with a timeout on every request (the SDK sets none, so a head that does not answer
+    would hold a call forever). Built on first use: ray is imported here, not at start-up."""
+    from ray.job_submission import JobSubmissionClient
+
+    class TimedJobSubmissionClient(JobSubmissionClient):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, request_timeout_s: float = 30.0, **kwargs: Any) -> None:
+            self._llm_infra_timeout = request_timeout_s
+            super().__init__(*args, **kwargs)
+
+        def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
+            kwargs.setdefault("timeout", self._llm_infra_timeout)
+            return super()._do_request(method, endpoint, **kwargs)
+
+    return TimedJobSubmissionClient
+
+
+def _http_status(exc: BaseException) -> int | None:
+    """The HTTP status in the SDK's RuntimeError ("Request failed with status code 404: ...")."""
+    match = re.search(r"status code (\d{3})", str(exc))
+    return int(match.group(1)) if match else None
+
+
+def _is_auth_error(exc: BaseException) -> bool:
+    return type(exc).__name__ == "AuthenticationError"
+
+
+def _first_line(text: str | None, limit: int = 300) -> str:
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return line[:limit]
+
+
+# ---- the backend ---------------------------------------------------------------------------------------------------
+class RayBackend:
+    """Training jobs on a Ray cluster through its Jobs API. See the module docstring.
+
+    address: the Jobs API (the head's dashboard), e.g. http://127.0.0.1:8265; None: $RAY_ADDRESS (the server
+    wires LLM_INFRA_MCP_RAY_ADDRESS here). auth_token: for a cluster with token authentication (Ray 2.52+ turns it
+    on by default); None: $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token, in that order; it is sent as
+    `Authorization: Bearer ...` and never shown. python: the interpreter on the Ray node (default: this one,
+    right for a head on this machine). jobs_dir: where submit makes job folders for plans not yet bound to one
+    (default: <state dir>/jobs/ray).
+    """
+
+    name = "ray"
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        auth_token: str | None = None,
+        python: str | None = None,
+        jobs_dir: Path | str | None = None,
+        request_timeout_s: float = 30.0,
+        probe_timeout_s: float = 5.0,
+        cancel_wait_s: float = 15.0,
+        id_prefix: str = "llm-infra-mcp",
+    ) -> None:
+        raw = address if address is not None else os.environ.get(ADDRESS_ENV)
+        self.raw_address = raw.strip() if raw and raw.strip() else None
+        self._auth_token = auth_token
+        self.python = python or sys.executable
+        self.jobs_dir = Path(jobs_dir) if jobs_dir is not None else None
+        self.request_timeout_s = request_timeout_s
+        self.probe_timeout_s = probe_timeout_s
+        self.cancel_wait_s = cancel_wait_s
+        self.id_prefix = id_prefix
+        self._client_obj: Any = None
+        self._lock = threading.Lock()
+        self._submit_lock = threading.Lock()
+
+    # ---- connection ----
+    @property
+    def address(self) -> str:
+        """The Jobs API base URL. RayUnavailableError when none is set or it is not a Jobs API address."""
+        if self.raw_address is None:
+            raise RayUnavailableError(_no_address())
+        return normalise_address(self.raw_address)
+
+    def _headers(self) -> dict[str, str]:
+        token = resolve_token(self._auth_token)
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _unreachable(self, address: str, exc: BaseException, *, submitted: str = "nothing was submitted") -> str:
+        kind = type(exc).__name__
+        return (
+            f"cannot reach the Ray Jobs API at {address} ({kind}); {submitted}. Start a Ray head whose dashboard "
+            f"listens there (ray start --head --dashboard-port PORT) or set {ADDRESS_SETTING} (or {ADDRESS_ENV}) "
+            "to the head's dashboard address, e.g. http://127.0.0.1:8265"
+        )
+
+    def _auth_message(self, address: str) -> str:
+        have = "the token given was refused" if self._headers() else "no token was found"
+        return (
+            f"the Ray cluster at {address} requires token authentication and {have}: pass the cluster's token "
+            "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token on this machine; `ray get-auth-token` on "
+            "the head prints it)"
+        )
+
+    def _client(self) -> Any:
+        """A JobSubmissionClient for the address (made once; its constructor checks the connection)."""
+        with self._lock:
+            if self._client_obj is not None:
+                return self._client_obj
+            address = self.address
+            if importlib.util.find_spec("ray") is None:
+                raise RayUnavailableError(_ray_missing())
+            try:
+                cls = _client_class()
+            except ImportError as exc:
+                raise RayUnavailableError(f"{_ray_missing()} ({exc})") from exc
+            try:
+                client = cls(address, headers=self._headers(), request_timeout_s=self.request_timeout_s)
+            except OSError as exc:  # ConnectionError, requests' errors and timeouts
+                raise RayUnavailableError(self._unreachable(address, exc)) from exc
+            except Exception as exc:
+                if _is_auth_error(exc):
+                    raise RayUnavailableError(self._auth_message(address)) from exc
+                raise RayUnavailableError(
+                    f"the Ray Jobs API at {address} did not answer as one: {_first_line(str(exc))}; set "
+                    f"{ADDRESS_SETTING} (or {ADDRESS_ENV}) to the head's dashboard address"
+                ) from exc
+            self._client_obj = client
+            return client
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """A client call with its failures in words: RayUnavailableError for the connection and the token."""
+        try:
+            return fn(*args, **kwargs)
+        except OSError as exc:
+            with self._lock:
+                self._client_obj = None
+            raise RayUnavailableError(self._unreachable(self.address, exc, submitted=f"{what} did not happen")) from exc
+        except Exception as exc:
+            if _is_auth_error(exc):
+                raise RayUnavailableError(self._auth_message(self.address)) from exc
+            raise
+
+    def _job_info(self, sid: str) -> Any | None:
+        """Ray's JobDetails for a submission id, None when Ray does not know it."""
+        client = self._client()
+        try:
+            return self._call("get_job_info", client.get_job_info, sid)
+        except RuntimeError as exc:
+            if isinstance(exc, RayUnavailableError):
+                raise
+            if _http_status(exc) == 404:
+                return None
+            raise RuntimeError(f"Ray get_job_info({sid}) failed: {_first_line(str(exc))}") from exc
+
+    # ---- available ----
+    def available(self) -> tuple[bool, str]:
+        """ray installed, an address set, and the Jobs API answering there (with its version and the cluster's
+        resources). Bounded by probe_timeout_s per request; starts nothing."""
+        try:
+            ray_version = importlib.metadata.version("ray")
+        except importlib.metadata.PackageNotFoundError:
+            return False, _ray_missing()
+        if importlib.util.find_spec("requests") is None:
+            return False, f"ray {ray_version} is installed without its Jobs SDK: {_ray_missing()}"
+        try:
+            address = self.address
+        except RayUnavailableError as exc:
+            return False, str(exc)
+        import httpx
+
+        headers = self._headers()
+        try:
+            reply = httpx.get(f"{address}/api/version", headers=headers, timeout=self.probe_timeout_s)
+        except httpx.HTTPError as exc:
+            return False, self._unreachable(address, exc, submitted="ray " + ray_version + " is installed")
+        if reply.status_code in (401, 403):
+            return False, self._auth_message(address)
+        try:
+            server = reply.json()
+            server_version = str(server["ray_version"])
+        except (ValueError, KeyError, TypeError):
+            return False, (
+                f"{address} answered HTTP {reply.status_code} but is not a Ray Jobs API; set {ADDRESS_SETTING} "
+                f"(or {ADDRESS_ENV}) to the head's dashboard address"
+            )
+        resources = self._resources(address, headers)
+        return True, f"ray {ray_version} here; Ray {server_version} at {address}; {resources}"
+
+    def _resources(self, address: str, headers: dict[str, str]) -> str:
+        import httpx
+
+        try:
+            reply = httpx.get(f"{address}/api/cluster_status", headers=headers, timeout=self.probe_timeout_s)
+            usage = reply.json()["data"]["clusterStatus"]["loadMetricsReport"]["usage"]
+            report = reply.json()["data"]["clusterStatus"].get("autoscalerReport") or {}
+            nodes = sum(int(n) for n in (report.get("activeNodes") or {}).values())
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return "cluster resources unknown (the dashboard's /api/cluster_status did not answer)"
+        parts = []
+        for name in ("CPU", "GPU"):
+            used, total = usage.get(name, [0.0, 0.0])
+            parts.append(f"{total:g} {name} ({total - used:g} free)")
+        return f"cluster: {', '.join(parts)}" + (f" on {nodes} node(s)" if nodes else "")
+
+    # ---- plan ----
+    def plan(
+        self,
+        spec: Mapping[str, Any],
+        settings: Settings | None = None,
+        *,
+        job_dir: Path | None = None,
+    ) -> RayPlan:
+        """The exact entrypoint and submit_job arguments for a validated spec. No side effects (no files, no
+        processes, no network). Without `job_dir`, paths in the job folder read `$JOB_DIR/...` (bind fills them)."""
+        script = Path(str(spec["script"]))
+        if not script.is_absolute():
+            raise ValueError(f"script: the path must be absolute, got {str(script)!r}")
+        args = spec.get("args") or []
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise ValueError("args: must be a list of strings")
+        nproc = int(spec.get("nproc_per_node") or 1)
+        if not 1 <= nproc <= MAX_NPROC:
+            raise ValueError(f"nproc_per_node: must be in [1, {MAX_NPROC}], got {nproc}")
+        nnodes = int(spec.get("nnodes") or 1)
+        if nnodes != 1:
+            raise ValueError(
+                f"nnodes: the Ray backend runs torchrun inside one Ray job's entrypoint, on one node; got {nnodes}; "
+                "accepted: 1"
+            )
+        max_restarts = int(spec.get("max_restarts") or 0)
+        run_id = str(spec.get("run_id") or "run")
+        if not RUN_ID_PATTERN.match(run_id):
+            raise ValueError(f"run_id: bad value {run_id!r}: letters, digits, '_', '-' and '.' only, at most 96")
+        user_env = dict(spec.get("env") or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in user_env.items()):
+            raise ValueError("env: must map names to string values")
+        gpus_value = spec.get("gpus_per_node")
+        gpus = int(gpus_value) if gpus_value is not None else len(spec.get("gpus") or [])
+        if gpus < 0:
+            raise ValueError(f"gpus_per_node: must be >= 0, got {gpus}")
+        if gpus and nproc > gpus:
+            raise ValueError(f"nproc_per_node: {nproc} ranks need {nproc} GPUs, and the job is given {gpus}")
+        launcher = str(spec.get("launcher") or "torchrun")
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"launcher: {launcher!r} is not one; accepted: {', '.join(LAUNCHERS)}")
+        if launcher == "python" and (nproc != 1 or max_restarts):
+            raise ValueError("launcher: python runs one rank without restarts; use torchrun for more")
+        wall = spec.get("max_wall_s")
+        max_wall_s = float(wall) if wall is not None else None
+        if max_wall_s is not None and max_wall_s <= 0:
+            raise ValueError(f"max_wall_s: must be > 0, got {max_wall_s}")
+        cap = spec.get("max_log_bytes")
+        log_cap = int(cap) if isinstance(cap, int) and cap > 0 else 0
+
+        folder = Path(str(job_dir)) if job_dir is not None else Path(JOB_DIR_PLACEHOLDER)
+        workdir = spec.get("workdir")
+        working_dir: Path | None = None
+        if workdir:
+            roots = (settings or Settings()).roots()
+            working_dir = resolve_inside_roots(str(workdir), roots, what="workdir")
+        notes: list[str] = [SHELL_NOTE]
+
+        # The command, then the wrapper around it.
+        script_arg = str(script)
+        if working_dir is not None and script.is_relative_to(working_dir):
+            script_arg = str(script.relative_to(working_dir))  # runs from Ray's copy of the working_dir
+        if launcher == "torchrun":
+            log_dir = folder / LOG_DIR_NAME
+            command = torchrun_argv(script, list(args), nproc, max_restarts, log_dir, run_id)
+            command[0] = self.python
+            command[len(command) - len(args) - 1] = script_arg
+            output = "torchrun"
+            rank_logs = str(log_dir)
+            notes.append(
+                f"{nproc} rank(s) under torchrun on one Ray node; per-rank logs as processes rank0..rank{nproc - 1} "
+                "(copied from torchrun's files by the wrapper), torchrun's own output as process torchrun"
+            )
+        else:
+            command = [self.python, script_arg, *args]
+            output = "rank0"
+            rank_logs = ""
+            notes.append("one rank, run by python without torchrun (no RANK/WORLD_SIZE); its output as process rank0")
+        cwd = "" if working_dir is not None else str(folder / RUN_DIR_NAME)
+        argv = [
+            self.python,
+            str(folder / WRAPPER_NAME),
+            "--job-dir",
+            str(folder),
+            "--cwd",
+            cwd,
+            "--max-wall-s",
+            f"{max_wall_s:g}" if max_wall_s is not None else "0",
+            "--log-cap",
+            str(log_cap),
+            "--output",
+            output,
+            "--rank-logs",
+            rank_logs,
+            "--",
+            *command,
+        ]
+
+        env = dict(user_env)
+        env[METRICS_ENV] = str(folder / "metrics.jsonl")
+        env[CHECKPOINT_ENV] = str(folder / "checkpoints")
+        env[JOB_DIR_ENV] = str(folder)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.setdefault("OMP_NUM_THREADS", "1")
+        if gpus:
+            notes.append(f"Ray reserves {gpus} GPU(s) for the entrypoint and sets CUDA_VISIBLE_DEVICES to them")
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            notes.append("no GPU: CUDA_VISIBLE_DEVICES is empty, the ranks run on CPU (gloo)")
+        notes.append(f"Ray reserves {nproc:g} CPU(s) for the entrypoint (entrypoint_num_cpus, one per rank)")
+        runtime_env: dict[str, Any] = {"env_vars": dict(env)}
+        if working_dir is not None:
+            runtime_env["working_dir"] = str(working_dir)
+            notes.append(
+                f"working_dir {working_dir}: submit uploads it to the cluster (Ray's size limit applies) and the "
+                "command runs in Ray's copy of it"
+            )
+        else:
+            notes.append(f"working directory {folder / RUN_DIR_NAME} (a folder apart from the job's own files)")
+        notes.append(
+            f"the job folder {folder} must be on a file system the Ray node sees at the same path (true for a head "
+            "on this machine; a shared file system otherwise): metrics (LLM_INFRA_MCP_METRICS), checkpoints "
+            "(LLM_INFRA_MCP_CHECKPOINT_DIR), logs and the exit record are written there"
+        )
+        notes.append(
+            f"{WRAPPER_NAME}: a fixed wrapper (standard library only, sha256 {WRAPPER_SHA256[:16]}) that submit "
+            "writes into the job folder; it runs the command after '--' (no shell), copies its logs, "
+            + (f"ends it after max_wall_s {max_wall_s:g} s, " if max_wall_s else "")
+            + f"and writes {EXIT_RECORD} when it ends"
+        )
+        notes.append(f"the interpreter {self.python} and the script must exist at these paths on the Ray node")
+        if max_restarts:
+            notes.append(f"torchrun restarts all ranks in place up to {max_restarts} time(s) after a failure")
+        notes.append(NETWORK_NOTE)
+        if self.raw_address:
+            notes.append(f"submits to the Ray Jobs API at {self.raw_address}")
+        else:
+            notes.append(f"no Ray address is set yet ({ADDRESS_SETTING} or {ADDRESS_ENV})")
+        metadata = {"llm_infra_mcp_run_id": run_id}
+        if spec.get("name"):
+            metadata["name"] = str(spec["name"])[:128]
+        key = spec.get("idempotency_key")
+        if key:
+            notes.append(f"Ray submission id {submission_id_for(str(key), self.id_prefix)} (from the idempotency key)")
+        return RayPlan(
+            backend=self.name,
+            argv=argv,
+            env=env,
+            cwd=str(working_dir) if working_dir is not None else cwd,
+            gpus=None,
+            nnodes=1,
+            nproc_per_node=nproc,
+            rendered=shlex.join(argv),
+            notes=notes,
+            runtime_env=runtime_env,
+            entrypoint_num_cpus=float(nproc),
+            entrypoint_num_gpus=float(gpus),
+            metadata=metadata,
+            max_wall_s=max_wall_s,
+            launcher=launcher,
+        )
+
+    # ---- submit ----
+    def submission_id(self, key: str) -> str:
+        return submission_id_for(key, self.id_prefix)
+
+    def _folder_for(self, plan: RayPlan, sid: str, job_dir: Path | str | None) -> Path:
+        if job_dir is not None:
+            return Path(job_dir)
+        named = plan.env.get(JOB_DIR_ENV, "")
+        if named and JOB_DIR_PLACEHOLDER not in named:
+            return Path(named)
+        root = self.jobs_dir if self.jobs_dir is not None else Settings().jobs_dir / "ray"
+        return root / sid
+
+    def submit(self, plan: BackendPlan, request: SubmitRequest, *, job_dir: Path | str | None = None) -> BackendHandle:
+        """Submit the plan as a Ray job; the same request.key returns the first handle and starts nothing. The job
+        folder: `job_dir`, else the one the plan was bound to, else jobs_dir/<submission id>."""
+        ray_plan = plan if isinstance(plan, RayPlan) else RayPlan.model_validate(plan.model_dump())
+        sid = self.submission_id(request.key)
+        folder = self._folder_for(ray_plan, sid, job_dir).resolve()
+        bound = ray_plan.bind(folder)
+        self._check_plan(bound, folder)
+        handle = BackendHandle(backend=self.name, key=request.key, native_id=sid, job_dir=str(folder))
+        self._client()  # unreachable or refused: RayUnavailableError, before anything is written
+        with self._submit_lock:
+            return self._submit_once(bound, request, sid, folder, handle)
+
+    def _submit_once(
+        self, bound: RayPlan, request: SubmitRequest, sid: str, folder: Path, handle: BackendHandle
+    ) -> BackendHandle:
+        if self._job_info(sid) is not None:
+            return handle
+        record = folder / SUBMIT_RECORD
+        earlier = read_json(record, 64 * 1024)
+        if isinstance(earlier, dict) and earlier.get("submission_id") == sid:
+            return handle  # submitted before and forgotten by Ray: never launched again on its own
+        folder.mkdir(parents=True, exist_ok=True)
+        wrapper = folder / WRAPPER_NAME
+        tmp = folder / f".{WRAPPER_NAME}.tmp"
+        tmp.write_text(WRAPPER_SOURCE)
+        os.replace(tmp, wrapper)
+        atomic_write_json(
+            record,
+            {"submission_id": sid, "key": request.key, "address": self.address, "submitted_at": time.time()},
+        )
+        metadata = {**bound.metadata, "idempotency_key": request.key[:200]}
+        client = self._client()
+        try:
+            client.submit_job(
+                entrypoint=bound.rendered,
+                submission_id=sid,
+                runtime_env=bound.runtime_env,
+                metadata=metadata,
+                entrypoint_num_cpus=bound.entrypoint_num_cpus,
+                entrypoint_num_gpus=bound.entrypoint_num_gpus,
+            )
+        except OSError as exc:
+            timeout = "Timeout" in type(exc).__name__ and "Connect" not in type(exc).__name__
+            with self._lock:
+                self._client_obj = None
+            if timeout:  # the request went out: Ray may have the job; a retry with the same key finds it
+                raise RayUnavailableError(
+                    self._unreachable(
+                        self.address, exc, submitted="the submit may have reached Ray: retry with the same key"
+                    )
+                ) from exc
+            record.unlink(missing_ok=True)
+            raise RayUnavailableError(self._unreachable(self.address, exc)) from exc
+        except Exception as exc:
+            if "already exists" in str(exc):  # a concurrent submit with the same key won
+                return handle
+            record.unlink(missing_ok=True)
+            if _is_auth_error(exc):
+                raise RayUnavailableError(self._auth_message(self.address)) from exc
+            raise RuntimeError(f"Ray refused the job: {_first_line(str(exc), 500)}; nothing was submitted") from exc
+        return handle
+
+    def _check_plan(self, plan: RayPlan, folder: Path) -> None:
+        """Refuse a plan whose parts disagree (edited after it was made): submit runs exactly what was shown."""
+        if plan.rendered != shlex.join(plan.argv):
+            raise ValueError("plan: rendered is not argv shell-quoted; make the plan again with RayBackend.plan")
+        if plan.runtime_env.get("env_vars") != plan.env:
+            raise ValueError("plan: runtime_env.env_vars differs from env; make the plan again with RayBackend.plan")
+        if len(plan.argv) < 2 or plan.argv[1] != str(folder / WRAPPER_NAME):
+            raise ValueError(f"plan: the entrypoint is not {WRAPPER_NAME} in the job folder {folder}")
+        if JOB_DIR_PLACEHOLDER in plan.rendered or any(JOB_DIR_PLACEHOLDER in v for v in plan.env.values()):
+            raise ValueError("plan: the job folder placeholder is still in it after binding")
+
+    # ---- status ----
+    def poll(self, handle: BackendHandle) -> JobState:
+        return self.status(handle).state
+
+    def status(self, handle: BackendHandle) -> EngineStatus:
+        """Ray's view of the job, mapped; when Ray does not know the job, the exit record; else LOST. Raises
+        RayUnavailableError when Ray cannot be asked and the job left no exit record."""
+        folder = Path(handle.job_dir) if handle.job_dir else None
+        try:
+            info = self._job_info(handle.native_id)
+        except RayUnavailableError as exc:
+            record = self._exit_record(folder)
+            if record is not None:
+                return self._from_record(record, folder, f"Ray cannot be asked ({_first_line(str(exc), 120)})")
+            raise
+        if info is None:
+            record = self._exit_record(folder)
+            if record is not None:
+                return self._from_record(record, folder, "Ray no longer knows the job")
+            where = f" and {folder} holds no {EXIT_RECORD}" if folder else ""
+            return EngineStatus(
+                state=JobState.LOST,
+                native_state=None,
+                reason=(
+                    f"the Ray cluster at {self.address} does not know submission {handle.native_id} (a restarted "
+                    f"cluster forgets its jobs){where}: how it ended is unknown"
+                ),
+            )
+        native = str(getattr(info.status, "value", info.status))
+        state = map_state(RAY_STATES, native)
+        record = self._exit_record(folder) if state.terminal else None
+        started = info.start_time / 1000 if info.start_time else None
+        ended = info.end_time / 1000 if info.end_time else None
+        exit_code = info.driver_exit_code
+        if exit_code is None and record is not None:
+            exit_code = record.get("exit_code")
+        reason: str | None
+        if state == JobState.FAILED:
+            reason = self._failure_reason(record, folder, exit_code, info.message, info.error_type)
+        elif state == JobState.CANCELLED:
+            reason = "stopped through Ray (stop_job)"
+        elif state == JobState.QUEUED:
+            reason = _first_line(info.message, _REASON_CHARS) or "waiting for Ray to start it"
+        elif state == JobState.LOST:
+            reason = f"Ray reports an unknown state {native!r}"
+        else:
+            reason = _first_line(info.message, _REASON_CHARS) or None
+        return EngineStatus(
+            state=state,
+            native_state=native,
+            reason=reason,
+            exit_code=exit_code if isinstance(exit_code, int) else None,
+            started_at=started,
+            ended_at=ended,
+            restarts=self._restarts(record, folder),
+        )
+
+    def _exit_record(self, folder: Path | None) -> dict[str, Any] | None:
+        if folder is None:
+            return None
+        data = read_json(folder / EXIT_RECORD, 256 * 1024)
+        if not isinstance(data, dict) or "ended_at" not in data:
+            return None
+        return data
+
+    def _restarts(self, record: dict[str, Any] | None, folder: Path | None) -> int:
+        if record is not None and isinstance(record.get("attempts"), int):
+            return max(0, int(record["attempts"]) - 1)
+        if folder is not None:
+            return max(0, len(attempt_dirs(folder / LOG_DIR_NAME)) - 1)
+        return 0
+
+    def _from_record(self, record: dict[str, Any], folder: Path | None, why: str) -> EngineStatus:
+        code = record.get("exit_code")
+        code = code if isinstance(code, int) and not isinstance(code, bool) else None
+        started = record.get("started_at") if isinstance(record.get("started_at"), int | float) else None
+        ended = record.get("ended_at") if isinstance(record.get("ended_at"), int | float) else None
+        cancelled = folder is not None and (folder / CANCEL_RECORD).is_file()
+        if code == 0 and not record.get("timed_out"):
+            state, reason = JobState.SUCCEEDED, f"{why}; its exit record says the command exited with code 0"
+        elif cancelled:
+            state, reason = JobState.CANCELLED, f"{why}; cancelled through this server, then ended (exit record)"
+        else:
+            state = JobState.FAILED
+            reason = f"{why}; exit record: " + self._failure_reason(record, folder, code, None, None)
+        return EngineStatus(
+            state=state,
+            native_state=None,
+            reason=reason[:_REASON_CHARS],
+            exit_code=code,
+            started_at=started,
+            ended_at=ended,
+            restarts=self._restarts(record, folder),
+        )
+
+    def _failure_reason(
+        self,
+        record: dict[str, Any] | None,
+        folder: Path | None,
+        exit_code: int | None,
+        message: str | None,
+        error_type: str | None,
+    ) -> str:
+        ray_line = _first_line(message)
+        if error_type:
+            ray_line = f"{ray_line} ({error_type})" if ray_line else str(error_type)
+        parts: list[str] = []
+        if record is not None and record.get("timed_out"):
+            parts.append("the wall-time limit (max_wall_s) was reached: the wrapper stopped the command")
+        elif record is not None and record.get("stopped_by"):
+            parts.append(f"stopped by {record['stopped_by']} (not a cancel through this server)")
+        elif record is not None and record.get("error"):
+            parts.append(f"the command could not start: {_first_line(str(record['error']))}")
+        if folder is not None and not parts:
+            log_dir = folder / LOG_DIR_NAME
+            code = exit_code if exit_code is not None else 1
+            if attempt_dirs(log_dir):
+                parts.append(describe_failure(code, log_dir, folder / "logs" / "torchrun.log"))
+            else:
+                cause = last_exception_line(_tail(folder / "logs" / "rank0.log"))
+                if cause:
+                    parts.append(f"rank 0 failed (exit {code}): {cause}; see logs for process rank0")
+        if ray_line:
+            parts.append(f"Ray: {ray_line}")
+        if not parts:
+            parts.append(f"the entrypoint exited with code {exit_code}" if exit_code is not None else "failed")
+        return "; ".join(parts)[:_REASON_CHARS]
+
+    # ---- cancel ----
+    def cancel(self, handle: BackendHandle) -> JobState:
+        """stop_job, then wait up to cancel_wait_s for Ray to say it ended. A job that already ended keeps its
+        state; a second cancel changes nothing."""
+        current = self.status(handle)
+        if current.state.terminal:
+            return current.state
+        if handle.job_dir:
+            with contextlib.suppress(OSError):
+                atomic_write_json(Path(handle.job_dir) / CANCEL_RECORD, {"requested_at": time.time()})
+        client = self._client()
+        try:
+            self._call("stop_job", client.stop_job, handle.native_id)
+        except RuntimeError as exc:
+            if isinstance(exc, RayUnavailableError) or _http_status(exc) != 404:
+                raise
+        deadline = time.monotonic() + self.cancel_wait_s
+        state = self.status(handle).state
+        while not state.terminal and time.monotonic() < deadline:
+            time.sleep(0.2)
+            state = self.status(handle).state
+        return state
+
+    # ---- logs ----
+    def processes(self, handle: BackendHandle) -> list[str]:
+        """Names `logs` accepts for this job: the logs in its folder, and "driver" (Ray's log)."""
+        names: set[str] = {DRIVER_PROCESS}
+        if handle.job_dir:
+            logs_dir = Path(handle.job_dir) / "logs"
+            with contextlib.suppress(OSError):
+                names.update(p.stem for p in logs_dir.glob("*.log") if PROCESS_NAME.match(p.stem))
+        return sorted(names)
+
+    def logs(self, handle: BackendHandle, process: str = "rank0", *, offset: int = 0, max_bytes: int = 65536) -> str:
+        """Text of one process's log from byte `offset`, at most `max_bytes`: a file of the job folder (rank<r>,
+        torchrun), or "driver", Ray's log of the entrypoint (get_job_logs)."""
+        if not PROCESS_NAME.match(process) or ".." in process:
+            raise ValueError(f"process: bad name {process!r}; accepted: letters, digits, '_', '-' and '.'")
+        offset, max_bytes = max(0, int(offset)), max(0, int(max_bytes))
+        if process == DRIVER_PROCESS:
+            client = self._client()
+            try:
+                text = self._call("get_job_logs", client.get_job_logs, handle.native_id)
+            except RuntimeError as exc:
+                if isinstance(exc, RayUnavailableError) or _http_status(exc) != 404:
+                    raise
+                return ""
+            return str(text).encode()[offset : offset + max_bytes].decode("utf-8", errors="replace")
+        if not handle.job_dir:
+            return ""
+        path = Path(handle.job_dir) / "logs" / f"{process}.log"
+        try:
+            with open_regular(path) as f:
+                f.seek(offset)
+                return f.read(max_bytes).decode("utf-8", errors="replace")
+        except (FileNotFoundError, BadJobFileError):
+            return ""
+
+
+def _tail(path: Path, limit: int = 64 * 1024) -> str:
+    try:
+        with open_regular(path) as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode("utf-8", errors="replace")
+    except (OSError, BadJobFileError):
+        return ""
+
+
+def _ray_missing() -> str:
+    return "ray is not installed: pip install 'llm-infra-mcp[ray]' (ray[default], with its Jobs SDK)"
