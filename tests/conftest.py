@@ -1,9 +1,14 @@
 """Shared fixtures: a fresh state directory per test, apps and in-process clients in both protocol eras."""
 
+import contextlib
 import os
+import shutil
+import subprocess
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mcp import Client
@@ -61,3 +66,101 @@ async def suite_client(app: App, mode: str) -> AsyncIterator[Client]:
 
     async with Client(create_test_suite(app), mode=mode) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def ray_head() -> Iterator[Any]:
+    """A Ray head of this test session's own (tests/fixtures/launch/ray_head.py): dashboard on 127.0.0.1, ports
+    chosen free, 2 CPUs, its own temp folder, token authentication with a token made for it (the tests pass it to
+    the client). Stopped by its pids at the end, also when a test failed. Without ray installed the tests that use
+    it skip, except under CI=true, where they fail: CI installs the ray extra."""
+    from servers.launch.ray_backend import ray_installed
+
+    if not ray_installed():
+        message = "ray is not installed (pip install -e '.[ray]'): the Ray backend tests need a real local Ray head"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message}; CI=true, and CI must install the ray extra")
+        pytest.skip(message)
+    from tests.fixtures.launch.ray_head import start_head
+
+    head = start_head()
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+# ---- a real Slurm cluster (tests/test_slurm_backend.py) -------------------------------------------------------------
+SLURM_CLUSTER_SCRIPT = REPO_ROOT / "scripts" / "slurm-cluster.sh"
+SLURM_BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
+# A finished job leaves squeue after MinJobAge: short here, so that the tests see states after Slurm forgot the job.
+SLURM_MIN_JOB_AGE_S = 10
+SLURM_KILL_WAIT_S = 5
+
+
+def slurm_missing() -> str | None:
+    """Why this machine cannot run the test cluster, or None."""
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    missing = [b for b in SLURM_BINARIES if shutil.which(b, path=search) is None]
+    if missing:
+        return f"Slurm is not installed ({', '.join(missing)} not found): apt-get install -y slurm-wlm munge"
+    if os.geteuid() != 0:
+        return "the test Slurm cluster (scripts/slurm-cluster.sh) starts munged and slurmd as root; not root here"
+    return None
+
+
+def need_slurm() -> None:
+    """Skip (fail under CI=true, where Slurm is installed on purpose) when the cluster cannot run here."""
+    why = slurm_missing()
+    if why is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {why}")
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A real Slurm cluster of 2 nodes x 1 CPU on 127.0.0.1 for the whole session (scripts/slurm-cluster.sh), with
+    SLURM_CONF exported to this process; its jobs are cancelled and it is stopped at the end, also after failures.
+    Yields the cluster's folder."""
+    need_slurm()
+    folder = tmp_path_factory.mktemp("slurm-cluster")
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]),
+        "SLURM_CLUSTER_MIN_JOB_AGE": str(SLURM_MIN_JOB_AGE_S),
+        "SLURM_CLUSTER_KILL_WAIT": str(SLURM_KILL_WAIT_S),
+    }
+    previous = os.environ.get("SLURM_CONF")
+    try:
+        started = subprocess.run(
+            ["bash", str(SLURM_CLUSTER_SCRIPT), "start", str(folder), "2", "1"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        if started.returncode != 0:
+            pytest.fail(f"the Slurm cluster did not start: {started.stderr.strip()[-2000:]}")
+        os.environ["SLURM_CONF"] = str(folder / "slurm.conf")
+        yield folder
+    finally:
+        if (folder / "slurm.conf").exists():
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(
+                    ["scancel", "--user", str(os.getuid())],
+                    env={**env, "SLURM_CONF": str(folder / "slurm.conf")},
+                    capture_output=True,
+                    timeout=30,
+                    check=False,
+                )
+                time.sleep(2)
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                ["bash", str(SLURM_CLUSTER_SCRIPT), "stop", str(folder)], env=env, capture_output=True, timeout=60
+            )
+        if previous is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = previous

@@ -134,6 +134,12 @@ class Settings(BaseSettings):
                 raise ValueError(f"exporter URL {url!r} must not carry a query or fragment")
         return value
 
+    ray_address: str = Field(
+        default="",
+        description="The Ray Jobs API address (the head's dashboard, e.g. http://127.0.0.1:8265) for backend 'ray'; "
+        "empty: the RAY_ADDRESS environment variable. The cluster's token comes from RAY_AUTH_TOKEN, "
+        "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token.",
+    )
     http_host: str = Field(default="127.0.0.1", description="Address the HTTP transport binds.")
     http_port: int = Field(default=8765, ge=1, le=65535, description="Port the HTTP transport binds.")
     http_body_timeout_s: float = Field(

@@ -95,5 +95,27 @@ def detect_skypilot() -> BackendStatus:
     )
 
 
-def detect_all() -> list[BackendStatus]:
-    return [detect_local(), detect_slurm(), detect_kubernetes(), detect_skypilot()]
+def detect_ray(address: str | None = None) -> BackendStatus:
+    """Ray: the package, and the Jobs API at `address` (LLM_INFRA_MCP_RAY_ADDRESS, else RAY_ADDRESS) answering."""
+    if importlib.util.find_spec("ray") is None:
+        return BackendStatus(
+            name="ray",
+            detected=False,
+            detail="ray is not installed (pip install 'llm-infra-mcp[ray]')",
+            launch_supported=False,
+            launch_note="install the ray extra and point LLM_INFRA_MCP_RAY_ADDRESS at a cluster",
+        )
+    from servers.launch.ray_backend import RayBackend
+
+    found, detail = RayBackend(address=address or None).available()
+    return BackendStatus(
+        name="ray",
+        detected=found,
+        detail=detail,
+        launch_supported=found,
+        launch_note=None if found else "set LLM_INFRA_MCP_RAY_ADDRESS to a reachable Ray Jobs API",
+    )
+
+
+def detect_all(ray_address: str | None = None) -> list[BackendStatus]:
+    return [detect_local(), detect_slurm(), detect_ray(ray_address), detect_kubernetes(), detect_skypilot()]

@@ -13,15 +13,18 @@ need it, never at start-up. The five steps of the `Backend` protocol (servers/la
   checkpoint variables pointing into the job folder; working_dir only for a workdir inside the allowed roots)
   and the entrypoint's resources (entrypoint_num_cpus: one per rank; entrypoint_num_gpus: the spec's GPUs).
 - ``submit(plan, request)``: `submit_job` with a submission id derived from `request.key`
-  (`submission_id_for`). Idempotent: when Ray knows that id (`get_job_info`), or the job folder holds the record
-  of an earlier submit of it, nothing is started and the same handle comes back. An unreachable address is a
-  `RayUnavailableError` that names the address and the setting, and nothing is submitted.
+  (`submission_id_for`), so ``find(key)`` recovers the job (`get_job_info`; the job folder is in its metadata).
+  Idempotent on its own as well: when Ray knows that id, or the job folder holds the record of an earlier
+  submit of it (Ray forgot the job), nothing is started and the same handle comes back. An unreachable address
+  or a refused token is a `RayUnavailableError` that names the address and what to set; nothing is submitted.
 - ``status``/``poll``: `get_job_info` mapped with `RAY_STATES` (PENDING -> QUEUED, RUNNING, STOPPED ->
   CANCELLED, SUCCEEDED, FAILED; anything else -> LOST). A failed torchrun gets its root cause from the rank
   logs (`local.describe_failure`). When Ray no longer knows the job (a restarted cluster forgets its jobs), the
   exit record the wrapper wrote (ray_exit.json) gives the exact end; without one the job is LOST, never
   SUCCEEDED.
-- ``cancel``: `stop_job` (idempotent; a job already ended keeps its state). ``logs``: the files in the job
+- ``cancel``: `stop_job` (idempotent; a job already ended keeps its state). Ray cannot stop a job still PENDING
+  (ray-project/ray#58353): the cancel is recorded in the job folder, the job is CANCELLED at once, and its wrapper
+  ends without running the command if Ray ever starts it. ``logs``: the files in the job
   folder by byte offset (logs/rank<r>.log, copied from torchrun's per-rank files by the wrapper;
   logs/torchrun.log, torchrun's own output), and process "driver": Ray's log of the entrypoint
   (`get_job_logs`; Ray sends it whole, the slice is cut here).
@@ -74,15 +77,20 @@ from servers.launch.local import (
 ADDRESS_ENV = "RAY_ADDRESS"
 ADDRESS_SETTING = "LLM_INFRA_MCP_RAY_ADDRESS"
 JOB_DIR_ENV = "LLM_INFRA_MCP_JOB_DIR"
+JOB_DIR_METADATA = "llm_infra_mcp_job_dir"
 WRAPPER_NAME = "ray_entry.py"
 EXIT_RECORD = "ray_exit.json"
 SUBMIT_RECORD = "ray_submission.json"
 CANCEL_RECORD = "ray_cancel.json"
 DRIVER_PROCESS = "driver"
 LAUNCHERS = ("torchrun", "python")
-WRAPPER_GRACE_S = 30.0
 MAX_NPROC = 1024
 _REASON_CHARS = 2000
+
+PENDING_CANCEL_NOTE = (
+    "cancelled while it waited to start: Ray cannot stop a job still PENDING (ray-project/ray#58353), so it may stay "
+    "in Ray's queue; if it ever starts, its wrapper sees the cancel and ends without running the command"
+)
 
 RAY_STATES: dict[str, JobState] = {
     "PENDING": JobState.QUEUED,
@@ -307,6 +315,15 @@ def main(argv):
     mirror = RankMirror(opts.rank_logs, logs)
     become_subreaper()
     record = {"started_at": time.time(), "host": socket.gethostname(), "pid": os.getpid(), "cwd": os.getcwd()}
+    if os.path.exists(os.path.join(opts.job_dir, "ray_cancel.json")):
+        # Cancelled while Ray still held it (Ray cannot stop a job that waits for resources): never run it.
+        line = "llm-infra-mcp: the job was cancelled before it started; the command is not run\n"
+        sys.stdout.write(line)
+        logs.write(opts.output, line.encode())
+        record.update(exit_code=None, signal=None, timed_out=False, stopped_by=None, cancelled_before_start=True)
+        record.update(ended_at=time.time(), attempts=0)
+        write_record(os.path.join(opts.job_dir, "ray_exit.json"), record)
+        return 125
     stopped = []
 
     def on_signal(signum, frame):
@@ -405,8 +422,10 @@ class RayPlan(BackendPlan):
     max_wall_s: float | None = Field(default=None, description="Wall-time limit the wrapper enforces")
     launcher: str = Field(default="torchrun", description="torchrun, or python for one rank")
 
-    def bind(self, job_dir: Path | str) -> "RayPlan":
-        bound = super().bind(job_dir)
+    def bind(self, job_dir: Path | str, gpus: list[int] | None = None) -> "RayPlan":
+        """The plan with the job folder filled in, in runtime_env too. Ray assigns the GPUs itself (it sets
+        CUDA_VISIBLE_DEVICES for the entrypoint), so `gpus` is only recorded."""
+        bound = super().bind(job_dir, gpus)
         folder = str(job_dir)
 
         def sub(value: Any) -> Any:
@@ -418,7 +437,8 @@ class RayPlan(BackendPlan):
                 return [sub(v) for v in value]
             return value
 
-        return bound.model_copy(update={"runtime_env": sub(self.runtime_env)})
+        # rendered is argv shell-quoted: quote the bound argv again (the folder may need quotes $JOB_DIR did not)
+        return bound.model_copy(update={"runtime_env": sub(self.runtime_env), "rendered": shlex.join(bound.argv)})
 
 
 def submission_id_for(key: str, prefix: str = "llm-infra-mcp") -> str:
@@ -505,7 +525,7 @@ class RayBackend:
     """Training jobs on a Ray cluster through its Jobs API. See the module docstring.
 
     address: the Jobs API (the head's dashboard), e.g. http://127.0.0.1:8265; None: $RAY_ADDRESS (the server
-    wires LLM_INFRA_MCP_RAY_ADDRESS here). auth_token: for a cluster with token authentication (Ray 2.52+ turns it
+    wires LLM_INFRA_MCP_RAY_ADDRESS here). auth_token: for a cluster with token authentication (Ray 2.60 turns it
     on by default); None: $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token, in that order; it is sent as
     `Authorization: Bearer ...` and never shown. python: the interpreter on the Ray node (default: this one,
     right for a head on this machine). jobs_dir: where submit makes job folders for plans not yet bound to one
@@ -573,7 +593,7 @@ class RayBackend:
             if self._client_obj is not None:
                 return self._client_obj
             address = self.address
-            if importlib.util.find_spec("ray") is None:
+            if not ray_installed():
                 raise RayUnavailableError(_ray_missing())
             try:
                 cls = _client_class()
@@ -626,7 +646,7 @@ class RayBackend:
             ray_version = importlib.metadata.version("ray")
         except importlib.metadata.PackageNotFoundError:
             return False, _ray_missing()
-        if importlib.util.find_spec("requests") is None:
+        if not ray_installed():
             return False, f"ray {ray_version} is installed without its Jobs SDK: {_ray_missing()}"
         try:
             address = self.address
@@ -653,20 +673,31 @@ class RayBackend:
         return True, f"ray {ray_version} here; Ray {server_version} at {address}; {resources}"
 
     def _resources(self, address: str, headers: dict[str, str]) -> str:
+        """The cluster's CPUs and GPUs (alive nodes, the state API), with what is free when the autoscaler's load
+        report has it. Bounded by probe_timeout_s per request."""
         import httpx
 
         try:
+            reply = httpx.get(
+                f"{address}/api/v0/nodes", params={"limit": 1000}, headers=headers, timeout=self.probe_timeout_s
+            )
+            nodes = [n for n in reply.json()["data"]["result"]["result"] if n.get("state") == "ALIVE"]
+            totals = {
+                name: sum(float((n.get("resources_total") or {}).get(name, 0)) for n in nodes)
+                for name in ("CPU", "GPU")
+            }
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+            return "cluster resources unknown (the dashboard's /api/v0/nodes did not answer)"
+        usage: dict[str, Any] = {}
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
             reply = httpx.get(f"{address}/api/cluster_status", headers=headers, timeout=self.probe_timeout_s)
-            usage = reply.json()["data"]["clusterStatus"]["loadMetricsReport"]["usage"]
-            report = reply.json()["data"]["clusterStatus"].get("autoscalerReport") or {}
-            nodes = sum(int(n) for n in (report.get("activeNodes") or {}).values())
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            return "cluster resources unknown (the dashboard's /api/cluster_status did not answer)"
+            usage = reply.json()["data"]["clusterStatus"]["loadMetricsReport"]["usage"] or {}
         parts = []
-        for name in ("CPU", "GPU"):
-            used, total = usage.get(name, [0.0, 0.0])
-            parts.append(f"{total:g} {name} ({total - used:g} free)")
-        return f"cluster: {', '.join(parts)}" + (f" on {nodes} node(s)" if nodes else "")
+        for name, total in totals.items():
+            used = usage.get(name)
+            free = f" ({total - float(used[0]):g} free)" if isinstance(used, list) and len(used) == 2 else ""
+            parts.append(f"{total:g} {name}{free}")
+        return f"cluster: {', '.join(parts)} on {len(nodes)} node(s)"
 
     # ---- plan ----
     def plan(
@@ -700,8 +731,12 @@ class RayBackend:
         user_env = dict(spec.get("env") or {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in user_env.items()):
             raise ValueError("env: must map names to string values")
-        gpus_value = spec.get("gpus_per_node")
-        gpus = int(gpus_value) if gpus_value is not None else len(spec.get("gpus") or [])
+        if spec.get("gpus_per_node") is not None:
+            gpus = int(spec["gpus_per_node"])
+        elif spec.get("gpus_wanted") is not None:
+            gpus = int(spec["gpus_wanted"])
+        else:
+            gpus = len(spec.get("gpus") or [])
         if gpus < 0:
             raise ValueError(f"gpus_per_node: must be >= 0, got {gpus}")
         if gpus and nproc > gpus:
@@ -799,6 +834,8 @@ class RayBackend:
             + f"and writes {EXIT_RECORD} when it ends"
         )
         notes.append(f"the interpreter {self.python} and the script must exist at these paths on the Ray node")
+        if max_wall_s is None:
+            notes.append("no wall-time limit: the spec gives no max_wall_s")
         if max_restarts:
             notes.append(f"torchrun restarts all ranks in place up to {max_restarts} time(s) after a failure")
         notes.append(NETWORK_NOTE)
@@ -818,6 +855,7 @@ class RayBackend:
             env=env,
             cwd=str(working_dir) if working_dir is not None else cwd,
             gpus=None,
+            gpus_wanted=0,  # Ray assigns the GPUs (entrypoint_num_gpus); the server assigns none here
             nnodes=1,
             nproc_per_node=nproc,
             rendered=shlex.join(argv),
@@ -834,6 +872,18 @@ class RayBackend:
     def submission_id(self, key: str) -> str:
         return submission_id_for(key, self.id_prefix)
 
+    def find(self, key: str) -> BackendHandle | None:
+        """The job Ray holds under this key's submission id (with the job folder submit recorded in its
+        metadata), else None. Raises RayUnavailableError when Ray cannot be asked."""
+        sid = self.submission_id(key)
+        info = self._job_info(sid)
+        if info is None:
+            return None
+        metadata = info.metadata or {}
+        env_vars = (info.runtime_env or {}).get("env_vars") or {}
+        job_dir = metadata.get(JOB_DIR_METADATA) or env_vars.get(JOB_DIR_ENV)
+        return BackendHandle(backend=self.name, key=key, native_id=sid, job_dir=str(job_dir) if job_dir else None)
+
     def _folder_for(self, plan: RayPlan, sid: str, job_dir: Path | str | None) -> Path:
         if job_dir is not None:
             return Path(job_dir)
@@ -844,11 +894,18 @@ class RayBackend:
         return root / sid
 
     def submit(self, plan: BackendPlan, request: SubmitRequest, *, job_dir: Path | str | None = None) -> BackendHandle:
-        """Submit the plan as a Ray job; the same request.key returns the first handle and starts nothing. The job
+        """Submit exactly the plan as a Ray job whose submission id is derived from request.key (so `find`
+        recovers it). Idempotent on its own too: the same key returns the first handle and starts nothing. The job
         folder: `job_dir`, else the one the plan was bound to, else jobs_dir/<submission id>."""
-        ray_plan = plan if isinstance(plan, RayPlan) else RayPlan.model_validate(plan.model_dump())
+        if plan.backend != self.name:
+            raise ValueError(f"plan: made by the {plan.backend!r} backend; make it with RayBackend.plan")
+        try:
+            ray_plan = plan if isinstance(plan, RayPlan) else RayPlan.model_validate(plan.model_dump())
+        except ValueError as exc:  # a BackendPlan without the Ray fields
+            raise ValueError("plan: not a Ray plan (runtime_env, entrypoint resources missing); use RayPlan") from exc
         sid = self.submission_id(request.key)
-        folder = self._folder_for(ray_plan, sid, job_dir).resolve()
+        folder = self._folder_for(ray_plan, sid, job_dir)
+        folder = folder if folder.is_absolute() else folder.resolve()
         bound = ray_plan.bind(folder)
         self._check_plan(bound, folder)
         handle = BackendHandle(backend=self.name, key=request.key, native_id=sid, job_dir=str(folder))
@@ -874,7 +931,7 @@ class RayBackend:
             record,
             {"submission_id": sid, "key": request.key, "address": self.address, "submitted_at": time.time()},
         )
-        metadata = {**bound.metadata, "idempotency_key": request.key[:200]}
+        metadata = {**bound.metadata, "idempotency_key": request.key[:200], JOB_DIR_METADATA: str(folder)}
         client = self._client()
         try:
             client.submit_job(
@@ -948,14 +1005,36 @@ class RayBackend:
         native = str(getattr(info.status, "value", info.status))
         state = map_state(RAY_STATES, native)
         record = self._exit_record(folder) if state.terminal else None
+        if state == JobState.QUEUED and self._cancel_requested(folder):
+            return EngineStatus(state=JobState.CANCELLED, native_state=native, reason=PENDING_CANCEL_NOTE)
+        if state == JobState.FAILED and record is not None and record.get("cancelled_before_start"):
+            return EngineStatus(
+                state=JobState.CANCELLED,
+                native_state=native,
+                reason="cancelled before it started: the wrapper did not run the command",
+                started_at=info.start_time / 1000 if info.start_time else None,
+                ended_at=info.end_time / 1000 if info.end_time else None,
+            )
         started = info.start_time / 1000 if info.start_time else None
         ended = info.end_time / 1000 if info.end_time else None
-        exit_code = info.driver_exit_code
+        if state == JobState.FAILED and record is not None and _clean_exit(record):
+            # Ray failed the job after the command ended well (its supervisor died, a record re-made after a
+            # delete): the wrapper's record of the command's own exit is the exact end.
+            return EngineStatus(
+                state=JobState.SUCCEEDED,
+                native_state=native,
+                reason=f"the command exited with code 0 (exit record); Ray reported: {_first_line(info.message)}",
+                exit_code=0,
+                started_at=started or record.get("started_at"),
+                ended_at=ended or record.get("ended_at"),
+                restarts=self._restarts(record, folder),
+            )
+        exit_code = getattr(info, "driver_exit_code", None)  # older Ray lacks it: the record then
         if exit_code is None and record is not None:
             exit_code = record.get("exit_code")
         reason: str | None
         if state == JobState.FAILED:
-            reason = self._failure_reason(record, folder, exit_code, info.message, info.error_type)
+            reason = self._failure_reason(record, folder, exit_code, info.message, getattr(info, "error_type", None))
         elif state == JobState.CANCELLED:
             reason = "stopped through Ray (stop_job)"
         elif state == JobState.QUEUED:
@@ -973,6 +1052,10 @@ class RayBackend:
             ended_at=ended,
             restarts=self._restarts(record, folder),
         )
+
+    @staticmethod
+    def _cancel_requested(folder: Path | None) -> bool:
+        return folder is not None and (folder / CANCEL_RECORD).is_file()
 
     def _exit_record(self, folder: Path | None) -> dict[str, Any] | None:
         if folder is None:
@@ -994,8 +1077,10 @@ class RayBackend:
         code = code if isinstance(code, int) and not isinstance(code, bool) else None
         started = record.get("started_at") if isinstance(record.get("started_at"), int | float) else None
         ended = record.get("ended_at") if isinstance(record.get("ended_at"), int | float) else None
-        cancelled = folder is not None and (folder / CANCEL_RECORD).is_file()
-        if code == 0 and not record.get("timed_out"):
+        cancelled = self._cancel_requested(folder)
+        if record.get("cancelled_before_start"):
+            state, reason = JobState.CANCELLED, f"{why}; cancelled before it started (the command never ran)"
+        elif _clean_exit(record):
             state, reason = JobState.SUCCEEDED, f"{why}; its exit record says the command exited with code 0"
         elif cancelled:
             state, reason = JobState.CANCELLED, f"{why}; cancelled through this server, then ended (exit record)"
@@ -1047,8 +1132,9 @@ class RayBackend:
 
     # ---- cancel ----
     def cancel(self, handle: BackendHandle) -> JobState:
-        """stop_job, then wait up to cancel_wait_s for Ray to say it ended. A job that already ended keeps its
-        state; a second cancel changes nothing."""
+        """Record the cancel in the job folder, stop_job, then wait up to cancel_wait_s for Ray to say it ended.
+        A job that already ended keeps its state; a second cancel changes nothing. A job still waiting to start is
+        CANCELLED at once: Ray cannot stop it, and its wrapper will not run the command (PENDING_CANCEL_NOTE)."""
         current = self.status(handle)
         if current.state.terminal:
             return current.state
@@ -1104,6 +1190,12 @@ class RayBackend:
             return ""
 
 
+def _clean_exit(record: Mapping[str, Any]) -> bool:
+    """An exit record of a command that exited with code 0 by itself (no wall-time stop, no signal)."""
+    code = record.get("exit_code")
+    return code == 0 and not isinstance(code, bool) and not record.get("timed_out") and not record.get("signal")
+
+
 def _tail(path: Path, limit: int = 64 * 1024) -> str:
     try:
         with open_regular(path) as f:
@@ -1113,6 +1205,14 @@ def _tail(path: Path, limit: int = 64 * 1024) -> str:
             return f.read().decode("utf-8", errors="replace")
     except (OSError, BadJobFileError):
         return ""
+
+
+def ray_installed() -> bool:
+    """Whether ray and its Jobs SDK (requests, from ray[default]) can be imported; imports neither."""
+    try:
+        return importlib.util.find_spec("ray") is not None and importlib.util.find_spec("requests") is not None
+    except (ImportError, ValueError):  # a module set to None in sys.modules, a broken install
+        return False
 
 
 def _ray_missing() -> str:

@@ -22,6 +22,7 @@ from servers.launch.sweeps import SweepPlan
 from servers.launch.training import TrainingJobSpec, TrainingPlan
 
 if TYPE_CHECKING:
+    from servers.launch.backend import Backend
     from servers.launch.local import LocalBackend
     from servers.launch.training import IdempotencyKeys
 
@@ -32,10 +33,13 @@ INSTRUCTIONS = (
     "Follow jobs with wait_for_job, read_job_logs (per rank) and read_job_metrics; stop them with cancel_job."
 )
 TRAINING_KIND = "training"
+REMOTE_KIND = "training_remote"
+REMOTE_GRACE_S = 600.0  # the follower outlives the job's own limit by this much (queueing, the engine's ending)
 JOB_KINDS = [
     JobKind(
         TRAINING_KIND, "servers.launch.local:run_training_job", "torchrun of a recipe or script", default_timeout_s=3600
     ),
+    JobKind(REMOTE_KIND, "servers.launch.remote:run_remote_job", "a training job on a cluster engine, followed here"),
 ]
 STALE_CLAIM_S = 120.0  # an idempotency key claimed this long ago without a job: its submit died
 PLAN_TOKEN_PATTERN = r"^[A-Za-z0-9_\-]+\.[0-9a-f]{32}$"
@@ -84,7 +88,11 @@ def make_plan(app: App, spec: TrainingJobSpec) -> TrainingPlan:
     from servers.launch import training
 
     return training.plan(
-        app.settings, spec, gpus_present=gpus_present(), gpus_in_use=gpus_in_use(app), backend=local_backend(app)
+        app.settings,
+        spec,
+        gpus_present=gpus_present(),
+        gpus_in_use=gpus_in_use(app),
+        backend=backend_for(app, spec.backend),
     )
 
 
@@ -121,7 +129,7 @@ def register(server: MCPServer, app: App) -> None:
         """Say which launch engines this machine offers (local torchrun, Slurm, Kubernetes, SkyPilot), what was
         found for each or why it is missing (e.g. 'sbatch not found on PATH'), and whether this server version
         can launch on it. Instant; starts nothing."""
-        backends = await in_thread(detect_all)
+        backends = await in_thread(detect_all, app.settings.ray_address)
         lines = [
             f"- {b.name}: {'found' if b.detected else 'missing'} ({b.detail})"
             + ("" if b.launch_supported else f"; {b.launch_note}")
@@ -519,6 +527,20 @@ def job_view_of(app: App, job_id: str) -> JobView:
     return job_view(app.engine.get(job_id))
 
 
+def backend_for(app: App, name: str) -> "Backend":
+    """The backend a spec names: local (the job engine runs torchrun here) or a cluster engine."""
+    if name == "local":
+        return local_backend(app)
+    from servers.launch.remote import make_backend
+
+    return make_backend(name, backend_config(app, name))
+
+
+def backend_config(app: App, name: str) -> dict[str, Any]:
+    """What a remote job's worker needs to reach its engine (no secrets: tokens stay in the environment)."""
+    return {"address": app.settings.ray_address} if name == "ray" else {}
+
+
 def local_backend(app: App) -> "LocalBackend":
     """The backend the server runs training jobs on (the local one: the job engine runs torchrun)."""
     from servers.launch.local import LocalBackend
@@ -546,8 +568,18 @@ def start_training(
         },
         timeout_s=spec.max_wall_s,
     )
-    handle = local_backend(app).submit(plan.backend_plan, request)
-    return app.engine.get(handle.native_id)
+    if spec.backend == "local":
+        handle = local_backend(app).submit(plan.backend_plan, request)
+        return app.engine.get(handle.native_id)
+    # A cluster engine: a job of the engine here follows it (see remote.py); the key makes the submit idempotent.
+    tracked = {
+        **request.spec,
+        "backend": spec.backend,
+        "backend_config": backend_config(app, spec.backend),
+        "idempotency_key": key,
+        "plan": plan.backend_plan.model_dump(mode="json"),
+    }
+    return app.engine.submit(REMOTE_KIND, tracked, timeout_s=spec.max_wall_s + REMOTE_GRACE_S)
 
 
 def existing_job(app: App, keys: "IdempotencyKeys", spec: TrainingJobSpec) -> str | None:

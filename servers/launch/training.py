@@ -86,7 +86,7 @@ class TrainingJobSpec(BaseModel):
     nproc_per_node: int | None = Field(
         default=None, ge=1, le=64, description="Processes (ranks) on the node; default: the GPUs present, else 1"
     )
-    nnodes: int = Field(default=1, ge=1, le=1, description="Nodes; the local backend runs one")
+    nnodes: int = Field(default=1, ge=1, le=1, description="Nodes; local and ray run one")
     gpus_per_node: int | None = Field(
         default=None,
         ge=0,
@@ -114,7 +114,11 @@ class TrainingJobSpec(BaseModel):
     idempotency_key: Annotated[str, Field(pattern=KEY_PATTERN)] | None = Field(
         default=None, description="A retried submit with the same key returns the first job instead of starting another"
     )
-    backend: Literal["local"] = Field(default="local", description="Where to run; local (torchrun) for now")
+    backend: Literal["local", "ray"] = Field(
+        default="local",
+        description="Where to run: local (torchrun here) or ray (a Ray cluster through its Jobs API, "
+        "LLM_INFRA_MCP_RAY_ADDRESS)",
+    )
 
 
 class TrainingPlan(BaseModel):
@@ -442,9 +446,17 @@ def plan(
     script, recipe, expected = resolve_script(settings, spec)
     check_env(spec.env)
     warnings: list[str] = []
-    nproc = spec.nproc_per_node or max(1, gpus_present)
-    gpus = spec.gpus_per_node if spec.gpus_per_node is not None else (nproc if gpus_present else 0)
-    if gpus > gpus_present:
+    remote = spec.backend != "local"
+    if remote:  # the cluster's machines, not this one: the engine places and limits the ranks
+        nproc = spec.nproc_per_node or 1
+        gpus = spec.gpus_per_node or 0
+    else:
+        nproc = spec.nproc_per_node or max(1, gpus_present)
+        gpus = spec.gpus_per_node if spec.gpus_per_node is not None else (nproc if gpus_present else 0)
+    if remote:
+        if gpus and nproc > gpus:
+            raise InputError(f"nproc_per_node {nproc} is more than the {gpus} GPU(s) asked for: one rank per GPU")
+    elif gpus > gpus_present:
         raise InputError(f"the job asks for {gpus} GPU(s) but this machine has {gpus_present}")
     if gpus_present == 0:
         cap = max(2, os.cpu_count() or 1)
@@ -471,7 +483,7 @@ def plan(
             f"the job would use {gpus} GPUs; the quota is {settings.max_gpus_per_job} per job "
             "(LLM_INFRA_MCP_MAX_GPUS_PER_JOB)"
         )
-    if gpus and gpus_in_use + gpus > settings.max_concurrent_gpus and not spec.share_gpus:
+    if not remote and gpus and gpus_in_use + gpus > settings.max_concurrent_gpus and not spec.share_gpus:
         raise QuotaError(
             f"{gpus_in_use} GPUs are in use and this job needs {gpus}; at most "
             f"{settings.max_concurrent_gpus} at once (LLM_INFRA_MCP_MAX_CONCURRENT_GPUS)"
@@ -481,7 +493,9 @@ def plan(
         raise InputError(f"workdir {spec.workdir!r} is not a directory")
     from servers.launch.local import NETWORK_NOTES
 
-    if settings.job_network == "isolated":
+    if remote:
+        pass  # the cluster's network: the backend's notes state the trust it assumes
+    elif settings.job_network == "isolated":
         from servers.core.netns import probe
 
         found = probe()
@@ -507,6 +521,9 @@ def plan(
         "workdir": str(workdir) if spec.workdir else None,
         "max_log_bytes": settings.max_log_bytes_per_job,
         "run_id": spec_hash(normalised),
+        "max_wall_s": spec.max_wall_s,
+        "gpus_per_node": gpus,
+        "nnodes": spec.nnodes,
         "recipe": recipe,
         "name": spec.name,
         "tags": list(spec.tags),
@@ -539,7 +556,12 @@ def plan(
         expected_runtime=expected,
         needs_confirmation=estimated > settings.confirm_above_gpu_hours,
         plan_id=digest,
-        network=NETWORK_NOTES[settings.job_network],
+        network=(
+            "network: the cluster's; the ranks' rendezvous store listens on the nodes' network without "
+            "authentication, so every machine that reaches the nodes is trusted"
+            if remote
+            else NETWORK_NOTES[settings.job_network]
+        ),
         quotas=quotas,
         warnings=warnings,
     )
