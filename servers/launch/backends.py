@@ -55,14 +55,17 @@ def detect_slurm() -> BackendStatus:
             detected=False,
             detail=f"{', '.join(missing)} not found on PATH",
             launch_supported=False,
-            launch_note=LAUNCH_NOT_YET,
+            launch_note="install the Slurm client commands and point SLURM_CONF at the cluster",
         )
+    from servers.launch.slurm import SlurmBackend
+
+    found, detail = SlurmBackend().available()
     return BackendStatus(
         name="slurm",
-        detected=True,
-        detail=f"sbatch at {shutil.which('sbatch')}",
-        launch_supported=False,
-        launch_note=LAUNCH_NOT_YET,
+        detected=found,
+        detail=detail,
+        launch_supported=found,
+        launch_note=None if found else "the Slurm controller does not answer (sinfo); check SLURM_CONF",
     )
 
 

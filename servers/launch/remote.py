@@ -1,4 +1,4 @@
-"""Training jobs on a cluster engine (Ray; Slurm next), followed by the job engine like any other job.
+"""Training jobs on a cluster engine (Ray, Slurm), followed by the job engine like any other job.
 
 The job engine runs `run_remote_job` in a worker process under a supervisor, as it runs torchrun locally: the worker
 submits the stored plan through the backend (idempotent: the submission is keyed, so a restarted worker finds the
@@ -21,7 +21,7 @@ from servers.launch.backend import Backend, BackendHandle, BackendPlan, EngineSt
 
 ENTRY = "servers.launch.remote:run_remote_job"
 POLL_S = 1.0
-REMOTE_BACKENDS = ("ray",)
+REMOTE_BACKENDS = ("ray", "slurm")
 
 
 def make_backend(name: str, config: dict[str, Any]) -> Backend:
@@ -30,6 +30,10 @@ def make_backend(name: str, config: dict[str, Any]) -> Backend:
         from servers.launch.ray_backend import RayBackend
 
         return RayBackend(address=config.get("address") or None)
+    if name == "slurm":
+        from servers.launch.slurm import SlurmBackend
+
+        return SlurmBackend(job_root=config.get("job_root") or None)
     raise ValueError(f"backend: {name!r} is not a remote backend; accepted: {', '.join(REMOTE_BACKENDS)}")
 
 

@@ -538,7 +538,11 @@ def backend_for(app: App, name: str) -> "Backend":
 
 def backend_config(app: App, name: str) -> dict[str, Any]:
     """What a remote job's worker needs to reach its engine (no secrets: tokens stay in the environment)."""
-    return {"address": app.settings.ray_address} if name == "ray" else {}
+    if name == "ray":
+        return {"address": app.settings.ray_address}
+    if name == "slurm":
+        return {"job_root": str(app.settings.home / "slurm-jobs")}
+    return {}
 
 
 def local_backend(app: App) -> "LocalBackend":

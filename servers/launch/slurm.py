@@ -15,17 +15,21 @@ torchrun failed, local.py's describe_failure of its output with the global rank.
 
 The batch script always ends by writing JOB/slurm-exit.json (``exit-record``): the exit code, the end time, Slurm's
 state as the job saw it (COMPLETED, FAILED, TIMEOUT, CANCELLED...) and the failing rank with its exception; also on
-scancel and at the time limit (a trap on SIGTERM, which Slurm sends KillWait seconds before SIGKILL). A plain shell
-record is written first, so that a job whose Python helper cannot start still leaves one.
+scancel and at the time limit (a trap on SIGTERM, which Slurm sends KillWait seconds before SIGKILL). Where the Python
+helper cannot run, the shell writes a plain record instead (exit code, signal, times). Either is written whole
+(a temporary file renamed), so a reader never sees half of one.
 
-status reads, in order: ``scontrol show job -o ID`` while Slurm knows the job (squeue --json, on 22.05, ignores
-``-j`` and lists every job, so it is the fallback; both JSON layouts are read); then, once the job left Slurm's
-memory (MinJobAge, 300 s by default), ``sacct`` where accounting exists, what this backend saw Slurm say of the
-ended job before (slurm-state.json), the job's exit record, a cancel this backend requested for a job that never
-started; a job with none of these is LOST with the reason, never SUCCEEDED.
+status reads, in order: the job's exit record (a file read); ``scontrol show job -o ID`` while Slurm knows the job
+(``squeue --json`` as the fallback: on 22.05 it ignores ``-j`` and lists every job; both JSON layouts are read), whose
+state wins, except that a job Slurm still calls RUNNING/COMPLETING whose batch script already wrote its exit record is
+reported from that record; once Slurm forgot the job (MinJobAge, 300 s by default): ``sacct`` where accounting exists,
+then what this backend saw Slurm say of the ended job (slurm-state.json), then the exit record, then a cancel this
+backend requested of a job that never started (slurm-cancel.json); a job with none of these is LOST with the reason,
+never SUCCEEDED. If Slurm cannot be asked, the exit record answers, else SlurmUnavailableError.
 
 submit is idempotent by the key: the job folder is named after it, holds the submit record (slurm-submit.json),
-and the job carries the key in its --comment, which a retried submit looks for in squeue before starting anything.
+and the job carries the key in its --comment, which a retried submit looks for in squeue before starting anything;
+``find(key)`` recovers the job the same way and starts nothing.
 """
 
 import contextlib
@@ -240,7 +244,7 @@ def parse_scontrol_job(text: str) -> SlurmJob | None:
     fields: dict[str, str] = {}
     # Values have no spaces except a few free-text ones (Comment, Command, WorkDir, Reason...): a key starts a field.
     for m in re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=(.*?)(?=\s[A-Za-z][A-Za-z0-9_/:]*=|\s*$)", line):
-        fields.setdefault(m.group(1), m.group(2))
+        fields.setdefault(m.group(1), m.group(2).strip())
     job_id, state = fields.get("JobId"), fields.get("JobState")
     if not job_id or not state:
         return None
@@ -402,10 +406,13 @@ class SlurmBackend:
         self._accounting: bool | None = None
 
     # ---- commands ----
-    def _run(self, argv: Sequence[str], *, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    def _run(
+        self, argv: Sequence[str], *, timeout: float | None = None, cwd: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
         try:
             return subprocess.run(
                 list(argv),
+                cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 text=True,
@@ -464,7 +471,7 @@ class SlurmBackend:
             except SlurmUnavailableError:
                 return False
             m = re.search(r"^AccountingStorageType\s*=\s*(\S+)", proc.stdout, re.M)
-            self._accounting = bool(m) and m is not None and not m.group(1).endswith("/none")
+            self._accounting = m is not None and not m.group(1).endswith("/none")
         return self._accounting
 
     def partitions(self) -> list[str]:
@@ -550,8 +557,8 @@ class SlurmBackend:
             "--ntasks-per-node=1",
             f"--cpus-per-task={cpus_per_task}",
             f"--time={time_minutes(max_wall_s)}",
-            f"--output={folder}/logs/main.log",
-            f"--error={folder}/logs/main.log",
+            f"--output={folder}/logs/batch.log",
+            f"--error={folder}/logs/batch.log",
             "--open-mode=append",
             "--export=NONE",
             f"--comment={COMMENT_PREFIX}{key_text}",
@@ -593,6 +600,11 @@ class SlurmBackend:
             f"state: Slurm while it knows the job, then the exit record {folder}/{EXIT_RECORD} the batch script "
             "writes at its end (also on cancel and timeout)",
         ]
+        if spec.get("network") == "isolated":
+            notes.append(
+                "LLM_INFRA_MCP_JOB_NETWORK=isolated (a private loopback namespace) applies to local jobs only: a "
+                "multi-node job needs the cluster network"
+            )
         notes.append(
             f"GPUs: {gpus_per_node} per node (--gpus-per-node; Slurm sets CUDA_VISIBLE_DEVICES)"
             if gpus_per_node
@@ -648,14 +660,17 @@ class SlurmBackend:
             f'LIM=(env PYTHONPATH={q(str(PACKAGE_ROOT))} {HELPER_MARK}=1 "$PY" -m servers.launch.slurm)',
             "",
             f'rm -f "$JOBDIR/{EXIT_RECORD}" "$JOBDIR"/slurm-node*-exit.json',
+            "STARTED_AT=$(date +%s)",
             "srun_pid=",
             "finish() {  # exit code, signal name ('' when none): the exit record, whatever happened",
             "  trap - TERM INT USR1 USR2 HUP",
-            '  printf \'{"job_id": "%s", "exit_code": %d, "signal": "%s", "ended_at": %s, "restart_count": '
-            '%s, "source": "batch-shell"}\\n\' \\',
-            '    "$SLURM_JOB_ID" "$1" "$2" "$(date +%s)" "${SLURM_RESTART_COUNT:-0}" '
+            '  "${LIM[@]}" exit-record --job-dir "$JOBDIR" --exit-code "$1" --signal "$2" --started-at "$STARTED_AT" '
+            '&& exit "$1"',
+            "  # The helper could not write it (Python missing on this node...): a plain record, by the shell.",
+            '  printf \'{"job_id": "%s", "exit_code": %d, "signal": "%s", "started_at": %s, "ended_at": %s, '
+            '"restart_count": %s, "source": "batch-shell"}\\n\' \\',
+            '    "$SLURM_JOB_ID" "$1" "$2" "$STARTED_AT" "$(date +%s)" "${SLURM_RESTART_COUNT:-0}" '
             f'> "$JOBDIR/.{EXIT_RECORD}.tmp" && mv -f "$JOBDIR/.{EXIT_RECORD}.tmp" "$JOBDIR/{EXIT_RECORD}"',
-            '  "${LIM[@]}" exit-record --job-dir "$JOBDIR" --exit-code "$1" --signal "$2" || true',
             '  exit "$1"',
             "}",
             "on_signal() {  # scancel, the time limit, preemption: Slurm sends SIGTERM, then SIGKILL after KillWait",
@@ -747,7 +762,21 @@ class SlurmBackend:
         check_job_dir(folder)
         return folder
 
-    def _find_submitted(self, folder: Path, key: str) -> BackendHandle | None:
+    def find(self, key: str, *, job_dir: Path | str | None = None) -> BackendHandle | None:
+        """The job submitted with `key`, if there is one: by the submit record or exit record in its job folder
+        (`job_dir`, default job_root/<name from the key>), else by its --comment in squeue. Starts nothing."""
+        if key in self._by_key:
+            return self._by_key[key]
+        if not KEY_PATTERN.fullmatch(key):
+            raise ValueError(f"key: {key!r} is not accepted; accepted: {KEY_ACCEPTED}")
+        folder = Path(job_dir) if job_dir is not None else self.job_root / job_folder_name(key)
+        check_job_dir(folder)
+        if not folder.is_dir():
+            job_id = self.find_by_comment(key)
+            return self._handle(key, job_id, folder) if job_id is not None else None
+        return self._find_submitted(folder, key, refuse_unsure=False)
+
+    def _find_submitted(self, folder: Path, key: str, *, refuse_unsure: bool = True) -> BackendHandle | None:
         record = read_json(folder / SUBMIT_RECORD, 64 * 1024)
         if isinstance(record, dict):
             if record.get("key") != key:
@@ -761,7 +790,7 @@ class SlurmBackend:
         job_id = self.find_by_comment(key)
         if job_id is not None:
             return self._recorded(folder, key, job_id, "found by its --comment in squeue")
-        if isinstance(record, dict) and record.get("state") == "submitting":
+        if refuse_unsure and isinstance(record, dict) and record.get("state") == "submitting":
             raise RuntimeError(
                 f"a submit with key {key!r} began at {record.get('at')} and may have reached Slurm, but no job with "
                 f"--comment {COMMENT_PREFIX}{key} is visible and it left no exit record in {folder}; it is not "
@@ -799,7 +828,7 @@ class SlurmBackend:
         os.replace(tmp, script)
         atomic_write_json(folder / SUBMIT_RECORD, {"key": key, "state": "submitting", "at": time.time()})
         try:
-            proc = self._run(plan.argv)
+            proc = self._run(plan.argv, cwd=folder)  # the job's WorkDir: the shared job folder
         except SlurmUnavailableError as exc:
             if "not installed" in str(exc):
                 (folder / SUBMIT_RECORD).unlink(missing_ok=True)  # nothing ran: a retry may submit
@@ -843,7 +872,12 @@ class SlurmBackend:
         job_id = handle.native_id
         folder = Path(handle.job_dir) if handle.job_dir else None
         record = exit_record(folder) if folder else None
-        job = self.query(job_id)
+        try:
+            job = self.query(job_id)
+        except SlurmUnavailableError as exc:
+            if record is None:
+                raise
+            return from_record(record, None, note=f"from the job's exit record; Slurm did not answer ({exc})")
         if job is not None:
             if (
                 record is not None
@@ -859,7 +893,7 @@ class SlurmBackend:
         if job is not None:
             return from_slurm(job, record)
         remembered = _remembered(folder, job_id) if folder else None
-        if remembered is not None:
+        if remembered is not None and (record is None or record_is_current(record, remembered)):
             return from_slurm(remembered, record)
         if record is not None:
             return from_record(record, None)
@@ -901,7 +935,7 @@ class SlurmBackend:
             time.sleep(POLL_S)
 
     def logs(self, handle: BackendHandle, process: str = "rank0", *, offset: int = 0, max_bytes: int = 65536) -> str:
-        """Text of one process's log: "main" (the batch output), "rank<r>" (every node's ranks), "torchrun-node<N>"."""
+        """Text of one process's log: "batch" (the batch output), "rank<r>" (every node's ranks), "torchrun-node<N>"."""
         if not handle.job_dir:
             return ""
         path = JobFiles(handle.job_dir).log(process)
@@ -942,6 +976,10 @@ class _SpecReader:
 
     def gpus_per_node(self) -> int:
         per_node = self.integer("gpus_per_node", 0, 0, 64) if self.spec.get("gpus_per_node") is not None else None
+        wanted = self.integer("gpus_wanted", 0, 0, 64) if self.spec.get("gpus_wanted") is not None else None
+        if per_node is not None and wanted is not None and per_node != wanted:
+            raise ValueError(f"gpus_wanted: {wanted} disagrees with gpus_per_node {per_node}; accepted: equal values")
+        per_node = per_node if per_node is not None else wanted
         gpus = self.spec.get("gpus")
         if isinstance(gpus, list):
             count: int | None = len(gpus) if gpus else None
@@ -1129,9 +1167,9 @@ def _ended_reason(native: str, job: SlurmJob | None, record: Mapping[str, Any] |
         said = f" ({job.reason})" if job and job.reason else ""
         return f"the batch script exited with code {code}{said}; see read_job_logs for process main"
     words = ENDED_WORDS.get(native, f"Slurm ended it in state {native}")
-    limit = f" of {job.time_limit}" if job and job.time_limit and native == "TIMEOUT" else ""
-    text = f"{native}: {words}" + (limit and f" (time limit{limit})")
-    return text + (f"; {detail}" if detail else "")
+    limit = f" (time limit {job.time_limit})" if job and job.time_limit and native == "TIMEOUT" else ""
+    failing = record is not None and record.get("rank") is not None
+    return f"{native}: {words}{limit}" + (f"; {detail}" if detail and failing else "")
 
 
 def from_slurm(job: SlurmJob, record: Mapping[str, Any] | None) -> EngineStatus:
@@ -1159,12 +1197,13 @@ def from_slurm(job: SlurmJob, record: Mapping[str, Any] | None) -> EngineStatus:
     )
 
 
-def from_record(record: Mapping[str, Any], job: SlurmJob | None) -> EngineStatus:
+def from_record(record: Mapping[str, Any], job: SlurmJob | None, note: str | None = None) -> EngineStatus:
     native = record_state(record)
     state = map_state(SLURM_STATES, native)
     reason = _ended_reason(native, job, record)
     if job is None:
-        reason = (reason + "; " if reason else "") + "from the job's exit record (Slurm no longer knows the job)"
+        note = note or "from the job's exit record (Slurm no longer knows the job)"
+        reason = (reason + "; " if reason else "") + note
     return EngineStatus(
         state=state,
         native_state=native,
@@ -1244,7 +1283,17 @@ class NodeRankMirror(RankLogMirror):
         self.ranks: dict[tuple[int, int], int] = {}
 
     def learn(self, torchrun_pid: int) -> None:
+        """Read the global ranks of torchrun's workers, while some rank folder's is not known (scanning /proc costs)."""
+        if all((attempt, local) in self.ranks for attempt, local, _ in self._rank_dirs()):
+            return
         self.ranks.update(worker_ranks(torchrun_pid))
+
+    def _rank_dirs(self) -> list[tuple[int, int, Path]]:
+        found = []
+        for attempt, attempt_dir in attempt_dirs(self.log_dir):
+            with contextlib.suppress(OSError):
+                found += [(attempt, int(p.name), p) for p in attempt_dir.iterdir() if p.name.isdigit() and p.is_dir()]
+        return sorted(found)
 
     def rank_of(self, attempt: int, local: int, *, guess: bool) -> int | None:
         if (attempt, local) in self.ranks:
@@ -1258,18 +1307,13 @@ class NodeRankMirror(RankLogMirror):
         return earlier[-1] if earlier else self.node * self.nproc + local
 
     def sync(self, *, final: bool = False) -> None:
-        for attempt, attempt_dir in attempt_dirs(self.log_dir):
-            try:
-                ranks = sorted(int(p.name) for p in attempt_dir.iterdir() if p.name.isdigit() and p.is_dir())
-            except OSError:
-                continue
-            for local in ranks:
-                rank = self.rank_of(attempt, local, guess=final)
-                if rank is None:
-                    continue
-                self.log_path(f"rank{rank}").touch(exist_ok=True)
-                for stream in ("stdout.log", "stderr.log"):
-                    self._copy(attempt, rank, attempt_dir / str(local) / stream, final)
+        for attempt, local, rank_dir in self._rank_dirs():
+            rank = self.rank_of(attempt, local, guess=final)
+            if rank is None:
+                continue  # copied once its global rank is known
+            self.log_path(f"rank{rank}").touch(exist_ok=True)
+            for stream in ("stdout.log", "stderr.log"):
+                self._copy(attempt, rank, rank_dir / stream, final)
 
 
 def _tail(path: Path, limit: int = 64 * 1024) -> str:
@@ -1380,7 +1424,12 @@ def _node_records(job_dir: Path) -> list[dict[str, Any]]:
 
 
 def write_exit_record(
-    job_dir: Path, exit_code: int, signal_name: str = "", *, env: Mapping[str, str] | None = None
+    job_dir: Path,
+    exit_code: int,
+    signal_name: str = "",
+    *,
+    started_at: float | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The job's exit record (runs at the end of the batch script): how it ended, and why, in one file."""
     env = env if env is not None else os.environ
@@ -1390,6 +1439,7 @@ def write_exit_record(
         "job_id": job_id,
         "exit_code": exit_code,
         "signal": signal_name or None,
+        "started_at": started_at,
         "ended_at": time.time(),
         "restart_count": int(env.get("SLURM_RESTART_COUNT", "0") or 0),
         "source": "exit-record",
@@ -1426,7 +1476,7 @@ def write_exit_record(
             record["reason"] = failed[0]["reason"]
             record["rank"], record["node"] = failed[0].get("rank"), failed[0].get("node")
         else:
-            tail = [ln.strip() for ln in _tail(job_dir / "logs" / "main.log", 8192).splitlines() if ln.strip()]
+            tail = [ln.strip() for ln in _tail(job_dir / "logs" / "batch.log", 8192).splitlines() if ln.strip()]
             record["reason"] = (
                 f"srun exited with code {exit_code}: {tail[-1] if tail else 'no output'}; see read_job_logs for "
                 "process main"
@@ -1451,13 +1501,14 @@ def main(argv: list[str] | None = None) -> int:
     record.add_argument("--job-dir", required=True, type=Path)
     record.add_argument("--exit-code", required=True, type=int)
     record.add_argument("--signal", default="")
+    record.add_argument("--started-at", type=float, default=None)
     args = parser.parse_args(argv)
     if args.command == "node":
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         if not cmd:
             parser.error("node: the torchrun command is missing after --")
         return run_node(args.job_dir, args.nproc_per_node, cmd, args.max_log_bytes)
-    write_exit_record(args.job_dir, args.exit_code, args.signal)
+    write_exit_record(args.job_dir, args.exit_code, args.signal, started_at=args.started_at)
     return 0
 
 

@@ -66,6 +66,7 @@ DENIED_ENV = frozenset(
 )
 DENIED_ENV_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_")
 DENIED_ENV_SUFFIXES = ("_PLUGIN", "_PATH", "_LIB", "_LIBS", "_LIBRARY", "_HOME", "_DIR", "_PRELOAD")
+SLURM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 
 
@@ -86,7 +87,7 @@ class TrainingJobSpec(BaseModel):
     nproc_per_node: int | None = Field(
         default=None, ge=1, le=64, description="Processes (ranks) on the node; default: the GPUs present, else 1"
     )
-    nnodes: int = Field(default=1, ge=1, le=1, description="Nodes; local and ray run one")
+    nnodes: int = Field(default=1, ge=1, le=64, description="Nodes: more than one on slurm only")
     gpus_per_node: int | None = Field(
         default=None,
         ge=0,
@@ -114,10 +115,20 @@ class TrainingJobSpec(BaseModel):
     idempotency_key: Annotated[str, Field(pattern=KEY_PATTERN)] | None = Field(
         default=None, description="A retried submit with the same key returns the first job instead of starting another"
     )
-    backend: Literal["local", "ray"] = Field(
+    backend: Literal["local", "ray", "slurm"] = Field(
         default="local",
-        description="Where to run: local (torchrun here) or ray (a Ray cluster through its Jobs API, "
-        "LLM_INFRA_MCP_RAY_ADDRESS)",
+        description="Where to run: local (torchrun here), ray (a Ray cluster's Jobs API, LLM_INFRA_MCP_RAY_ADDRESS) "
+        "or slurm (sbatch; nnodes > 1 there)",
+    )
+    partition: Annotated[str, Field(pattern=SLURM_NAME)] | None = Field(default=None, description="Slurm partition")
+    account: Annotated[str, Field(pattern=SLURM_NAME)] | None = Field(default=None, description="Slurm account")
+    qos: Annotated[str, Field(pattern=SLURM_NAME)] | None = Field(default=None, description="Slurm QOS")
+    constraint: Annotated[str, Field(max_length=2048)] | None = Field(
+        default=None, description="Slurm --constraint (features joined by & | ,)"
+    )
+    exclude: Annotated[str, Field(max_length=1024)] | None = Field(default=None, description="Slurm nodes to avoid")
+    dependency: Annotated[str, Field(pattern=r"^[0-9]{1,12}$")] | None = Field(
+        default=None, description="Start after this Slurm job succeeded (--dependency=afterok:ID)"
     )
 
 
@@ -445,6 +456,11 @@ def plan(
     """Check everything and describe exactly what would run. No side effects beyond the signing key file."""
     script, recipe, expected = resolve_script(settings, spec)
     check_env(spec.env)
+    if spec.nnodes > 1 and spec.backend != "slurm":
+        raise InputError(f"nnodes: {spec.nnodes} nodes; accepted: 1 on the {spec.backend} backend (more on slurm)")
+    slurm_only = [f for f in ("partition", "account", "qos", "constraint", "exclude", "dependency") if getattr(spec, f)]
+    if slurm_only and spec.backend != "slurm":
+        raise InputError(f"{', '.join(slurm_only)}: Slurm options; accepted with backend 'slurm' only")
     warnings: list[str] = []
     remote = spec.backend != "local"
     if remote:  # the cluster's machines, not this one: the engine places and limits the ranks
@@ -524,6 +540,8 @@ def plan(
         "max_wall_s": spec.max_wall_s,
         "gpus_per_node": gpus,
         "nnodes": spec.nnodes,
+        "idempotency_key": spec.idempotency_key,
+        **{f: getattr(spec, f) for f in ("partition", "account", "qos", "constraint", "exclude", "dependency")},
         "recipe": recipe,
         "name": spec.name,
         "tags": list(spec.tags),
@@ -532,7 +550,7 @@ def plan(
         backend_plan = (backend or _default_backend()).plan(backend_spec, settings)
     except ValueError as exc:
         raise InputError(str(exc)) from exc
-    estimated = gpus * spec.max_wall_s / 3600
+    estimated = gpus * spec.nnodes * spec.max_wall_s / 3600
     if any(a.strip().startswith(("$(", "`")) or ";" in a or "&&" in a or "|" in a for a in spec.args):
         warnings.append("some args look like shell syntax: they reach the script as literal strings, no shell runs")
     digest = plan_digest(normalised, backend_plan)

@@ -1,0 +1,60 @@
+"""Training on Slurm through the MCP tools: the launch server plans through the Slurm backend (the batch script is in
+the plan), a job of the engine here follows the Slurm job (its state and pending reason, rank logs of every node and
+metrics in the job folder), a cancel scancels it; bad inputs start nothing. Against the session's real two-node
+cluster (tests/conftest.py `slurm_cluster`)."""
+
+from pathlib import Path
+
+import pytest
+from mcp import Client
+
+from servers.core.mcp_layer import App
+from tests.helpers import call_error as error
+from tests.helpers import call_ok as ok
+from tests.helpers import create_test_suite, finish_job
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
+
+
+async def test_tiny_gpt_on_two_slurm_nodes_through_the_tools(app: App, slurm_cluster: Path) -> None:
+    spec = {"recipe": "tiny-gpt", "args": ["--steps", "20", "--log-every", "5"], "nproc_per_node": 1}
+    spec |= {"nnodes": 2, "backend": "slurm", "max_wall_s": 600}
+    async with Client(create_test_suite(app), mode="legacy") as client:
+        plan = await ok(client, "plan_training_job", {"spec": spec})
+        assert "#SBATCH --nodes=2" in plan["rendered"] and "srun" in plan["rendered"]
+        job = await ok(client, "submit_training_job", {"plan_token": plan["plan_token"], "wait_s": 0})
+        done = await finish_job(client, job["job_id"], 240)
+        assert done["state"] == "SUCCEEDED", done["reason"]
+        assert done["result"]["backend"] == "slurm"
+        logs = {entry["process"] for entry in done["logs"]}
+        assert {"rank0", "rank1", "batch"} <= logs, logs
+        rows = (await ok(client, "read_job_metrics", {"job_id": job["job_id"], "keys": ["loss"]}))["rows"]
+        assert [r["step"] for r in rows if r.get("loss") is not None][:4] == [5, 10, 15, 20]
+        backends = {b["name"]: b for b in (await ok(client, "list_backends", {}))["backends"]}
+        assert backends["slurm"]["detected"] and backends["slurm"]["launch_supported"]
+
+
+async def test_a_job_that_cannot_be_placed_shows_why_and_is_cancelled(app: App, slurm_cluster: Path) -> None:
+    spec = {"recipe": "tiny-gpt", "nproc_per_node": 1, "nnodes": 3, "backend": "slurm", "max_wall_s": 600}
+    async with Client(create_test_suite(app), mode="legacy") as client:
+        job = await ok(client, "submit_training_job", {"spec": spec, "wait_s": 6})
+        assert not job["finished"], job["reason"]
+        assert "PENDING" in (job["progress"] or {}).get("message", ""), job["progress"]
+        cancelled = await ok(client, "cancel_job", {"job_id": job["job_id"]})
+        assert cancelled["state"] == "CANCELLED", cancelled["reason"]
+
+
+async def test_slurm_bad_inputs_submit_nothing(app: App, slurm_cluster: Path) -> None:
+    async with Client(create_test_suite(app), mode="legacy") as client:
+        local = {"recipe": "tiny-gpt", "nnodes": 2}
+        assert "accepted: 1 on the local backend" in await error(client, "plan_training_job", {"spec": local})
+        wrap = {"recipe": "tiny-gpt", "backend": "slurm", "args": ["--wrap", "id"]}
+        assert "--wrap" in await error(client, "submit_training_job", {"spec": wrap})
+        name = {"recipe": "tiny-gpt", "backend": "slurm", "name": "x\n#SBATCH --uid=0"}
+        assert "name" in await error(client, "submit_training_job", {"spec": name})
+        unknown = {"recipe": "tiny-gpt", "backend": "slurm", "partition": "nosuchpart"}
+        assert "nosuchpart" in await error(client, "submit_training_job", {"spec": unknown})
+        assert "Slurm options" in await error(
+            client, "plan_training_job", {"spec": {"recipe": "tiny-gpt", "qos": "hi"}}
+        )
+        assert (await ok(client, "list_jobs", {}))["total"] == 0
