@@ -58,3 +58,53 @@ async def test_slurm_bad_inputs_submit_nothing(app: App, slurm_cluster: Path) ->
             client, "plan_training_job", {"spec": {"recipe": "tiny-gpt", "qos": "hi"}}
         )
         assert (await ok(client, "list_jobs", {}))["total"] == 0
+
+
+async def test_a_lost_follower_is_replaced_and_the_slurm_job_runs_once(
+    app: App, slurm_cluster: Path, tmp_path: Path
+) -> None:
+    """The processes here that follow a Slurm job are killed (SIGKILL): the next look at the job starts a new
+    follower, which finds the Slurm job by its key instead of submitting it again, and the job ends SUCCEEDED."""
+    import json
+    import os
+    import shutil
+    import signal
+    import time
+
+    from servers.core.procs import ProcessIdentity
+
+    script = tmp_path / "scripts" / "wait_go.py"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(__file__).parent / "fixtures" / "launch" / "wait_go.py", script)
+    go = tmp_path / "go"
+    spec = {"script": str(script), "nproc_per_node": 1, "backend": "slurm", "env": {"JOB_GO_FILE": str(go)}}
+    async with Client(create_test_suite(app), mode="legacy") as client:
+        job = await ok(client, "submit_training_job", {"spec": spec, "wait_s": 0})
+        job_dir = Path(app.engine.get(job["job_id"]).job_dir)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "waiting" not in _text(job_dir / "logs" / "rank0.log"):
+            time.sleep(0.3)
+        assert "waiting" in _text(job_dir / "logs" / "rank0.log"), _text(job_dir / "logs" / "batch.log")
+        submitted = json.loads((job_dir / "slurm-submit.json").read_text())
+        record = app.engine.store.get(job["job_id"])
+        assert record is not None and record.worker_pid and record.supervisor_pid
+        followers = [ProcessIdentity.of(record.supervisor_pid), ProcessIdentity.of(record.worker_pid)]
+        os.killpg(record.worker_pid, signal.SIGKILL)
+        os.kill(record.supervisor_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(p.is_alive() for p in followers):
+            time.sleep(0.1)
+        view = await ok(client, "get_job", {"job_id": job["job_id"]})
+        assert not view["finished"] and "follows the work again" in view["reason"], view["reason"]
+        go.touch()
+        done = await finish_job(client, job["job_id"], 180)
+        assert done["state"] == "SUCCEEDED", done["reason"]
+        assert json.loads((job_dir / "slurm-submit.json").read_text()) == submitted  # submitted once
+        assert _text(job_dir / "logs" / "rank0.log").count("rank 0 done") == 1
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""

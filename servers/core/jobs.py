@@ -13,6 +13,7 @@ own record of the end, written just before the row), then the worker's result.js
 """
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -45,6 +46,7 @@ from servers.core.settings import Settings
 from servers.core.supervisor import child_command
 
 JOB_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,95}$"
+MAX_FOLLOWERS = 5  # times a resumable job is taken up again after its processes here were lost
 # A job row written but whose supervisor never recorded a pid: give the starting server this long.
 _SPAWN_GRACE_S = 30.0
 # How long a cancel waits for a supervisor that has not yet installed its signal handlers.
@@ -68,6 +70,9 @@ class JobKind:
     # listens on every interface) runs in a network namespace of its own with only loopback, unless the person
     # chose the host's network (LLM_INFRA_MCP_JOB_NETWORK=host). See servers/core/netns.py.
     isolated_network: bool = False
+    # Work that only follows something running elsewhere (a cluster's job): if its processes here are lost, a new
+    # supervisor takes it up again (the work must find what it started, e.g. by an idempotent keyed submit).
+    resumable: bool = False
 
 
 def _number(value: Any) -> Any:
@@ -238,21 +243,7 @@ class JobEngine:
                     "owner": self.owner,
                 },
             )
-            with open(files.log("supervisor"), "ab") as supervisor_log:
-                child = subprocess.Popen(
-                    child_command(
-                        "servers.core.supervisor",
-                        str(files.dir),
-                        str(self.settings.db_path),
-                        str(self.settings.cancel_grace_s),
-                    ),
-                    stdin=subprocess.DEVNULL,
-                    stdout=supervisor_log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # not in the server's group: a signal to the server spares the job
-                    cwd=files.dir,
-                    env={**os.environ, **self._child_env},
-                )
+            child = self._spawn_supervisor(files)
         except OSError as exc:
             self.store.update(
                 job_id,
@@ -273,6 +264,54 @@ class JobEngine:
         )
         self.store.update(job_id, only_in=frozenset({JobState.QUEUED}), state=JobState.STARTING)
         return self._must_get(job_id)
+
+    def _spawn_supervisor(self, files: JobFiles) -> "subprocess.Popen[bytes]":
+        with open(files.log("supervisor"), "ab") as supervisor_log:
+            return subprocess.Popen(
+                child_command(
+                    "servers.core.supervisor",
+                    str(files.dir),
+                    str(self.settings.db_path),
+                    str(self.settings.cancel_grace_s),
+                ),
+                stdin=subprocess.DEVNULL,
+                stdout=supervisor_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # not in the server's group: a signal to the server spares the job
+                cwd=files.dir,
+                env={**os.environ, **self._child_env},
+            )
+
+    def _follow_again(self, record: JobRecord, files: JobFiles) -> bool:
+        """Start a new supervisor for a resumable job whose processes here were lost (at most MAX_FOLLOWERS
+        times); False when it may not or cannot be."""
+        marker = files.dir / "followers.json"
+        try:
+            count = int(json.loads(marker.read_text()).get("count", 0))
+        except (OSError, ValueError, AttributeError, TypeError):
+            count = 0
+        if count >= MAX_FOLLOWERS:
+            return False
+        try:
+            atomic_write_json(marker, {"count": count + 1, "at": time.time()})
+            child = self._spawn_supervisor(files)
+        except OSError:
+            return False
+        self._children[record.id] = child
+        lost = f"supervisor pid {record.supervisor_pid}, worker pid {record.worker_pid}"
+        self.store.update(
+            record.id,
+            only_if_active=True,
+            supervisor_pid=child.pid,
+            supervisor_start=process_start_time(child.pid),
+            worker_pid=None,
+            worker_start=None,
+            supervisor_ready=False,
+            boot_id=boot_id(),
+            reason=f"its processes here were lost ({lost}); a new supervisor follows the work again "
+            f"(time {count + 1} of at most {MAX_FOLLOWERS})",
+        )
+        return True
 
     def _network(self, kind: JobKind) -> str:
         """'isolated' (the worker enters a private network namespace) or 'host'; refuses when isolation is due
@@ -507,6 +546,9 @@ class JobEngine:
                 self.store.update(record.id, only_if_active=True, reason=note)
             return self._must_get(record.id)
         state, exit_code, reason = self._vanished_outcome(current, files, exit_problem)
+        kind = self.kinds.get(current.kind)
+        if state is JobState.LOST and kind is not None and kind.resumable and self._follow_again(current, files):
+            return self._must_get(record.id)
         self.store.update(
             record.id, only_if_active=True, state=state, exit_code=exit_code, ended_at=time.time(), reason=reason
         )

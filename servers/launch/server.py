@@ -39,7 +39,12 @@ JOB_KINDS = [
     JobKind(
         TRAINING_KIND, "servers.launch.local:run_training_job", "torchrun of a recipe or script", default_timeout_s=3600
     ),
-    JobKind(REMOTE_KIND, "servers.launch.remote:run_remote_job", "a training job on a cluster engine, followed here"),
+    JobKind(
+        REMOTE_KIND,
+        "servers.launch.remote:run_remote_job",
+        "a training job on a cluster engine, followed here",
+        resumable=True,  # its follower can be lost: a new one finds the cluster's job by its key
+    ),
 ]
 STALE_CLAIM_S = 120.0  # an idempotency key claimed this long ago without a job: its submit died
 PLAN_TOKEN_PATTERN = r"^[A-Za-z0-9_\-]+\.[0-9a-f]{32}$"
