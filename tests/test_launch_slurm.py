@@ -108,3 +108,53 @@ def _text(path: Path) -> str:
         return path.read_text(errors="replace")
     except OSError:
         return ""
+
+
+async def test_a_slurm_job_survives_a_sigkilled_server_and_ends_exact_after_restart(
+    home: Path, slurm_cluster: Path
+) -> None:
+    """The launch server (a real stdio subprocess) is SIGKILLed while its Slurm job runs; a new server finds the
+    job, and its end is exact once it is over (SUCCEEDED, the metrics complete)."""
+    import os
+
+    import anyio
+    from mcp.client.stdio import StdioServerParameters
+
+    from tests.conftest import PYTHON, REPO_ROOT, server_env
+    from tests.test_stdio import kill_and_wait
+
+    env = server_env(home, SLURM_CONF=os.environ["SLURM_CONF"])
+    code = (
+        "import os, sys; print(os.getpid(), file=open(sys.argv[1], 'w'), flush=True); "
+        "from tests.helpers import create_test_suite; create_test_suite().run()"
+    )
+    params = StdioServerParameters(
+        command=PYTHON, args=["-c", code, str(home.parent / "server.pid")], env=env, cwd=str(REPO_ROOT)
+    )
+    spec = {"recipe": "tiny-gpt", "args": ["--steps", "60", "--log-every", "5"], "nproc_per_node": 1}
+    spec |= {"backend": "slurm", "nnodes": 2, "max_wall_s": 600}
+    job: dict = {}
+    killed = False
+    try:
+        async with Client(params, mode="legacy") as client:
+            pid = int((home.parent / "server.pid").read_text())
+            result = await client.call_tool("submit_training_job", {"spec": spec, "wait_s": 0})
+            assert not result.is_error, result.content[0].text
+            job = result.structured_content
+            for _ in range(600):
+                view = (await client.call_tool("get_job", {"job_id": job["job_id"]})).structured_content
+                if view["state"] == "RUNNING" and "RUNNING" in ((view["progress"] or {}).get("message") or ""):
+                    break
+                await anyio.sleep(0.2)
+            kill_and_wait(pid)
+            killed = True
+            await client.list_tools()
+    except BaseException:
+        if not killed:
+            raise
+    assert job
+    async with Client(params, mode="legacy") as client:
+        final = await finish_job(client, job["job_id"], 240)
+        assert final["state"] == "SUCCEEDED", final["reason"]
+        rows = (await client.call_tool("read_job_metrics", {"job_id": job["job_id"]})).structured_content["rows"]
+        assert [r["step"] for r in rows if r.get("loss") is not None and r.get("split") == "train"][-1] == 60
