@@ -6,6 +6,8 @@ submit-to-SUCCEEDED (COMPLETED) of:
   raw-srun      sbatch of a hand-written `srun python quick.py`, polled by hand (`squeue -h -j ID -t all -o %T`)
   raw-torchrun  the same with `srun python -m torch.distributed.run --nnodes N ... quick.py` (SlurmBackend's work)
   backend       SlurmBackend.plan + submit, polled with SlurmBackend.status (scontrol; the exit record)
+  mcp-tools     submit_training_job (backend slurm) through an in-process MCP client to the launch server, polled
+                with get_job: the whole path an agent takes (plan, checks, the job engine's follower, the backend)
 
 Every variant is polled every --poll-s seconds and starts on idle nodes; runs are interleaved (rotated); medians
 are reported with the ratios backend / raw-srun and backend / raw-torchrun. Without SLURM_CONF it starts a cluster of
@@ -102,6 +104,38 @@ def time_backend(backend: SlurmBackend, nodes: int, poll_s: float, run: int) -> 
         time.sleep(poll_s)
 
 
+def time_mcp(folder: Path, nodes: int, poll_s: float) -> tuple[float, float]:
+    """submit_training_job through an in-process MCP client until get_job says RUNNING on Slurm, then SUCCEEDED."""
+    import anyio
+    from mcp import Client
+
+    from servers.core.mcp_layer import App
+    from servers.core.settings import Settings
+    from servers.launch.server import create_server
+
+    settings = Settings(home=folder / "mcp-state", allowed_roots=[ROOT], cancel_grace_s=2.0)
+    spec = {"script": str(QUICK), "nnodes": nodes, "nproc_per_node": 1, "max_wall_s": 300, "backend": "slurm"}
+
+    async def run() -> tuple[float, float]:
+        async with Client(create_server(App(settings, owner="bench")), mode="legacy") as client:
+            start = time.perf_counter()
+            job = (await client.call_tool("submit_training_job", {"spec": spec, "wait_s": 0})).structured_content
+            running = None
+            while True:
+                view = (await client.call_tool("get_job", {"job_id": job["job_id"]})).structured_content
+                now = time.perf_counter() - start
+                message = (view.get("progress") or {}).get("message") or ""
+                if running is None and ("slurm RUNNING" in message or view["state"] == "SUCCEEDED"):
+                    running = now
+                if view["state"] == "SUCCEEDED":
+                    return running or now, now
+                if view["finished"] or now > 300:
+                    raise RuntimeError(f"MCP job {job['job_id']} ended {view['state']}: {view['reason']}")
+                await anyio.sleep(poll_s)
+
+    return anyio.run(run)
+
+
 def wait_idle(nodes: int, limit_s: float = 60) -> None:
     """Until every node is idle again (the previous job's nodes are released), so no variant waits for another."""
     deadline = time.monotonic() + limit_s
@@ -138,12 +172,14 @@ def main() -> None:
                 "raw-srun": lambda run: time_raw(raw_script(folder, args.nodes, False), args.poll_s),
                 "raw-torchrun": lambda run: time_raw(raw_script(folder, args.nodes, True), args.poll_s),
                 "backend": lambda run: time_backend(backend, args.nodes, args.poll_s, run),
+                "mcp-tools": lambda run: time_mcp(folder, args.nodes, args.poll_s),
             }
             times: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
             variants["backend"](-1)  # warm-up: imports, page cache
             names = list(variants)
             for run in range(args.runs):
-                for name in names[run % 3 :] + names[: run % 3]:  # rotated, so that no variant always goes first
+                shift = run % len(names)
+                for name in names[shift:] + names[:shift]:  # rotated, so that no variant always goes first
                     wait_idle(args.nodes)
                     times[name].append(variants[name](run))
             print(f"{args.nodes} node(s), {args.runs} runs, polled every {args.poll_s:g} s; medians in seconds")
@@ -155,10 +191,11 @@ def main() -> None:
             for name, (to_run, to_end) in med.items():
                 low_run, low_end = min(t[0] for t in times[name]), min(t[1] for t in times[name])
                 print(f"{name:<14}{to_run:>12.2f}{to_end:>14.2f}{low_run:>13.2f}{low_end:>15.2f}")
-            for base in ("raw-srun", "raw-torchrun"):
-                r = med["backend"][0] / med[base][0]
-                e = med["backend"][1] / med[base][1]
-                print(f"ratio backend / {base}: to RUNNING {r:.2f}x, to SUCCEEDED {e:.2f}x")
+            for ours in ("backend", "mcp-tools"):
+                for base in ("raw-srun", "raw-torchrun"):
+                    r = med[ours][0] / med[base][0]
+                    e = med[ours][1] / med[base][1]
+                    print(f"ratio {ours} / {base}: to RUNNING {r:.2f}x, to SUCCEEDED {e:.2f}x")
         finally:
             if started_cluster is not None:
                 subprocess.run(["scancel", "--user", str(os.getuid())], capture_output=True)

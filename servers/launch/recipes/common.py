@@ -80,6 +80,14 @@ def setup_distributed() -> Dist:
     return Dist(rank, local_rank, world, device, backend, restarts)
 
 
+def finish_distributed() -> None:
+    """After a run that ended well on this rank: wait for every rank (rank 0 may still evaluate or save) before
+    the group is torn down; a rank that tears gloo down while another still uses it can abort. Not for failures:
+    a rank that failed must not wait for the others."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
 def cleanup_distributed() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

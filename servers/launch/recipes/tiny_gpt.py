@@ -161,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--heads {args.heads} must divide --d-model {args.d_model}")
     d = common.setup_distributed()
     try:
-        return train(args, d)
+        code = train(args, d)
+        common.finish_distributed()
+        return code
     finally:
         common.cleanup_distributed()
 

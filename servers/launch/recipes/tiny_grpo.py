@@ -123,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--group-size must be at least 2 (advantages are relative to the group)")
     d = common.setup_distributed()
     try:
-        return train(args, d)
+        code = train(args, d)
+        common.finish_distributed()
+        return code
     finally:
         common.cleanup_distributed()
 
