@@ -10,9 +10,7 @@ starts nothing twice, and every job's spec carries the sweep id: list_jobs and w
 Plain module; the MCP layer is server.py.
 """
 
-import base64
 import hashlib
-import hmac
 import itertools
 import json
 import re
@@ -22,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from servers.core.errors import InputError, QuotaError
 from servers.core.settings import Settings
-from servers.launch.training import TrainingJobSpec, TrainingPlan, _signing_key
+from servers.launch.training import TrainingJobSpec, TrainingPlan, sign, unsign
 
 MAX_RUNS = 64
 SWEEP_ID_PATTERN = r"^sweep-[0-9a-f]{16}$"
@@ -102,22 +100,12 @@ def sweep_digest(base: TrainingJobSpec, plans: list[TrainingPlan]) -> str:
 
 
 def make_token(settings: Settings, base: TrainingJobSpec, runs: list[list[str]], digest: str) -> str:
-    payload = json.dumps({"base": base.model_dump(mode="json"), "runs": runs, "sweep": digest}, sort_keys=True)
-    body = base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
-    signature = hmac.new(_signing_key(settings), b"sweep:" + body.encode(), hashlib.sha256).hexdigest()[:32]
-    return f"{body}.{signature}"
+    return sign(settings, "sweep", {"base": base.model_dump(mode="json"), "runs": runs, "sweep": digest})
 
 
 def read_token(settings: Settings, token: str) -> tuple[TrainingJobSpec, list[list[str]], str]:
-    body, _, signature = token.rpartition(".")
-    expected = hmac.new(_signing_key(settings), b"sweep:" + body.encode(), hashlib.sha256).hexdigest()[:32]
-    if not body or not hmac.compare_digest(signature, expected):
-        raise InputError(
-            "sweep_token is not valid here: it was not made by plan_sweep on this state directory, or it "
-            "was altered; plan the sweep again"
-        )
+    data = unsign(settings, "sweep", token, name="sweep_token", remedy="plan the sweep again with plan_sweep")
     try:
-        data = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
         return TrainingJobSpec.model_validate(data["base"]), [list(r) for r in data["runs"]], str(data["sweep"])
     except (ValueError, KeyError, TypeError):
         raise InputError("sweep_token cannot be decoded; plan the sweep again") from None

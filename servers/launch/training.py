@@ -218,27 +218,40 @@ def plan_digest(spec: TrainingJobSpec, backend_plan: BackendPlan) -> str:
     return hashlib.sha256((canonical(spec) + "\n" + plan_json).encode()).hexdigest()[:16]
 
 
-def make_token(settings: Settings, spec: TrainingJobSpec, digest: str) -> str:
-    payload = json.dumps({"spec": spec.model_dump(mode="json"), "plan": digest}, sort_keys=True, separators=(",", ":"))
-    body = base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
-    signature = hmac.new(_signing_key(settings), body.encode(), hashlib.sha256).hexdigest()[:32]
+def sign(settings: Settings, purpose: str, payload: dict[str, Any]) -> str:
+    """A self-contained token: the payload (canonical JSON, base64url) and an HMAC over it and its purpose, with
+    the key of this state directory. `purpose` keeps a token of one kind from standing for another."""
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    body = base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+    signature = hmac.new(_signing_key(settings), f"{purpose}:{body}".encode(), hashlib.sha256).hexdigest()[:32]
     return f"{body}.{signature}"
 
 
-def spec_from_token(settings: Settings, token: str) -> tuple[TrainingJobSpec, str]:
-    """The spec a token was made for and the id of the plan it bound (checked against a fresh plan at submit)."""
+def unsign(settings: Settings, purpose: str, token: str, *, name: str, remedy: str) -> dict[str, Any]:
+    """The payload of a token made by `sign` for `purpose`; InputError naming the token and the remedy otherwise."""
     body, _, signature = token.rpartition(".")
-    expected = hmac.new(_signing_key(settings), body.encode(), hashlib.sha256).hexdigest()[:32]
+    expected = hmac.new(_signing_key(settings), f"{purpose}:{body}".encode(), hashlib.sha256).hexdigest()[:32]
     if not body or not hmac.compare_digest(signature, expected):
         raise InputError(
-            "plan_token is not valid here: it was not made by plan_training_job on this state "
-            "directory, or it was altered; make a new plan"
+            f"{name} is not valid here: it was not made on this state directory, or it was altered; {remedy}"
         )
     try:
         data = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
     except ValueError:
-        raise InputError("plan_token cannot be decoded; make a new plan") from None
-    if not isinstance(data, dict) or not isinstance(data.get("plan"), str) or not isinstance(data.get("spec"), dict):
+        raise InputError(f"{name} cannot be decoded; {remedy}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{name} is not one this version makes; {remedy}")
+    return data
+
+
+def make_token(settings: Settings, spec: TrainingJobSpec, digest: str) -> str:
+    return sign(settings, "plan", {"spec": spec.model_dump(mode="json"), "plan": digest})
+
+
+def spec_from_token(settings: Settings, token: str) -> tuple[TrainingJobSpec, str]:
+    """The spec a token was made for and the id of the plan it bound (checked against a fresh plan at submit)."""
+    data = unsign(settings, "plan", token, name="plan_token", remedy="make a new plan with plan_training_job")
+    if not isinstance(data.get("plan"), str) or not isinstance(data.get("spec"), dict):
         raise InputError("plan_token is from an older version; make a new plan")
     return TrainingJobSpec.model_validate(data["spec"]), data["plan"]
 
