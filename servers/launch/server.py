@@ -200,8 +200,9 @@ def register(server: MCPServer, app: App) -> None:
         ] = None,
         wait_s: WaitS = 20,
     ) -> Annotated[CallToolResult, JobView]:
-        """Start a training job with torchrun (locally; one process per rank, gloo on CPU, one GPU per rank on
-        GPUs) under the job engine: per-rank logs, metrics, checkpoints and restarts survive server restarts.
+        """Start a training job with torchrun: here (one process per rank, gloo on CPU, one GPU per rank), or on a
+        Slurm or Ray cluster (spec.backend), followed by the job engine: per-rank logs, metrics, checkpoints and
+        restarts survive server restarts.
         Above the GPU-hour threshold the person is asked first; a client that cannot ask gives the plan_token
         from plan_training_job and the person approves that plan in a terminal (the error says the command). With
         an idempotency_key a retried submit returns the first job. Returns the job after wait_s (or its result if
