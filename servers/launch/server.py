@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from servers.core.assemble import ServerPart, build_server
 from servers.core.errors import InputError
 from servers.core.jobs import JobKind
-from servers.core.jobstore import ACTIVE_STATES, JobRecord
+from servers.core.jobstore import JobRecord
 from servers.core.jobview import JobView
 from servers.core.mcp_layer import App, WaitS, agent_tool, client_name, in_thread, summarize_job, tool_result
 from servers.launch.backends import BackendStatus, detect_all
@@ -79,24 +79,23 @@ class Confirmation(BaseModel):
     confirm: bool = Field(description="Start this training job")
 
 
-def gpus_in_use(app: App) -> int:
-    """GPUs held by active training jobs (their spec records the assignment)."""
-    return sum(
-        len(record.spec.get("gpus") or [])
-        for record in app.engine.reconcile_all()
-        if record.kind == TRAINING_KIND and record.state in ACTIVE_STATES
-    )
+def gpus_in_use(active: list[JobRecord]) -> int:
+    """GPUs held by the active training jobs among `active` (their spec records the assignment)."""
+    return sum(len(record.spec.get("gpus") or []) for record in active if record.kind == TRAINING_KIND)
 
 
-def make_plan(app: App, spec: TrainingJobSpec) -> TrainingPlan:
+def make_plan(
+    app: App, spec: TrainingJobSpec, *, present: int | None = None, in_use: int | None = None
+) -> TrainingPlan:
+    """The training plan of `spec`; `present` and `in_use` (GPUs here, GPUs held) are asked when not given."""
     from servers.core.machine import gpus_present
     from servers.launch import training
 
     return training.plan(
         app.settings,
         spec,
-        gpus_present=gpus_present(),
-        gpus_in_use=gpus_in_use(app),
+        gpus_present=gpus_present() if present is None else present,
+        gpus_in_use=gpus_in_use(app.engine.reconcile_all()) if in_use is None else in_use,
         backend=backend_for(app, spec.backend),
     )
 
@@ -241,21 +240,13 @@ def register(server: MCPServer, app: App) -> None:
                 raise ToolError(
                     f"not started: the person declined the launch ({plan.estimated_gpu_hours:.3g} GPU-hours at most)"
                 )
-        if keys is not None and not await in_thread(keys.claim, normalised.idempotency_key, spec_hash(normalised)):
-            if approval_taken:
-                await in_thread(Approvals(app.settings).used, plan.plan_id, None)
-            raise InputError("another submit with this idempotency_key got there first; get_job to follow it")
         try:
-            record = await in_thread(start_training, app, plan, normalised)
+            record = await in_thread(start_keyed, app, keys, plan, normalised)
         except BaseException:
-            if keys is not None:
-                await in_thread(keys.release, normalised.idempotency_key)
             if approval_taken:
                 await in_thread(Approvals(app.settings).used, plan.plan_id, None)
             raise
         view = job_view_of(app, record.id)
-        if keys is not None:
-            await in_thread(keys.bind, normalised.idempotency_key, view.job_id)
         if approval_taken:
             await in_thread(Approvals(app.settings).used, plan.plan_id, view.job_id)
         audit.record(
@@ -479,40 +470,34 @@ def make_sweep(
 
 
 def make_sweep_from_runs(app: App, base: TrainingJobSpec, runs: list[list[str]]) -> SweepPlan:
+    from servers.core.machine import gpus_present
     from servers.launch import sweeps
 
-    active = app.engine.reconcile_all()
+    active = app.engine.reconcile_all()  # once for the whole sweep, not once per run
+    present, in_use = gpus_present(), gpus_in_use(active)
     return sweeps.build(
         app.settings,
         base,
         runs,
-        lambda run_spec: make_plan(app, run_spec),
+        lambda run_spec: make_plan(app, run_spec, present=present, in_use=in_use),
         active_jobs=len(active),
-        gpus_in_use=gpus_in_use(app),
+        gpus_in_use=in_use,
     )
 
 
 def start_sweep(app: App, swept: SweepPlan) -> list[str]:
     """Every run as its own job, keyed <sweep id>-<index>: runs already started are found, not started again."""
-    from servers.launch.training import IdempotencyKeys, spec_hash
+    from servers.launch.training import IdempotencyKeys
 
     keys = IdempotencyKeys(app.settings)
     job_ids: list[str] = []
     for run in swept.runs:
         spec = TrainingJobSpec.model_validate(run.plan.spec).model_copy(update={"idempotency_key": run.idempotency_key})
         found = existing_job(app, keys, spec)
-        if found is not None:
-            job_ids.append(found)
-            continue
-        if not keys.claim(run.idempotency_key, spec_hash(spec)):
-            raise InputError(f"run {run.index} of the sweep is being submitted by another call right now")
-        try:
-            record = start_training(app, run.plan, spec, extra={"sweep_id": swept.sweep_id, "sweep_index": run.index})
-        except BaseException:
-            keys.release(run.idempotency_key)
-            raise
-        keys.bind(run.idempotency_key, record.id)
-        job_ids.append(record.id)
+        if found is None:
+            extra = {"sweep_id": swept.sweep_id, "sweep_index": run.index}
+            found = start_keyed(app, keys, run.plan, spec, extra=extra).id
+        job_ids.append(found)
     return job_ids
 
 
@@ -590,6 +575,33 @@ def start_training(
         "plan": plan.backend_plan.model_dump(mode="json"),
     }
     return app.engine.submit(REMOTE_KIND, tracked, timeout_s=spec.max_wall_s + REMOTE_GRACE_S)
+
+
+def start_keyed(
+    app: App,
+    keys: "IdempotencyKeys | None",
+    plan: TrainingPlan,
+    spec: TrainingJobSpec,
+    *,
+    extra: dict[str, Any] | None = None,
+) -> JobRecord:
+    """start_training under the spec's idempotency key (when `keys` is given): the key is claimed first (of two
+    concurrent submits one wins), released if the start fails, and bound to the job once it exists."""
+    from servers.launch.training import spec_hash
+
+    key = spec.idempotency_key
+    keyed = keys if key is not None else None
+    if keyed is not None and not keyed.claim(key, spec_hash(spec)):
+        raise InputError(f"another submit with idempotency_key {key!r} got there first; get_job to follow it")
+    try:
+        record = start_training(app, plan, spec, extra=extra)
+    except BaseException:
+        if keyed is not None:
+            keyed.release(key)
+        raise
+    if keyed is not None:
+        keyed.bind(key, record.id)
+    return record
 
 
 def existing_job(app: App, keys: "IdempotencyKeys", spec: TrainingJobSpec) -> str | None:
