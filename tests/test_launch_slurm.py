@@ -3,6 +3,7 @@ the plan), a job of the engine here follows the Slurm job (its state and pending
 metrics in the job folder), a cancel scancels it; bad inputs start nothing. Against the session's real two-node
 cluster (tests/conftest.py `slurm_cluster`)."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,6 @@ async def test_a_lost_follower_is_replaced_and_the_slurm_job_runs_once(
     import os
     import shutil
     import signal
-    import time
 
     from servers.core.procs import ProcessIdentity
 
@@ -158,3 +158,42 @@ async def test_a_slurm_job_survives_a_sigkilled_server_and_ends_exact_after_rest
         assert final["state"] == "SUCCEEDED", final["reason"]
         rows = (await client.call_tool("read_job_metrics", {"job_id": job["job_id"]})).structured_content["rows"]
         assert [r["step"] for r in rows if r.get("loss") is not None and r.get("split") == "train"][-1] == 60
+
+
+async def test_a_sweep_on_slurm_is_one_job_array(app: App, slurm_cluster: Path, tmp_path: Path) -> None:
+    """Three runs on two one-CPU nodes: one sbatch --array=0-2 (the third task waits for a node), each run a job
+    here with its own folder, state and logs (run 1 exits 3: FAILED, the others SUCCEEDED); submitting the sweep
+    again submits nothing."""
+    import json
+    import shutil
+
+    script = tmp_path / "scripts" / "quick.py"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(__file__).parent / "fixtures" / "launch" / "quick.py", script)
+    spec = {"script": str(script), "nproc_per_node": 1, "backend": "slurm", "max_wall_s": 300}
+    async with Client(create_test_suite(app), mode="legacy") as client:
+        plan = await ok(client, "plan_sweep", {"spec": spec, "variants": [["0"], ["3"], ["0"]]})
+        assert "#SBATCH --array=0-2" in plan["array_script"] and "#SBATCH --nodes=1" in plan["array_script"]
+        submitted = await ok(client, "submit_sweep", {"sweep_token": plan["sweep_token"]})
+        sweep_dir = app.settings.home / "slurm-jobs" / plan["sweep_id"]
+        array = json.loads((sweep_dir / "slurm-array-submit.json").read_text())
+        again = await ok(client, "submit_sweep", {"sweep_token": plan["sweep_token"]})
+        assert again["job_ids"] == submitted["job_ids"]
+        assert json.loads((sweep_dir / "slurm-array-submit.json").read_text()) == array  # one sbatch
+        deadline = time.monotonic() + 240
+        waited: dict = {}
+        while time.monotonic() < deadline:
+            waited = await ok(client, "wait_for_job", {"job_id": plan["sweep_id"], "timeout_s": 30})
+            if waited["sweep"]["finished"] == 3:
+                break
+        assert waited["sweep"]["states"] == {"SUCCEEDED": 2, "FAILED": 1}, waited["sweep"]
+        views = [await ok(client, "get_job", {"job_id": j}) for j in submitted["job_ids"]]
+        assert [v["state"] for v in views] == ["SUCCEEDED", "FAILED", "SUCCEEDED"]
+        assert [v["result"]["native_id"] for v in (views[0], views[2])] == [
+            f"{array['job_id']}_0",
+            f"{array['job_id']}_2",
+        ]
+        assert f"{array['job_id']}_1" in views[1]["reason"] and "(exit 3)" in views[1]["reason"], views[1]["reason"]
+        for view in views:
+            log = _text(Path(app.engine.get(view["job_id"]).job_dir) / "logs" / "rank0.log")
+            assert "rank 0 of 1 done" in log, log

@@ -30,10 +30,12 @@ from servers.launch.slurm import (
     SUBMIT_RECORD,
     SlurmBackend,
     SlurmUnavailableError,
+    array_tasks,
     from_record,
     parse_sacct,
     parse_scontrol_job,
     parse_squeue_json,
+    render_array,
     time_minutes,
     worker_ranks,
     write_exit_record,
@@ -148,6 +150,40 @@ def test_recorded_scontrol_lines_of_slurm_22_05() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_array_tasks_are_named_as_slurm_names_them(tmp_path: Path) -> None:
+    line = "JobId=3 ArrayJobId=1 ArrayTaskId=1 JobName=a JobState=FAILED Reason=NonZeroExitCode ExitCode=1:0"
+    job = parse_scontrol_job(line)
+    assert job is not None and job.job_id == "1_1" and job.exit_code == 1
+    pending = {
+        "job_id": 1,
+        "array_job_id": 1,
+        "array_task_id": None,
+        "array_task_string": "0-2",
+        "job_state": "PENDING",
+    }
+    started = {"job_id": 4, "array_job_id": 1, "array_task_id": {"set": True, "number": 3}, "job_state": ["RUNNING"]}
+    listed = parse_squeue_json(json.dumps({"jobs": [pending, started]}))
+    assert [j.job_id for j in listed] == ["1_0", "1_1", "1_2", "1_3"]
+    assert array_tasks("0-2,5") == [0, 1, 2, 5] and array_tasks("[1-7:3]%2") == [1, 4, 7]
+    assert array_tasks("2-1") == [] and array_tasks("x") == [] and len(array_tasks("0-9999999")) == 10000
+    sacct = "7_2|COMPLETED|0:0|2024-05-01T12:00:00|2024-05-01T12:01:00|None\n"
+    assert (found := parse_sacct(sacct, "7_2")) is not None and found.state == "COMPLETED"
+    record = write_exit_record(
+        tmp_path, 0, env={"SLURM_JOB_ID": "9", "SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "2"}
+    )
+    assert record["job_id"] == "7_2"
+
+
+def test_an_array_runs_one_shape_and_each_task_its_runs_script() -> None:
+    one = "#!/bin/bash\n#SBATCH --job-name=a\n#SBATCH --nodes=1\n#SBATCH --output=/j0/logs/batch.log\necho\n"
+    two = one.replace("/j0", "/j1").replace("job-name=a", "job-name=b")
+    text = render_array([("/j0", one), ("/j1", two)], sweep_key="sweep-0123456789abcdef", sweep_dir="/s")
+    assert "#SBATCH --array=0-1" in text and "#SBATCH --nodes=1" in text and "/j0/logs" not in text
+    assert "  1) RUN=/j1 ;;" in text and 'exec /bin/bash "$RUN/slurm-job.sh"' in text
+    with pytest.raises(ValueError, match="other resources"):
+        render_array([("/j0", one), ("/j1", two.replace("nodes=1", "nodes=2"))], sweep_key="s", sweep_dir="/s")
+
+
 def test_squeue_json_of_22_05_and_of_23_02_and_later() -> None:
     # 22.05 (OpenAPI v0.0.38): job_state a string, exit_code a wait status (768 is exit 3, 15 is SIGTERM).
     ended = {j.job_id: j for j in parse_squeue_json((RECORDED / "squeue-22.05-ended.json").read_text())}

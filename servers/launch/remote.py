@@ -13,6 +13,7 @@ Plain module: no MCP.
 
 import signal
 import threading
+import time
 from typing import Any
 
 from servers.core.jobfiles import JobContext
@@ -21,6 +22,9 @@ from servers.launch.backend import Backend, BackendHandle, BackendPlan, EngineSt
 
 ENTRY = "servers.launch.remote:run_remote_job"
 POLL_S = 1.0
+FIRST_POLL_S = 0.1
+ARRAY_WAIT_S = 600.0  # how long a run of a sweep's job array waits for the server to submit the array
+ARRAY_POLL_S = 0.2
 REMOTE_BACKENDS = ("ray", "slurm")
 
 
@@ -56,8 +60,11 @@ def run_remote_job(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        ctx.progress(0, None, f"submitting to {name}")
-        handle = backend.submit(plan, request)
+        if spec.get("slurm_array"):
+            handle = wait_for_array(backend, request.key, ctx, stop, str(spec["slurm_array"]))
+        else:
+            ctx.progress(0, None, f"submitting to {name}")
+            handle = backend.submit(plan, request)
         status = follow(backend, handle, ctx, stop)
     finally:
         if previous is not None:
@@ -78,10 +85,35 @@ def run_remote_job(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     raise RuntimeError(f"{name} job {handle.native_id} ended {status.state.value}: {what}")
 
 
+def wait_for_array(backend: Backend, key: str, ctx: JobContext, stop: threading.Event, sweep_id: str) -> BackendHandle:
+    """A run of a sweep submitted as one Slurm job array: the server submits the array once every run's job (and
+    folder) exists; this run waits for its task's submit record (no Slurm command) and then follows that task."""
+    from servers.launch.slurm import SlurmBackend
+
+    if not isinstance(backend, SlurmBackend):
+        raise RuntimeError(f"a job array is a Slurm job; this run names the {backend.name!r} backend")
+    ctx.progress(0, None, f"waiting for the job array of {sweep_id} to be submitted")
+    deadline = time.monotonic() + ARRAY_WAIT_S
+    while not stop.is_set():
+        handle = backend.find_recorded(key, ctx.files.dir)
+        if handle is not None:
+            ctx.progress(0, None, f"slurm: task {handle.native_id} of the array of {sweep_id}")
+            return handle
+        if time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"the job array of {sweep_id} was not submitted within {ARRAY_WAIT_S:g} s of this run's start (the "
+                "server stopped before sbatch, or sbatch refused it: see the submit_sweep answer); nothing of this "
+                "run reached Slurm"
+            )
+        stop.wait(ARRAY_POLL_S)
+    raise RuntimeError(f"cancelled before the job array of {sweep_id} was submitted; nothing reached Slurm")
+
+
 def follow(backend: Backend, handle: BackendHandle, ctx: JobContext, stop: threading.Event) -> EngineStatus:
     """Poll until the engine's job ends; cancel it there when this worker is asked to stop."""
     last = ""
     cancelled = False
+    interval = FIRST_POLL_S  # quick at first and after each change (a job often moves on soon), then POLL_S
     while True:
         if stop.is_set() and not cancelled:
             cancelled = True
@@ -104,4 +136,6 @@ def follow(backend: Backend, handle: BackendHandle, ctx: JobContext, stop: threa
         if note != last:
             ctx.progress(0, None, note[:500])
             last = note
-        stop.wait(POLL_S)
+            interval = FIRST_POLL_S
+        stop.wait(interval)
+        interval = min(POLL_S, interval * 1.5)

@@ -2,6 +2,7 @@
 to follow them. Checks, plans, tokens, the audit log and idempotency keys live in training.py; the executor is
 the job engine running local.py's work function."""
 
+import functools
 import time
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -326,6 +327,8 @@ def register(server: MCPServer, app: App) -> None:
             + (f"; needs the person's approval (plan_id {swept.plan_id})" if swept.needs_confirmation else "")
         ]
         lines += [f"- run {r.index}: {' '.join(r.args)}" for r in swept.runs]
+        if swept.array_script is not None:
+            lines.append(f"on Slurm as one job array (sbatch --array=0-{len(swept.runs) - 1}): see array_script")
         return tool_result(swept, "\n".join(lines))
 
     @agent_tool(server, title="Submit a sweep", read_only=False, destructive=False, idempotent=True, open_world=False)
@@ -336,13 +339,13 @@ def register(server: MCPServer, app: App) -> None:
         ],
     ) -> Annotated[CallToolResult, SweepSubmitted]:
         """Start every run of a planned sweep as its own job (the same checks, approval and admission as
-        submit_training_job; one approval for the whole sweep). Idempotent: each run has the key <sweep id>-<index>,
-        so submitting the same sweep again starts nothing twice. Follow it with wait_for_job(job_id=<sweep id>) and
-        list_jobs(sweep_id=...). Returns the job ids at once."""
+        submit_training_job; one approval for the whole sweep; on Slurm one job array). Idempotent: each run has
+        the key <sweep id>-<index>, so submitting the same sweep again starts nothing twice. Follow it with
+        wait_for_job(job_id=<sweep id>) and list_jobs(sweep_id=...). Returns the job ids at once."""
         from servers.launch import sweeps
 
         base, runs, digest = sweeps.read_token(app.settings, sweep_token)
-        swept = await in_thread(make_sweep_from_runs, app, base, runs)
+        swept = await in_thread(functools.partial(make_sweep_from_runs, app, base, runs, own=f"sweep-{digest}"))
         if swept.plan_id != digest:
             raise InputError(
                 "the sweep's plans changed since they were shown (the machine, the settings or a script changed): "
@@ -451,8 +454,13 @@ def sweep_launch(swept: SweepPlan) -> Launch:
         plan_id=swept.plan_id,
         gpu_hours=swept.total_gpu_hours,
         message=(
-            f"Start a sweep of {len(swept.runs)} runs of {first.recipe or first.script_path} here, all at once "
-            f"({swept.gpus_at_once} GPU(s) together): up to {swept.total_gpu_hours:.3g} GPU-hours in all."
+            f"Start a sweep of {len(swept.runs)} runs of {first.recipe or first.script_path} "
+            + (
+                "on Slurm as one job array (tasks start as nodes free up)"
+                if swept.array_script is not None
+                else f"on {first.backend}, all at once ({swept.gpus_at_once} GPU(s) together)"
+            )
+            + f": up to {swept.total_gpu_hours:.3g} GPU-hours in all."
         ),
         summary=sweep_summary(swept),
         plan_tool="plan_sweep",
@@ -469,19 +477,22 @@ def make_sweep(
     return make_sweep_from_runs(app, spec, sweeps.expand(spec, grid, variants))
 
 
-def make_sweep_from_runs(app: App, base: TrainingJobSpec, runs: list[list[str]]) -> SweepPlan:
+def make_sweep_from_runs(
+    app: App, base: TrainingJobSpec, runs: list[list[str]], *, own: str | None = None
+) -> SweepPlan:
+    """The sweep's plan. `own`: the sweep id a submit expects (from its token): that sweep's runs already started
+    (a retry) hold nothing against it."""
     from servers.core.machine import gpus_present
     from servers.launch import sweeps
 
     active = app.engine.reconcile_all()  # once for the whole sweep, not once per run
-    present, in_use = gpus_present(), gpus_in_use(active)
+    present, in_use = gpus_present(), gpus_in_use([r for r in active if own is None or r.spec.get("sweep_id") != own])
     return sweeps.build(
         app.settings,
         base,
         runs,
         lambda run_spec: make_plan(app, run_spec, present=present, in_use=in_use),
-        active_jobs=len(active),
-        gpus_in_use=in_use,
+        active=[(r.spec.get("sweep_id"), gpus_in_use([r])) for r in active],
     )
 
 
@@ -490,15 +501,43 @@ def start_sweep(app: App, swept: SweepPlan) -> list[str]:
     from servers.launch.training import IdempotencyKeys
 
     keys = IdempotencyKeys(app.settings)
+    array = swept.array_script is not None
     job_ids: list[str] = []
     for run in swept.runs:
         spec = TrainingJobSpec.model_validate(run.plan.spec).model_copy(update={"idempotency_key": run.idempotency_key})
         found = existing_job(app, keys, spec)
         if found is None:
-            extra = {"sweep_id": swept.sweep_id, "sweep_index": run.index}
+            extra: dict[str, Any] = {"sweep_id": swept.sweep_id, "sweep_index": run.index}
+            if array:
+                extra["slurm_array"] = swept.sweep_id  # the run waits for the array submitted below
             found = start_keyed(app, keys, run.plan, spec, extra=extra).id
         job_ids.append(found)
+    if array:
+        submit_array(app, swept, job_ids)
     return job_ids
+
+
+def submit_array(app: App, swept: SweepPlan, job_ids: list[str]) -> None:
+    """A Slurm sweep as one job array (idempotent by the sweep id): task i runs in the folder of run i's job. A run
+    whose job ended before the array was submitted (cancelled) has its task cancelled; if sbatch refuses the array,
+    every run's job is cancelled and the error raised."""
+    from servers.launch.slurm import ArrayRun, SlurmBackend
+
+    records = [app.engine.get(job_id) for job_id in job_ids]
+    runs = [
+        ArrayRun(plan=run.plan.backend_plan, key=run.idempotency_key, job_dir=record.job_dir)
+        for run, record in zip(swept.runs, records, strict=True)
+    ]
+    backend = SlurmBackend(job_root=backend_config(app, "slurm")["job_root"])
+    try:
+        handles = backend.submit_array(runs, sweep_key=swept.sweep_id, sweep_dir=backend.job_root / swept.sweep_id)
+    except (RuntimeError, ValueError) as exc:
+        for job_id in job_ids:
+            app.engine.cancel(job_id)
+        raise ToolError(f"the sweep's job array was not submitted: {exc}; its runs were cancelled") from exc
+    for handle, job_id in zip(handles, job_ids, strict=True):
+        if app.engine.get(job_id).state.terminal:
+            backend.cancel(handle)
 
 
 def register_resources(server: MCPServer) -> None:

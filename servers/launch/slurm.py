@@ -84,6 +84,10 @@ SUBMIT_RECORD = "slurm-submit.json"
 STATE_RECORD = "slurm-state.json"
 CANCEL_RECORD = "slurm-cancel.json"
 NODE_RECORD = "slurm-node{node}-exit.json"
+ARRAY_SCRIPT = "slurm-array.sh"  # a sweep's job array, in the sweep's folder
+ARRAY_RECORD = "slurm-array-submit.json"
+# The #SBATCH options of a run that are its own, not the array's (the array sets them for all its tasks).
+PER_RUN_OPTIONS = ("--job-name", "--output", "--error", "--open-mode", "--comment", "--export")
 COMMENT_PREFIX = "llm-infra-mcp:"
 KEY_LATER = "(set at submit)"  # in a plan made without an idempotency key; submit fills in the request's key
 HELPER_MARK = "LLM_INFRA_MCP_SLURM_HELPER"
@@ -168,7 +172,9 @@ NODELIST_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-\[\],]{0,1023}")
 NODELIST_ACCEPTED = "node names and ranges such as node[1-3],gpu07 (letters, digits, '_', '.', '-', '[', ']', ',')"
 KEY_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 KEY_ACCEPTED = "a letter or digit, then letters, digits, '_', '.', ':' or '-' (at most 128)"
-JOB_ID_PATTERN = re.compile(r"[0-9]{1,12}")
+# A job id, or an array task's "<array job id>_<task index>" (how scontrol, squeue and scancel name one task).
+JOB_ID_PATTERN = re.compile(r"[0-9]{1,12}(?:_[0-9]{1,7})?")
+SUBMITTED_ID_PATTERN = re.compile(r"[0-9]{1,12}")  # what sbatch --parsable prints (an array's too)
 ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 # The job folder appears in #SBATCH lines, which sbatch splits at spaces and in which it expands %j, %N...
 SAFE_PATH_PATTERN = re.compile(r"/[A-Za-z0-9_./+-]{0,1023}")
@@ -248,6 +254,9 @@ def parse_scontrol_job(text: str) -> SlurmJob | None:
     job_id, state = fields.get("JobId"), fields.get("JobState")
     if not job_id or not state:
         return None
+    array_id, task = fields.get("ArrayJobId"), fields.get("ArrayTaskId")
+    if array_id and task and array_id.isdigit() and task.isdigit():
+        job_id = f"{array_id}_{task}"  # one task of an array: named as Slurm's commands name it
     code, sig = _exit_pair(fields.get("ExitCode"))
     pending = base_state(state) == "PENDING"
     restarts = fields.get("Restarts", "0")
@@ -317,9 +326,16 @@ def parse_squeue_json(text: str) -> list[SlurmJob]:
         code, sig = _json_exit(job.get("exit_code"))
         reason = job.get("state_reason")
         pending = state == "PENDING"
-        out.append(
+        array_id, task = _number(job.get("array_job_id")), _number(job.get("array_task_id"))
+        if array_id and task is not None:
+            names = [f"{int(array_id)}_{int(task)}"]
+        elif array_id and job.get("array_task_string"):  # tasks not started yet, listed as one: "0-2,5%2"
+            names = [f"{int(array_id)}_{t}" for t in array_tasks(str(job["array_task_string"]))]
+        else:
+            names = [str(int(job_id))]
+        out += [
             SlurmJob(
-                job_id=str(int(job_id)),
+                job_id=name,
                 state=state,
                 reason=str(reason) if reason and reason != "None" else None,
                 exit_code=code,
@@ -330,12 +346,34 @@ def parse_squeue_json(text: str) -> list[SlurmJob]:
                 comment=str(job["comment"]) if job.get("comment") else None,
                 nodes=str(job.get("nodes") or "") or None,
             )
-        )
+            for name in names
+        ]
     return out
 
 
+def array_tasks(text: str, limit: int = 10000) -> list[int]:
+    """The task indices of Slurm's array notation: "0-2,5", "1-7:2", "[0-3]%2" (the '%' throttle dropped); at most
+    `limit` of them. Anything else gives no task."""
+    body = text.strip().split("%")[0].strip("[]")
+    tasks: list[int] = []
+    for part in body.split(","):
+        m = re.fullmatch(r"(\d{1,7})(?:-(\d{1,7})(?::(\d{1,7}))?)?", part.strip())
+        if m is None:
+            return []
+        first = int(m.group(1))
+        last = int(m.group(2)) if m.group(2) else first
+        step = int(m.group(3)) if m.group(3) else 1
+        if step < 1 or last < first:
+            return []
+        tasks += range(first, min(last, first + limit * step) + 1, step)
+        if len(tasks) >= limit:
+            return tasks[:limit]
+    return tasks
+
+
 def parse_sacct(text: str, job_id: str) -> SlurmJob | None:
-    """`sacct -j ID -X --parsable2 --noheader -o JobIDRaw,State,ExitCode,Start,End,Reason`: the job's line."""
+    """`sacct -j ID -X --parsable2 --noheader -o JobID,State,ExitCode,Start,End,Reason`: the job's line (JobID, not
+    JobIDRaw: an array task's JobID is "<array id>_<task>", as this backend names it)."""
     for line in text.splitlines():
         parts = line.split("|")
         if len(parts) < 5 or parts[0] != job_id:
@@ -661,6 +699,9 @@ class SlurmBackend:
             "",
             f'rm -f "$JOBDIR/{EXIT_RECORD}" "$JOBDIR"/slurm-node*-exit.json',
             "STARTED_AT=$(date +%s)",
+            "# How Slurm's commands name this job: its id, or <array id>_<task> for a task of an array (a sweep).",
+            "JOB_NAME_ID=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID:-}}",
+            "JOB_NAME_ID=${JOB_NAME_ID:-${SLURM_JOB_ID:-}}",
             "srun_pid=",
             "finish() {  # exit code, signal name ('' when none): the exit record, whatever happened",
             "  trap - TERM INT USR1 USR2 HUP",
@@ -669,7 +710,7 @@ class SlurmBackend:
             "  # The helper could not write it (Python missing on this node...): a plain record, by the shell.",
             '  printf \'{"job_id": "%s", "exit_code": %d, "signal": "%s", "started_at": %s, "ended_at": %s, '
             '"restart_count": %s, "source": "batch-shell"}\\n\' \\',
-            '    "$SLURM_JOB_ID" "$1" "$2" "$STARTED_AT" "$(date +%s)" "${SLURM_RESTART_COUNT:-0}" '
+            '    "$JOB_NAME_ID" "$1" "$2" "$STARTED_AT" "$(date +%s)" "${SLURM_RESTART_COUNT:-0}" '
             f'> "$JOBDIR/.{EXIT_RECORD}.tmp" && mv -f "$JOBDIR/.{EXIT_RECORD}.tmp" "$JOBDIR/{EXIT_RECORD}"',
             '  exit "$1"',
             "}",
@@ -818,14 +859,7 @@ class SlurmBackend:
         return None
 
     def _sbatch(self, plan: BackendPlan, rendered: str, folder: Path, key: str) -> BackendHandle:
-        for sub in ("logs", RUN_DIR_NAME, LOG_DIR_NAME, "checkpoints"):
-            (folder / sub).mkdir(parents=True, exist_ok=True)
-        Path(plan.cwd).mkdir(parents=True, exist_ok=True)
-        script = folder / SCRIPT_NAME
-        tmp = folder / f".{SCRIPT_NAME}.tmp"
-        tmp.write_text(rendered)
-        tmp.chmod(0o700)
-        os.replace(tmp, script)
+        self._write_script(folder, rendered, plan)
         atomic_write_json(folder / SUBMIT_RECORD, {"key": key, "state": "submitting", "at": time.time()})
         try:
             proc = self._run(plan.argv, cwd=folder)  # the job's WorkDir: the shared job folder
@@ -834,10 +868,131 @@ class SlurmBackend:
                 (folder / SUBMIT_RECORD).unlink(missing_ok=True)  # nothing ran: a retry may submit
             raise
         job_id = proc.stdout.strip().split(";")[0] if proc.returncode == 0 else ""
-        if not JOB_ID_PATTERN.fullmatch(job_id):
+        if not SUBMITTED_ID_PATTERN.fullmatch(job_id):
             (folder / SUBMIT_RECORD).unlink(missing_ok=True)  # sbatch refused it: nothing was submitted
             raise RuntimeError(f"sbatch refused the job: {self._said(proc)}")
         return self._recorded(folder, key, job_id, "submitted")
+
+    # ---- a sweep as one job array ----
+    def submit_array(self, runs: Sequence["ArrayRun"], *, sweep_key: str, sweep_dir: Path | str) -> list[BackendHandle]:
+        """One `sbatch --array=0-(N-1)` for the runs of a sweep: task i runs run i's own batch script in run i's
+        job folder (its logs, metrics and exit record there, exactly as a job of its own); each run is then the
+        Slurm job "<array id>_<i>". Idempotent by `sweep_key`: the array's submit record in `sweep_dir` (and the
+        array's --comment in squeue) finds the array a retry already submitted; a run folder without its submit
+        record gets it. Every run must ask for the same resources (a sweep varies arguments only)."""
+        if not runs:
+            raise ValueError("runs: a job array needs at least one run")
+        if not KEY_PATTERN.fullmatch(sweep_key):
+            raise ValueError(f"sweep_key: {sweep_key!r} is not accepted; accepted: {KEY_ACCEPTED}")
+        folder = Path(sweep_dir)
+        check_job_dir(folder)
+        scripts: list[tuple[Path, str, str, BackendPlan]] = []  # (run folder, key, rendered script, bound plan)
+        for run in runs:
+            if not KEY_PATTERN.fullmatch(run.key):
+                raise ValueError(f"key: {run.key!r} is not accepted; accepted: {KEY_ACCEPTED}")
+            if run.plan.backend != self.name or run.plan.rendered is None:
+                raise ValueError(f"plan: made by the {run.plan.backend!r} backend; accepted: SlurmBackend.plan's")
+            run_dir = Path(run.job_dir)
+            check_job_dir(run_dir)
+            bound = run.plan.bind(run_dir) if JOB_DIR_PLACEHOLDER in run.plan.rendered else run.plan
+            scripts.append((run_dir, run.key, _with_key(bound.rendered or "", run.key), bound))
+        rendered = render_array(
+            [(d, text) for d, _, text, _ in scripts], sweep_key=sweep_key, sweep_dir=folder
+        )  # ValueError when the runs differ in resources
+        folder.mkdir(parents=True, exist_ok=True)
+        with self._lock, _locked(folder / ".submit.lock"):
+            array_id = self._array_submitted(folder, sweep_key)
+            if array_id is None:
+                for run_dir, key, text, bound in scripts:
+                    self._write_script(run_dir, text, bound)
+                    atomic_write_json(run_dir / SUBMIT_RECORD, {"key": key, "state": "in-array", "array": sweep_key})
+                array_id = self._sbatch_array(folder, rendered, sweep_key)
+            handles = []
+            for i, (run_dir, key, _, _) in enumerate(scripts):
+                record = read_json(run_dir / SUBMIT_RECORD, 64 * 1024)
+                task_id = f"{array_id}_{i}"
+                if not (isinstance(record, dict) and record.get("key") == key and record.get("job_id") == task_id):
+                    atomic_write_json(
+                        run_dir / SUBMIT_RECORD,
+                        {"key": key, "job_id": task_id, "at": time.time(), "how": f"task {i} of array {array_id}"},
+                    )
+                handle = self._handle(key, task_id, run_dir)
+                self._by_key[key] = handle
+                handles.append(handle)
+            return handles
+
+    def find_recorded(self, key: str, job_dir: Path | str) -> BackendHandle | None:
+        """The job of `key` by its submit record in `job_dir` alone (no Slurm command): what a run of a job array
+        waits for while the sweep's array is being submitted."""
+        folder = Path(job_dir)
+        record = read_json(folder / SUBMIT_RECORD, 64 * 1024)
+        if isinstance(record, dict) and record.get("key") == key:
+            job_id = record.get("job_id")
+            if isinstance(job_id, str) and JOB_ID_PATTERN.fullmatch(job_id):
+                return self._handle(key, job_id, folder)
+        return None
+
+    def _array_submitted(self, folder: Path, sweep_key: str) -> str | None:
+        record = read_json(folder / ARRAY_RECORD, 64 * 1024)
+        if isinstance(record, dict):
+            if record.get("key") != sweep_key:
+                raise ValueError(f"sweep_dir: {folder} holds the array of another sweep; accepted: one of its own")
+            job_id = record.get("job_id")
+            if isinstance(job_id, str) and SUBMITTED_ID_PATTERN.fullmatch(job_id):
+                return job_id
+        found = self.find_array_by_comment(sweep_key)
+        if found is not None:
+            atomic_write_json(folder / ARRAY_RECORD, {"key": sweep_key, "job_id": found, "at": time.time()})
+            return found
+        if isinstance(record, dict) and record.get("state") == "submitting":
+            raise RuntimeError(
+                f"the job array of {sweep_key!r} was being submitted at {record.get('at')} and may have reached Slurm, "
+                f"but no array with --comment {COMMENT_PREFIX}{sweep_key} is visible; it is not submitted again "
+                "automatically: check squeue/sacct, then plan the sweep anew"
+            )
+        return None
+
+    def find_array_by_comment(self, sweep_key: str) -> str | None:
+        """The array job id of this user's array whose --comment carries `sweep_key`, if squeue still lists it."""
+        proc = self._run(["squeue", "-h", "-u", str(os.getuid()), "-t", "all", "-o", "%F|%k"])
+        if proc.returncode != 0:
+            raise SlurmUnavailableError(f"slurm: squeue failed: {self._said(proc)}")
+        wanted = f"{COMMENT_PREFIX}{sweep_key}"
+        for line in proc.stdout.splitlines():
+            array_id, _, comment = line.strip().partition("|")
+            if comment.strip() == wanted and SUBMITTED_ID_PATTERN.fullmatch(array_id):
+                return array_id
+        return None
+
+    def _write_script(self, folder: Path, rendered: str, plan: BackendPlan) -> None:
+        for sub in ("logs", RUN_DIR_NAME, LOG_DIR_NAME, "checkpoints"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        Path(plan.cwd).mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{SCRIPT_NAME}.tmp"
+        tmp.write_text(rendered)
+        tmp.chmod(0o700)
+        os.replace(tmp, folder / SCRIPT_NAME)
+
+    def _sbatch_array(self, folder: Path, rendered: str, sweep_key: str) -> str:
+        (folder / "logs").mkdir(exist_ok=True)
+        script = folder / ARRAY_SCRIPT
+        tmp = folder / f".{ARRAY_SCRIPT}.tmp"
+        tmp.write_text(rendered)
+        tmp.chmod(0o700)
+        os.replace(tmp, script)
+        atomic_write_json(folder / ARRAY_RECORD, {"key": sweep_key, "state": "submitting", "at": time.time()})
+        try:
+            proc = self._run(["sbatch", "--parsable", str(script)], cwd=folder)
+        except SlurmUnavailableError as exc:
+            if "not installed" in str(exc):
+                (folder / ARRAY_RECORD).unlink(missing_ok=True)
+            raise
+        job_id = proc.stdout.strip().split(";")[0] if proc.returncode == 0 else ""
+        if not SUBMITTED_ID_PATTERN.fullmatch(job_id):
+            (folder / ARRAY_RECORD).unlink(missing_ok=True)  # refused: nothing was submitted
+            raise RuntimeError(f"sbatch refused the job array: {self._said(proc)}")
+        atomic_write_json(folder / ARRAY_RECORD, {"key": sweep_key, "job_id": job_id, "at": time.time()})
+        return job_id
 
     # ---- state ----
     def poll(self, handle: BackendHandle) -> JobState:
@@ -851,8 +1006,8 @@ class SlurmBackend:
             found = parse_scontrol_job(proc.stdout)
             if found is not None and found.job_id == job_id:
                 return found
-        elif "Invalid job id" in (proc.stderr + proc.stdout):
-            return None
+        elif "Invalid job id" in (proc.stderr + proc.stdout) or f"Job {job_id} not found" in proc.stdout + proc.stderr:
+            return None  # (the second: how 22.05 answers for an array task it no longer knows)
         listed = self._run(["squeue", "--json", "--jobs", job_id])
         if listed.returncode != 0:
             if "Invalid job id" in (listed.stderr + listed.stdout):
@@ -864,7 +1019,7 @@ class SlurmBackend:
         if not self.accounting():
             return None
         proc = self._run(
-            ["sacct", "-j", job_id, "-X", "--parsable2", "--noheader", "-o", "JobIDRaw,State,ExitCode,Start,End,Reason"]
+            ["sacct", "-j", job_id, "-X", "--parsable2", "--noheader", "-o", "JobID,State,ExitCode,Start,End,Reason"]
         )
         return parse_sacct(proc.stdout, job_id) if proc.returncode == 0 else None
 
@@ -1085,6 +1240,62 @@ class _SpecReader:
         if problems:
             raise ValueError("; ".join(problems) + "; accepted: see training.env_refusal (NCCL_*, TORCH_*, GLOO_*...)")
         return dict(env)
+
+
+@dataclass
+class ArrayRun:
+    """One run of a job array: its plan (SlurmBackend.plan), its idempotency key and its own job folder."""
+
+    plan: BackendPlan
+    key: str
+    job_dir: Path | str
+
+
+def sbatch_options(rendered: str) -> list[str]:
+    """The #SBATCH options of a rendered batch script, in order."""
+    return [line[len("#SBATCH ") :].strip() for line in rendered.splitlines() if line.startswith("#SBATCH ")]
+
+
+def render_array(runs: Sequence[tuple[Path | str, str]], *, sweep_key: str, sweep_dir: Path | str) -> str:
+    """The array script of a sweep: `runs` are (run folder, that run's rendered batch script). The array asks for
+    the resources every run asks for (they must be the same: ValueError naming the difference otherwise); task i
+    appends its output to run i's logs/batch.log and runs run i's script, which writes run i's exit record."""
+    q = shlex.quote
+    shared: list[str] | None = None
+    for i, (_, text) in enumerate(runs):
+        options = [o for o in sbatch_options(text) if not o.startswith(PER_RUN_OPTIONS)]
+        if shared is None:
+            shared = options
+        elif options != shared:
+            differ = sorted(set(options) ^ set(shared))
+            raise ValueError(
+                f"run {i} asks for other resources than run 0 ({', '.join(differ)}); a job array runs tasks of one "
+                "shape: sweep arguments only"
+            )
+    folder = str(sweep_dir)
+    name = sweep_key[:64]
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={name}",
+        f"#SBATCH --array=0-{len(runs) - 1}",
+        *(f"#SBATCH {o}" for o in shared or []),
+        f"#SBATCH --output={folder}/logs/array-%a.log",
+        f"#SBATCH --error={folder}/logs/array-%a.log",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --export=NONE",
+        f"#SBATCH --comment={COMMENT_PREFIX}{sweep_key}",
+        "# Rendered by llm-infra-mcp (servers/launch/slurm.py): task i of the array runs run i's own batch script",
+        "# (shown in that run's plan) in run i's job folder, where its logs, metrics and exit record go.",
+        "set -u",
+        'case "${SLURM_ARRAY_TASK_ID:-}" in',
+        *(f"  {i}) RUN={q(str(run_dir))} ;;" for i, (run_dir, _) in enumerate(runs)),
+        '  *) echo "no run for array task ${SLURM_ARRAY_TASK_ID:-(unset)}" >&2; exit 1 ;;',
+        "esac",
+        'exec >>"$RUN/logs/batch.log" 2>&1',
+        f'exec /bin/bash "$RUN/{SCRIPT_NAME}"',
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def check_job_dir(folder: Path) -> None:
@@ -1434,6 +1645,8 @@ def write_exit_record(
     """The job's exit record (runs at the end of the batch script): how it ended, and why, in one file."""
     env = env if env is not None else os.environ
     job_id = env.get("SLURM_JOB_ID", "")
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        job_id = f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"  # as the backend names the task
     nodes = _node_records(job_dir)
     record: dict[str, Any] = {
         "job_id": job_id,

@@ -4,8 +4,9 @@ A sweep is a list of runs, each a training spec that differs from the base in it
 {"--lr": ["0.02", "0.005"], "--seed": ["0", "1"]} gives the 4 combinations (each flag's value replaced in the base
 args, or appended), a list of variants gives one run per list of extra arguments. The plan lists every run with its
 own plan (the backend's exact command) and GPU-hours, and their total; the sweep token binds all of them. Each run
-is submitted as its own job with the idempotency key `<sweep id>-<index>`, so a retried submit of the same sweep
-starts nothing twice, and every job's spec carries the sweep id: list_jobs and wait_for_job take it.
+is its own job here with the idempotency key `<sweep id>-<index>`, so a retried submit of the same sweep starts
+nothing twice, and every job's spec carries the sweep id: list_jobs and wait_for_job take it. On Slurm the runs are
+one job array (one sbatch; task i runs run i's batch script in run i's job folder); elsewhere separate jobs.
 
 Plain module; the MCP layer is server.py.
 """
@@ -14,6 +15,7 @@ import hashlib
 import itertools
 import json
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
@@ -45,6 +47,10 @@ class SweepPlan(BaseModel):
     needs_confirmation: bool = Field(description="True when the total is above LLM_INFRA_MCP_CONFIRM_ABOVE_GPU_HOURS")
     quotas: list[str]
     warnings: list[str]
+    array_script: str | None = Field(
+        default=None,
+        description="Slurm: the job array submitted for the whole sweep (task i runs run i's script in its folder)",
+    )
 
 
 def with_values(args: list[str], values: dict[str, str]) -> list[str]:
@@ -117,15 +123,18 @@ def build(
     runs: list[list[str]],
     plan_run: Any,
     *,
-    active_jobs: int,
-    gpus_in_use: int,
+    active: Sequence[tuple[str | None, int]],
 ) -> SweepPlan:
-    """Plan every run with `plan_run(spec) -> TrainingPlan` and the sweep around them; quotas for the whole sweep."""
+    """Plan every run with `plan_run(spec) -> TrainingPlan` and the sweep around them; quotas for the whole sweep.
+    `active`: (sweep id or None, GPUs held) of every active job; the sweep's own runs (already submitted: a retry)
+    are not counted against it."""
     if base.idempotency_key is not None:
         raise InputError("spec.idempotency_key: a sweep gives each run its own key (<sweep id>-<index>); leave it out")
     plans = [plan_run(base.model_copy(update={"args": args})) for args in runs]
     digest = sweep_digest(base, plans)
     sweep_id = f"sweep-{digest}"
+    others = [gpus for owner, gpus in active if owner != sweep_id]
+    active_jobs, gpus_in_use = len(others), sum(others)
     total = sum(p.estimated_gpu_hours for p in plans)
     gpus = sum(p.gpus for p in plans)
     free_slots = settings.max_concurrent_jobs - active_jobs
@@ -140,6 +149,18 @@ def build(
             f"{settings.max_concurrent_gpus} at once (LLM_INFRA_MCP_MAX_CONCURRENT_GPUS)"
         )
     warnings = sorted({w for p in plans for w in p.warnings})
+    array_script = None
+    if base.backend == "slurm":
+        from servers.launch.slurm import render_array
+
+        try:
+            array_script = render_array(
+                [(f"<job folder of run {i}>", p.backend_plan.rendered or "") for i, p in enumerate(plans)],
+                sweep_key=sweep_id,
+                sweep_dir=settings.home / "slurm-jobs" / sweep_id,
+            )
+        except ValueError as exc:
+            raise InputError(f"the sweep cannot be one Slurm job array: {exc}") from None
     return SweepPlan(
         sweep_id=sweep_id,
         sweep_token=make_token(settings, base, runs, digest),
@@ -157,4 +178,5 @@ def build(
             f"at most {MAX_RUNS} runs",
         ],
         warnings=warnings,
+        array_script=array_script,
     )
