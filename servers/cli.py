@@ -1,18 +1,21 @@
 """llm-infra-mcp: serve one of the servers, print a Claude Desktop configuration, show the settings.
 
 llm-infra-mcp serve {scaling,diagnostics,overlap,launch,suite} [--transport stdio|http] [--host H] [--port N]
-llm-infra-mcp config claude [--server NAME]... [--roots DIR...]
+llm-infra-mcp config claude [--server NAME]... [--roots DIR...] [--write PATH]
 llm-infra-mcp approve [PLAN_ID] [--yes]
 llm-infra-mcp settings
 llm-infra-mcp --version
 """
 
 import argparse
+import contextlib
 import importlib
 import json
 import logging
 import os
 import sys
+import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -55,6 +58,88 @@ def claude_config(names: Sequence[str], roots: Sequence[Path] | None = None) -> 
             for name in names
         }
     }
+
+
+class ConfigWriteError(Exception):
+    """`config claude --write` refused the file; nothing was changed."""
+
+
+def _backup_path(path: Path) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    candidate = path.with_name(f"{path.name}.bak-{stamp}")
+    n = 1
+    while candidate.exists():
+        candidate = path.with_name(f"{path.name}.bak-{stamp}-{n}")
+        n += 1
+    return candidate
+
+
+def write_claude_config(path: Path, fragment: dict) -> str:
+    """Merge a `claude_config` fragment into the claude_desktop_config.json at `path`: every other top-level key and
+    every other server stay as they are, the fragment's servers replace those of the same names. The previous file is
+    copied to PATH.bak-<time> first; the new one replaces it atomically (a temporary file in the same folder, then a
+    rename), with the old file's permissions. A file that is not a JSON object (or whose mcpServers is not one) is
+    refused with ConfigWriteError and left untouched. A missing file is created (mode 0600). Says what it did."""
+    path = Path(os.path.realpath(path.expanduser()))  # a symlinked config: write the file it points to
+    if path.is_dir():
+        raise ConfigWriteError(f"{path} is a folder; name the claude_desktop_config.json file")
+    old_bytes: bytes | None = None
+    config: dict = {}
+    if path.exists():
+        old_bytes = path.read_bytes()
+        try:
+            config = json.loads(old_bytes.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigWriteError(f"{path} is not valid JSON ({exc}); fix or move it, nothing was changed") from None
+        if not isinstance(config, dict):
+            raise ConfigWriteError(
+                f"{path} holds a JSON {type(config).__name__}, not an object; fix or move it, nothing was changed"
+            )
+    servers = config.get("mcpServers", {})
+    if not isinstance(servers, dict):
+        raise ConfigWriteError(
+            f"{path}: mcpServers is a JSON {type(servers).__name__}, not an object; fix it, nothing was changed"
+        )
+    ours = fragment["mcpServers"]
+    replaced = [name for name in ours if name in servers]
+    kept = [name for name in servers if name not in ours]
+    config["mcpServers"] = {**servers, **ours}
+    text = json.dumps(config, indent=2, ensure_ascii=False) + "\n"
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    backup = None
+    if old_bytes is not None:
+        backup = _backup_path(path)
+        with open(backup, "xb") as out:  # exclusive: never overwrites an earlier backup
+            out.write(old_bytes)
+        os.chmod(backup, path.stat().st_mode & 0o777)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # mode 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        if old_bytes is not None:
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    lines = [f"{'updated' if old_bytes is not None else 'created'} {path}"]
+    added = [name for name in ours if name not in replaced]
+    if added:
+        lines.append(f"  added: {', '.join(added)}")
+    if replaced:
+        lines.append(f"  replaced: {', '.join(replaced)}")
+    lines.append(f"  kept {len(kept)} other server(s){': ' + ', '.join(kept) if kept else ''}")
+    others = [key for key in config if key != "mcpServers"]
+    if others:
+        lines.append(f"  kept the other top-level keys: {', '.join(others)}")
+    if backup is not None:
+        lines.append(f"  previous file saved as {backup}")
+    lines.append("  restart Claude Desktop to load the change")
+    return "\n".join(lines)
 
 
 def refuse_broad_roots(roots: Sequence[Path]) -> str | None:
@@ -141,6 +226,14 @@ def _parser() -> argparse.ArgumentParser:
         help="folders the servers may read files and training scripts from (default: the state directory and "
         "~/llm-infra-workspace, which is created)",
     )
+    config.add_argument(
+        "--write",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="merge into this claude_desktop_config.json instead of printing: other servers and keys are kept, "
+        "ours replaced, the previous file backed up to PATH.bak-<time>; a missing file is created",
+    )
 
     approve_cmd = commands.add_parser(
         "approve", help="approve a launch an agent planned (for clients that cannot ask you); no id: list them"
@@ -161,7 +254,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(2)
         if not args.roots:
             default_workspace().mkdir(parents=True, exist_ok=True)
-        print(json.dumps(claude_config(args.servers or ["suite"], args.roots), indent=2))
+        fragment = claude_config(args.servers or ["suite"], args.roots)
+        if args.write is None:
+            print(json.dumps(fragment, indent=2))
+            return
+        try:
+            print(write_claude_config(args.write, fragment))
+        except (ConfigWriteError, OSError) as exc:
+            print(f"llm-infra-mcp: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
         return
     if args.command == "approve":
         raise SystemExit(approve(args.plan_id, yes=args.yes))
