@@ -23,6 +23,7 @@ pays for worker start-up).
 
 import argparse
 import contextlib
+import logging
 import os
 import secrets
 import shlex
@@ -39,7 +40,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from servers.core.jobstore import JobState
 from servers.launch.backend import SubmitRequest
 from servers.launch.ray_backend import RayBackend
-from servers.launch.remote import POLL_S
 from tests.fixtures.launch.ray_head import start_head
 
 SCRIPT = "import sys\nprint('args', sys.argv[1:], flush=True)\n"
@@ -166,11 +166,13 @@ def report(
         worker_s = statistics.median(w for _, w in stages)
         print(
             f"mcp-tools stages (medians): submit_training_job returned after {call_s:.3f} s; the job's worker "
-            f"reported after {worker_s:.3f} s (the follower polls Ray every {POLL_S:g} s, servers/launch/remote.py)"
+            f"reported after {worker_s:.3f} s (the follower polls Ray every 0.1 s at first, then at most every "
+            f"{RayBackend.poll_s:g} s)"
         )
 
 
 def main() -> None:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # Ray's SDK turns on INFO logging: no line per request
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--poll-s", type=float, default=0.05)

@@ -283,6 +283,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     # serve: logs go to stderr; stdout belongs to the protocol on stdio
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request (a job's engine is polled)
     server = load_server(args.name)
     if args.transport == "stdio":
         from servers.core.transport import serve_stdio

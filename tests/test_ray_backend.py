@@ -444,3 +444,35 @@ def test_ray_job_waiting_for_resources_is_queued_and_cancelled(
     assert done.returncode == 125 and not (job / "RAN").exists() and not Path("RAN").exists()
     assert json.loads((job / EXIT_RECORD).read_text())["cancelled_before_start"] is True
     assert backend.status(handle).state == JobState.CANCELLED
+
+
+@pytest.mark.timeout(180)
+def test_ray_working_dir_goes_through_the_sdk_and_following_imports_no_ray(
+    ray_head: Any, ray_jobs: list[str], tmp_path: Path
+) -> None:
+    """A workdir is uploaded by Ray's SDK (the job runs in Ray's copy of it); following a job (status, logs) goes
+    through the REST client and never imports ray (it costs every follower process about half a second)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("import os\nprint('sees', sorted(os.listdir('.')), flush=True)\n")
+    (project / "data.txt").write_text("x\n")
+    settings = Settings(home=tmp_path / "state", allowed_roots=[project, tmp_path])
+    backend = backend_for(ray_head)
+    spec = make_spec(project / "train.py", workdir=str(project), launcher="python")
+    ray_jobs.append(backend.submission_id("workdir"))
+    handle = backend.submit(
+        backend.plan(spec, settings, job_dir=tmp_path / "job"), SubmitRequest(key="workdir", spec=spec)
+    )
+    wait_for(backend, handle, {JobState.SUCCEEDED}, 120)
+    assert "sees ['data.txt', 'train.py']" in backend.logs(handle, "rank0")
+    code = (
+        "import sys, json; from servers.launch.ray_backend import RayBackend; from servers.launch.backend import "
+        "BackendHandle; b = RayBackend(sys.argv[1], auth_token=sys.argv[2]); "
+        "h = BackendHandle.model_validate_json(sys.argv[3]); s = b.status(h); b.logs(h, 'driver'); "
+        "print(json.dumps([s.state.value, 'ray' in sys.modules]))"
+    )
+    said = subprocess.run(
+        [sys.executable, "-c", code, ray_head.address, ray_head.token, handle.model_dump_json()],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert json.loads(said.stdout) == ["SUCCEEDED", False], said.stderr

@@ -1,8 +1,10 @@
 """The Ray backend: a training job as a Ray job, submitted to a cluster's head through the Ray Jobs API.
 
 `RayBackend(address)` talks to the Jobs API of a Ray head (the dashboard's HTTP address, e.g.
-http://127.0.0.1:8265) with `ray.job_submission.JobSubmissionClient`; ray is imported inside the methods that
-need it, never at start-up. The five steps of the `Backend` protocol (servers/launch/backend.py):
+http://127.0.0.1:8265) through its REST endpoints (`RestJobsClient`, httpx: status, stop, logs, and submit), or
+`ray.job_submission.JobSubmissionClient` for a submit that uploads a working_dir (the SDK packages it); ray is
+imported only then, never at start-up (importing it costs every follower process about half a second). The five
+steps of the `Backend` protocol (servers/launch/backend.py):
 
 - ``plan(spec, settings, job_dir=None)``: no side effects. The command is torchrun of the recipe or script with
   its args, as `local.torchrun_argv` builds it (``launcher="python"``: ``python SCRIPT ARGS`` for one rank),
@@ -34,6 +36,7 @@ the entrypoint sees at the same path: true for a head on this machine, a shared 
 """
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -505,6 +508,81 @@ def _client_class() -> type:
     return TimedJobSubmissionClient
 
 
+class AuthenticationError(RuntimeError):
+    """The Jobs API refused the token (HTTP 401/403); the name is the SDK's, which `_is_auth_error` recognises."""
+
+
+@dataclasses.dataclass
+class JobInfo:
+    """The fields of Ray's JobDetails this backend reads (GET /api/jobs/<id>)."""
+
+    status: str
+    message: str | None = None
+    error_type: str | None = None
+    start_time: int | None = None
+    end_time: int | None = None
+    driver_exit_code: int | None = None
+    metadata: dict[str, Any] | None = None
+    runtime_env: dict[str, Any] | None = None
+    entrypoint: str | None = None
+
+
+class RestJobsClient:
+    """Ray's Jobs REST API over httpx, for what this backend asks most (status, stop, logs, and a submit without
+    a working_dir to upload): the SDK's calls with the SDK's conventions (RuntimeError "Request failed with
+    status code N: ..."; AuthenticationError on 401/403; OSError when the head cannot be reached), without
+    importing ray (about 0.5 s in every follower process). Endpoints: docs.ray.io, "Ray Jobs REST API"."""
+
+    def __init__(self, address: str, *, headers: dict[str, str], request_timeout_s: float) -> None:
+        import httpx
+
+        self._httpx = httpx
+        self._http = httpx.Client(base_url=address, headers=headers, timeout=request_timeout_s)
+        version = self._request("GET", "/api/version")  # the SDK's connection check: is this a Jobs API?
+        try:
+            str(version.json()["ray_version"])
+        except (ValueError, KeyError, TypeError):
+            raise RuntimeError(
+                f"Request to {address}/api/version answered HTTP {version.status_code}, not as a Jobs API"
+            ) from None
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            reply = self._http.request(method, path, **kwargs)
+        except self._httpx.TimeoutException as exc:
+            raise TimeoutError(f"{method} {path}: {exc}") from exc
+        except self._httpx.TransportError as exc:
+            raise ConnectionError(f"{method} {path}: {exc}") from exc
+        if reply.status_code in (401, 403):
+            raise AuthenticationError(f"HTTP {reply.status_code}: {reply.text[:300]}")
+        return reply
+
+    def _ok(self, reply: Any) -> Any:
+        if reply.status_code != 200:
+            raise RuntimeError(f"Request failed with status code {reply.status_code}: {reply.text[:2000]}.")
+        try:
+            return reply.json()
+        except ValueError:
+            raise RuntimeError(f"Request failed with status code {reply.status_code}: not JSON") from None
+
+    def submit_job(self, **request: Any) -> str:
+        body = {k: v for k, v in request.items() if v is not None}
+        return str(self._ok(self._request("POST", "/api/jobs/", json=body))["submission_id"])
+
+    def get_job_info(self, sid: str) -> JobInfo:
+        data = self._ok(self._request("GET", f"/api/jobs/{sid}"))
+        if not isinstance(data, dict) or "status" not in data:
+            raise RuntimeError("Request failed with status code 200: not a JobDetails answer.")
+        fields = {f.name for f in dataclasses.fields(JobInfo)}
+        return JobInfo(**{k: v for k, v in data.items() if k in fields})
+
+    def stop_job(self, sid: str) -> bool:
+        return bool(self._ok(self._request("POST", f"/api/jobs/{sid}/stop")).get("stopped"))
+
+    def get_job_logs(self, sid: str) -> str:
+        return str(self._ok(self._request("GET", f"/api/jobs/{sid}/logs")).get("logs") or "")
+
+
 def _http_status(exc: BaseException) -> int | None:
     """The HTTP status in the SDK's RuntimeError ("Request failed with status code 404: ...")."""
     match = re.search(r"status code (\d{3})", str(exc))
@@ -533,6 +611,7 @@ class RayBackend:
     """
 
     name = "ray"
+    poll_s = 0.25  # how often a follower asks the Jobs API once a job is under way (servers/launch/remote.py)
 
     def __init__(
         self,
@@ -587,16 +666,17 @@ class RayBackend:
             "the head prints it)"
         )
 
-    def _client(self) -> Any:
-        """A JobSubmissionClient for the address (made once; its constructor checks the connection)."""
+    def _client(self, *, sdk: bool = False) -> Any:
+        """A client of the address (made once; its constructor checks the connection): the REST client, or with
+        `sdk` Ray's JobSubmissionClient (for a submit that uploads a working_dir: the SDK packages it)."""
         with self._lock:
-            if self._client_obj is not None:
+            if self._client_obj is not None and (not sdk or not isinstance(self._client_obj, RestJobsClient)):
                 return self._client_obj
             address = self.address
             if not ray_installed():
                 raise RayUnavailableError(_ray_missing())
             try:
-                cls = _client_class()
+                cls = _client_class() if sdk else RestJobsClient
             except ImportError as exc:
                 raise RayUnavailableError(f"{_ray_missing()} ({exc})") from exc
             try:
@@ -932,7 +1012,7 @@ class RayBackend:
             {"submission_id": sid, "key": request.key, "address": self.address, "submitted_at": time.time()},
         )
         metadata = {**bound.metadata, "idempotency_key": request.key[:200], JOB_DIR_METADATA: str(folder)}
-        client = self._client()
+        client = self._client(sdk="working_dir" in bound.runtime_env)
         try:
             client.submit_job(
                 entrypoint=bound.rendered,

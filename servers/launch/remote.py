@@ -21,7 +21,8 @@ from servers.core.jobstore import JobState
 from servers.launch.backend import Backend, BackendHandle, BackendPlan, EngineStatus, SubmitRequest
 
 ENTRY = "servers.launch.remote:run_remote_job"
-POLL_S = 1.0
+POLL_S = 1.0  # the slowest a follower asks its engine, unless the backend says (its `poll_s`: Ray's Jobs API is
+# one cheap HTTP GET; Slurm's controller is shared by every user of the cluster and is asked at most once a second)
 FIRST_POLL_S = 0.1
 ARRAY_WAIT_S = 600.0  # how long a run of a sweep's job array waits for the server to submit the array
 ARRAY_POLL_S = 0.2
@@ -113,7 +114,8 @@ def follow(backend: Backend, handle: BackendHandle, ctx: JobContext, stop: threa
     """Poll until the engine's job ends; cancel it there when this worker is asked to stop."""
     last = ""
     cancelled = False
-    interval = FIRST_POLL_S  # quick at first and after each change (a job often moves on soon), then POLL_S
+    slowest = float(getattr(backend, "poll_s", POLL_S))
+    interval = FIRST_POLL_S  # quick at first and after each change (a job often moves on soon), then `slowest`
     while True:
         if stop.is_set() and not cancelled:
             cancelled = True
@@ -138,4 +140,4 @@ def follow(backend: Backend, handle: BackendHandle, ctx: JobContext, stop: threa
             last = note
             interval = FIRST_POLL_S
         stop.wait(interval)
-        interval = min(POLL_S, interval * 1.5)
+        interval = min(slowest, interval * 1.5)

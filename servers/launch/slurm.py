@@ -416,6 +416,7 @@ class SlurmBackend:
     """
 
     name = BACKEND_NAME
+    poll_s = 1.0  # a follower asks slurmctld at most once a second per job once it is under way (remote.py)
 
     def __init__(
         self,
