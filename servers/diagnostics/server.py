@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.types import CallToolResult
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from servers.core.assemble import ServerPart, build_server
 from servers.core.errors import InputError
@@ -29,6 +29,21 @@ INSTRUCTIONS = (
 )
 JOB_KINDS = [
     JobKind("dcgm_diag", "servers.diagnostics.dcgm:run_dcgm_diag_job", "dcgmi diag -r N -j", default_timeout_s=7200),
+    # Ranks here meet through a torch.distributed store: a private network namespace (servers/core/netns.py).
+    JobKind(
+        "bandwidth_check",
+        "servers.diagnostics.bandwidth:run_bandwidth_check",
+        "collective bus bandwidth of this node",
+        default_timeout_s=3600,
+        isolated_network=True,
+    ),
+    # Probes as Slurm jobs: this process needs the host's network to reach slurmctld.
+    JobKind(
+        "bandwidth_check_cluster",
+        "servers.diagnostics.bandwidth:run_bandwidth_check",
+        "collective bus bandwidth per node / pair of nodes / allocation, as Slurm jobs",
+        default_timeout_s=6 * 3600,
+    ),
 ]
 MAX_TEXT = 64 * 2**20  # captured nvidia-smi, nccl-tests and DCGM outputs are far smaller; logs are streamed
 MAX_GPUS_LISTED = 128  # GPUs one inventory or health result lists; counts cover them all
@@ -411,6 +426,90 @@ def register(server: MCPServer, app: App) -> None:
             app, "dcgm_diag", {"level": level, "timeout_s": timeout}, wait_s=wait_s, ctx=ctx, timeout_s=timeout
         )
         return tool_result(view, summarize_job(view))
+
+    @agent_tool(
+        server,
+        title="Check collective bandwidth",
+        read_only=False,
+        destructive=False,
+        idempotent=False,
+        open_world=False,
+    )
+    async def check_collective_bandwidth(
+        ctx: Context,
+        mode: Annotated[
+            Literal["node", "pairwise", "all"],
+            Field(description="node: each node alone; pairwise: every pair of nodes; all: the whole allocation"),
+        ] = "node",
+        backend: Annotated[
+            Literal["local", "slurm"], Field(description="local: this node (mode node); slurm: the cluster's nodes")
+        ] = "local",
+        nodes: Annotated[
+            list[Annotated[str, Field(max_length=64)]] | None,
+            Field(max_length=64, description="Slurm nodes (default: every usable node sinfo lists)"),
+        ] = None,
+        pairs: Annotated[
+            list[tuple[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=64)]]] | None,
+            Field(max_length=256, description="pairwise: only these pairs, e.g. from plan_network_probes"),
+        ] = None,
+        op: Annotated[Literal["all_reduce", "all_gather", "reduce_scatter"], Field(description="Collective")] = (
+            "all_reduce"
+        ),
+        sizes: Annotated[
+            list[Annotated[int, Field(ge=1, le=1 << 34)]] | None,
+            Field(max_length=16, description="Message sizes in bytes (default 1, 4, 16 MiB; floors read >= 256 MiB)"),
+        ] = None,
+        nproc_per_node: Annotated[int, Field(ge=0, le=64, description="Ranks per node; 0: its GPUs, or 2 on CPU")] = 0,
+        gpus_per_node: Annotated[int, Field(ge=0, le=64, description="Slurm: GPUs per node to ask for")] = 0,
+        partition: Annotated[str | None, Field(max_length=64, description="Slurm partition")] = None,
+        wait_s: WaitS = 20,
+        max_wall_s: Annotated[float, Field(gt=0, le=6 * 3600, description="Wall-time limit of the whole check")] = 3600,
+    ) -> Annotated[CallToolResult, JobView]:
+        """Measure collective bus bandwidth with real jobs and judge it: per node (intra-node fabric), per pair of
+        nodes (the network between them) or over the whole allocation; locally, or as Slurm jobs pinned to their
+        nodes, one probe at a time. Each probe gives an nccl-tests table judged against known floors (8x H100
+        460 GB/s with NVLS, ~370 without; 8x H200 431; 8x A100 228) or, where none applies, against the median of
+        the check's probes (DEGRADED < 80%, FAIL < 50%); the result has PASS/DEGRADED/FAIL/UNKNOWN per probe,
+        counts, a node x node matrix, the slowest nodes and pairs, and a heatmap PNG. A job: minutes."""
+        from servers.diagnostics.bandwidth import BandwidthCheckSpec
+
+        try:
+            spec = BandwidthCheckSpec(
+                mode=mode, backend=backend, nodes=nodes, pairs=pairs, op=op, nproc_per_node=nproc_per_node,
+                gpus_per_node=gpus_per_node, partition=partition, **({"sizes": sizes} if sizes else {}),
+            )  # fmt: skip
+        except ValidationError as exc:
+            raise InputError("; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())) from None
+        kind = "bandwidth_check" if backend == "local" else "bandwidth_check_cluster"
+        view = await run_job(app, kind, spec.model_dump(mode="json"), wait_s=wait_s, ctx=ctx, timeout_s=max_wall_s)
+        extra = []
+        result = view.result or {}
+        if view.finished and isinstance(result.get("heatmap"), str):
+            import base64
+
+            from mcp.types import ImageContent
+
+            png = Path(app.engine.get(view.job_id).job_dir) / result["heatmap"]
+            if png.is_file() and png.stat().st_size < 4 * 2**20:
+                extra.append(ImageContent(type="image", data=base64.b64encode(png.read_bytes()).decode(),
+                                          mime_type="image/png"))  # fmt: skip
+        summary = summarize_job(view)
+        if "counts" in result:
+            probes = result.get("probes") or []
+            lines = [
+                f"{result['op']} {result['mode']} check on {len(result['nodes'])} node(s), {len(probes)} probe(s): "
+                + ", ".join(f"{k} {v}" for k, v in result["counts"].items() if v)
+            ]
+            lines += [
+                f"- {'+'.join(p['nodes'])}: {p['status']}"
+                + (f" {p['busbw_gbps']:.4g} GB/s" if p.get("busbw_gbps") is not None else "")
+                + f" ({p['why'][:160]})"
+                for p in probes[:20]
+            ]
+            if result.get("slowest_nodes"):
+                lines.append(f"slowest nodes: {', '.join(result['slowest_nodes'][:10])}")
+            summary = "\n".join(lines)
+        return tool_result(view, summary, *extra)
 
     from servers.diagnostics.exporter import ExporterSummary
 

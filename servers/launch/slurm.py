@@ -184,7 +184,7 @@ SMUGGLED_OPTIONS = ("--wrap", "--export", "--get-user-env", "--uid", "--gid", "-
 MAX_NODES = 4096
 MAX_WALL_S = 30 * 86400
 DEFAULT_WALL_S = 3600.0
-OPTIONAL_FIELDS = ("partition", "account", "qos", "constraint", "exclude")
+OPTIONAL_FIELDS = ("partition", "account", "qos", "constraint", "exclude", "nodelist")
 COMMAND_TIMEOUT_S = 30.0
 CANCEL_WAIT_S = 15.0
 POLL_S = 0.5
@@ -1165,6 +1165,7 @@ class _SpecReader:
         pattern, accepted = {
             "constraint": (CONSTRAINT_PATTERN, CONSTRAINT_ACCEPTED),
             "exclude": (NODELIST_PATTERN, NODELIST_ACCEPTED),
+            "nodelist": (NODELIST_PATTERN, NODELIST_ACCEPTED),
         }.get(field, (NAME_PATTERN, NAME_ACCEPTED))
         if not isinstance(value, str) or not pattern.fullmatch(value):
             raise ValueError(

@@ -127,6 +127,9 @@ class TrainingJobSpec(BaseModel):
         default=None, description="Slurm --constraint (features joined by & | ,)"
     )
     exclude: Annotated[str, Field(max_length=1024)] | None = Field(default=None, description="Slurm nodes to avoid")
+    nodelist: Annotated[str, Field(max_length=1024)] | None = Field(
+        default=None, description="Slurm nodes to run on (--nodelist, e.g. node[1-2])"
+    )
     dependency: Annotated[str, Field(pattern=r"^[0-9]{1,12}$")] | None = Field(
         default=None, description="Start after this Slurm job succeeded (--dependency=afterok:ID)"
     )
@@ -471,7 +474,11 @@ def plan(
     check_env(spec.env)
     if spec.nnodes > 1 and spec.backend != "slurm":
         raise InputError(f"nnodes: {spec.nnodes} nodes; accepted: 1 on the {spec.backend} backend (more on slurm)")
-    slurm_only = [f for f in ("partition", "account", "qos", "constraint", "exclude", "dependency") if getattr(spec, f)]
+    slurm_only = [
+        f
+        for f in ("partition", "account", "qos", "constraint", "exclude", "nodelist", "dependency")
+        if getattr(spec, f)
+    ]
     if slurm_only and spec.backend != "slurm":
         raise InputError(f"{', '.join(slurm_only)}: Slurm options; accepted with backend 'slurm' only")
     warnings: list[str] = []
@@ -554,7 +561,10 @@ def plan(
         "gpus_per_node": gpus,
         "nnodes": spec.nnodes,
         "idempotency_key": spec.idempotency_key,
-        **{f: getattr(spec, f) for f in ("partition", "account", "qos", "constraint", "exclude", "dependency")},
+        **{
+            f: getattr(spec, f)
+            for f in ("partition", "account", "qos", "constraint", "exclude", "nodelist", "dependency")
+        },
         "recipe": recipe,
         "name": spec.name,
         "tags": list(spec.tags),

@@ -141,7 +141,7 @@ def _expected(op: str, rank: int, n: int, total: int, block: int, device: Any = 
     raise ValueError(f"unknown collective {op!r}")
 
 
-def _collective_rank(info: RankInfo, op: str, dtype: str, plans: list[dict[str, int]], spec: dict[str, Any]) -> Any:
+def collective_rank(info: RankInfo, op: str, dtype: str, plans: list[dict[str, int]], spec: dict[str, Any]) -> Any:
     """Rank side: for each size, time the collective and count the wrong output elements."""
     import torch
     import torch.distributed as dist
@@ -222,6 +222,33 @@ def _collective_rank(info: RankInfo, op: str, dtype: str, plans: list[dict[str, 
     return rows
 
 
+def table_rows(op: str, dtype: str, plans: list[dict[str, int]], rank_rows: list[Any]) -> list[dict[str, Any]]:
+    """nccl-tests rows from every rank's `collective_rank` answer: the time of a size is the median over
+    iterations of the slowest rank; algbw = size / time, busbw = algbw x the op's factor; #wrong summed."""
+    n = len(rank_rows)
+    factor = busbw_factor(op, n)
+    rows = []
+    for index, plan in enumerate(plans):
+        time_ms = slowest_rank_median([ranks[index]["times_ms"] for ranks in rank_rows])
+        seconds = time_ms * 1e-3
+        algbw = plan["size"] / seconds / 1e9 if seconds > 0 else 0.0
+        wrongs = [ranks[index]["wrong"] for ranks in rank_rows]
+        rows.append(
+            {
+                "size": plan["size"],
+                "count": plan["count"],
+                "type": _TYPE_NAMES[dtype],
+                "redop": "sum" if op in ("all_reduce", "reduce_scatter") else "none",
+                "root": 0 if op == "broadcast" else -1,
+                "time_us": time_ms * 1e3,
+                "algbw": algbw,
+                "busbw": algbw * factor,
+                "wrong": -1 if min(wrongs) < 0 else sum(wrongs),
+            }
+        )
+    return rows
+
+
 def format_table(rows: list[dict[str, Any]], avg_busbw: float, header: str) -> str:
     """The rows in nccl-tests' column layout."""
     lines = [
@@ -264,7 +291,7 @@ def run_collective_benchmark(spec_data: dict[str, Any], ctx: Any) -> dict[str, A
     ctx.progress(0, len(plans), f"starting {n} ranks ({backend})")
     rank_rows = run_ranks(
         n,
-        _collective_rank,
+        collective_rank,
         (spec.op, spec.dtype, plans, spec.model_dump()),
         backend=backend,
         timeout_s=spec.rank_timeout_s,
@@ -272,24 +299,8 @@ def run_collective_benchmark(spec_data: dict[str, Any], ctx: Any) -> dict[str, A
         on_progress=ctx.progress,
     )
     factor = busbw_factor(spec.op, n)
-    rows = []
-    for index, plan in enumerate(plans):
-        time_ms = slowest_rank_median([ranks[index]["times_ms"] for ranks in rank_rows])
-        seconds = time_ms * 1e-3
-        algbw = plan["size"] / seconds / 1e9 if seconds > 0 else 0.0
-        wrongs = [ranks[index]["wrong"] for ranks in rank_rows]
-        row = {
-            "size": plan["size"],
-            "count": plan["count"],
-            "type": _TYPE_NAMES[spec.dtype],
-            "redop": "sum" if spec.op in ("all_reduce", "reduce_scatter") else "none",
-            "root": 0 if spec.op == "broadcast" else -1,
-            "time_us": time_ms * 1e3,
-            "algbw": algbw,
-            "busbw": algbw * factor,
-            "wrong": -1 if min(wrongs) < 0 else sum(wrongs),
-        }
-        rows.append(row)
+    rows = table_rows(spec.op, spec.dtype, plans, rank_rows)
+    for index, row in enumerate(rows):
         ctx.log_metrics(step=index, **{k: row[k] for k in ("size", "count", "time_us", "algbw", "busbw", "wrong")})
     avg_busbw = sum(r["busbw"] for r in rows) / len(rows)
     where = describe_device(backend)
