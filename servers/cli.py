@@ -4,6 +4,7 @@ llm-infra-mcp serve {scaling,diagnostics,overlap,launch,suite} [--transport stdi
 llm-infra-mcp config claude [--server NAME]... [--roots DIR...] [--write PATH]
 llm-infra-mcp approve [PLAN_ID] [--yes]
 llm-infra-mcp settings
+llm-infra-mcp loop [--quick] [--backend local|slurm|ray] ...   (the experiment loop; --help for its options)
 llm-infra-mcp --version
 """
 
@@ -243,10 +244,18 @@ def _parser() -> argparse.ArgumentParser:
 
     commands.add_parser("settings", help="print every setting, its environment variable, default and current value")
     commands.add_parser("docs", help="print README's generated sections (servers, tools, settings)")
+    commands.add_parser(
+        "loop", help="run the experiment loop (examples/experiment_loop.py; see `llm-infra-mcp loop --help`)"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["loop"]:  # the loop has its own options (servers/loop/cli.py): one implementation
+        from servers.loop.cli import main as loop_main
+
+        raise SystemExit(loop_main(given[1:]))
     args = _parser().parse_args(argv)
     if args.command == "config":
         if args.roots and (why := refuse_broad_roots(args.roots)):

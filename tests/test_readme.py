@@ -20,7 +20,7 @@ def code_blocks(text: str) -> list[str]:
 
 def test_readme_begins_with_the_two_commands() -> None:
     run, test = code_blocks(README)[:2]
-    assert "examples/first_job.py" in run and "pip install" in run and "-m venv" in run
+    assert "examples/experiment_loop.py" in run and "pip install" in run and "-m venv" in run
     assert "pytest" in test and "pip install" in test and "-m venv" in test
     before_first = README[: README.index("```sh")]
     assert before_first.count("\n") <= 5, "the commands must open the README"
