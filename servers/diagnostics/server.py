@@ -511,6 +511,151 @@ def register(server: MCPServer, app: App) -> None:
             summary = "\n".join(lines)
         return tool_result(view, summary, *extra)
 
+    from servers.diagnostics.stragglers import StragglerReport
+
+    @agent_tool(server, title="Find stragglers", read_only=True, destructive=False, idempotent=True, open_world=False)
+    async def detect_stragglers(
+        text: Annotated[
+            Text,
+            Field(description="Rows {rank, step, step_time_s, node?, compute_s?, comm_s?} as JSON, JSON lines or CSV"),
+        ] = "",
+        path: Annotated[PathArg | None, Field(description="A file of such rows (or a job's metrics.jsonl)")] = None,
+        job_id: Annotated[
+            str | None, Field(max_length=64, pattern=r"^[A-Za-z0-9_-]{1,64}$", description="A training job's metrics")
+        ] = None,
+        ranks_per_node: Annotated[
+            int | None, Field(ge=1, le=65536, description="Metrics: rank r is on node r // this (default: the job's)")
+        ] = None,
+        tp: Annotated[int, Field(ge=1, le=65536, description="Tensor-parallel size (groups of the layout)")] = 1,
+        pp: Annotated[int, Field(ge=1, le=65536, description="Pipeline-parallel size")] = 1,
+        dp: Annotated[int | None, Field(ge=1, le=65536, description="Data-parallel size (default: the rest)")] = None,
+        order: Annotated[
+            Literal["tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"],
+            Field(description="Rank order of the layout, fastest first (Megatron: tp-dp-pp)"),
+        ] = "tp-dp-pp",
+        signal: Annotated[
+            Literal["auto", "step_time_s", "compute_s"],
+            Field(description="The time compared (auto: compute_s when every row has it)"),
+        ] = "auto",
+        z_threshold: Annotated[float, Field(gt=0, le=100, description="Robust z-score that makes a step slow")] = 3.5,
+        window: Annotated[int, Field(ge=2, le=10000, description="Persistence: the last w steps")] = 10,
+        min_flagged: Annotated[int, Field(ge=1, le=10000, description="Persistence: slow in at least k of them")] = 6,
+    ) -> Annotated[CallToolResult, StragglerReport]:
+        """Find the slow ranks of a training job from per-rank step times: a job's metrics (the recipes log every
+        rank's step and work time) or pasted rows. Robust z-score per step across ranks (median/MAD), persistence
+        (slow in k of the last w steps), change points per rank (>= 20% slower than its own baseline for >= 10
+        iterations, since which step), aggregation to nodes and TP/DP/PP groups when a layout is given; each
+        straggler with its evidence and the action (drain the node, compute- vs communication-bound, rebalance).
+        Verdict counts add up; too few steps is said, not guessed. Seconds."""
+        from servers.diagnostics import stragglers
+
+        layout = {"tp": tp, "pp": pp, "dp": dp, "order": order} if tp * pp > 1 or dp is not None else None
+        params = {"z_threshold": z_threshold, "window": window, "min_flagged": min_flagged}
+        given = [n for n, v in (("text", text or None), ("path", path), ("job_id", job_id)) if v is not None]
+        if len(given) != 1:
+            raise InputError(f"give exactly one of text, path or job_id (got {', '.join(given) or 'none'})")
+
+        def run() -> StragglerReport:
+            if job_id is not None:
+                from servers.core.jobfiles import JobFiles
+                from servers.launch.metrics import read_metrics
+
+                record = app.engine.get(job_id)
+                per_node = ranks_per_node or int((record.spec.get("training_spec") or record.spec).get(
+                    "nproc_per_node"
+                ) or 1)  # fmt: skip
+                rows, _ = read_metrics(JobFiles(record.job_dir).metrics)
+                if not rows:
+                    raise InputError(f"job {job_id} has no metrics rows (yet); the recipes log per-rank step times")
+                return stragglers.detect_stragglers_in_metrics(
+                    rows, ranks_per_node=per_node, layout=layout, signal=signal, params=params
+                )
+            body, _ = read_text_input(app, text, path, "step-time rows")
+            rows, notes = stragglers.load_rows(body, ranks_per_node=ranks_per_node)
+            return stragglers.detect_stragglers(rows, layout=layout, signal=signal, params=params, warnings=notes)
+
+        report = await in_thread(run)
+        lines = [report.summary, f"first action: {report.first_action}"]
+        lines += [
+            f"- rank {r.rank}{f' ({r.node})' if r.node else ''}: {r.verdict}, {r.ratio or 0:.2f}x the fleet's median"
+            + (f" since step {r.since_step}" if r.since_step is not None else "")
+            + f"; {r.action}"
+            for r in report.stragglers[:20]
+        ]
+        lines += [f"warning: {w}" for w in report.warnings]
+        return tool_result(report, "\n".join(lines))
+
+    from servers.diagnostics.triage import NodeTriage
+
+    @agent_tool(server, title="Triage a node", read_only=True, destructive=False, idempotent=True, open_world=False)
+    async def triage_node(
+        nvidia_smi_output: SmiOutput = "",
+        nvidia_smi_path: SmiPath = None,
+        fields: SmiFields = None,
+        live_nvml: Annotated[bool, Field(description="Read this machine's GPUs through NVML")] = False,
+        kernel_log_text: Annotated[Text, Field(description="Kernel log text (dmesg, journalctl -k)")] = "",
+        kernel_log_path: Annotated[PathArg | None, Field(description="A kernel log file inside the roots")] = None,
+        kernel_log_source: Annotated[
+            Literal["dmesg", "journal"] | None, Field(description="Read this machine's kernel log")
+        ] = None,
+        dcgm_text: Annotated[Text, Field(description="JSON of `dcgmi diag -r N -j`")] = "",
+        dcgm_path: Annotated[PathArg | None, Field(description="A file of that JSON")] = None,
+        nccl_tests_text: Annotated[Text, Field(description="Output of an nccl-tests binary")] = "",
+        nccl_tests_path: Annotated[PathArg | None, Field(description="A file of that output")] = None,
+        node: Annotated[str | None, Field(max_length=256, description="The node's name, for the report")] = None,
+        interconnect_expected: Annotated[
+            Literal["nvlink", "pcie"] | None, Field(description="What the GPUs should be linked by")
+        ] = None,
+    ) -> Annotated[CallToolResult, NodeTriage]:
+        """Triage one node in one call from any of its sources: nvidia-smi output (or live NVML), the kernel log
+        (text, path or live), DCGM diagnostics JSON, nccl-tests output. One verdict per GPU with the evidence of
+        every source joined on the normalised PCI bus id (the log's 0000:9b:00 and nvidia-smi's
+        00000000:9B:00.0 are one GPU), warnings where sources disagree or a GPU appears in one source only, a note
+        when the driver's "GPUn" names (GSP messages) appear (they are not nvidia-smi indices), and the first
+        action for the node. Instant."""
+        from servers.diagnostics.triage import triage_node as triage
+
+        def one(name: str, *values: object) -> None:
+            if sum(bool(v) for v in values) > 1:
+                raise InputError(f"{name}: give at most one of its text, path or live source")
+
+        one("nvidia-smi", nvidia_smi_output, nvidia_smi_path, live_nvml)
+        one("kernel log", kernel_log_text, kernel_log_path, kernel_log_source)
+        one("DCGM", dcgm_text, dcgm_path)
+        one("nccl-tests", nccl_tests_text, nccl_tests_path)
+
+        def run() -> NodeTriage:
+            from servers.diagnostics.kmsg import scan_file
+            from servers.diagnostics.xid import classify
+
+            kwargs: dict = {"node": node, "interconnect_expected": interconnect_expected}
+            if live_nvml:
+                from servers.diagnostics.nvml import read_snapshots
+
+                gpus, reason = read_snapshots()
+                if reason is not None:
+                    raise InputError(f"live_nvml: NVML cannot be read here: {reason}")
+                kwargs["snapshots"] = gpus
+            elif nvidia_smi_output or nvidia_smi_path:
+                kwargs["nvidia_smi"] = read_text_input(app, nvidia_smi_output, nvidia_smi_path, "nvidia-smi output")[0]
+                kwargs["smi_fields"] = fields
+            if kernel_log_path is not None:
+                kwargs["kernel_scan"] = scan_file(_resolve(app, kernel_log_path, "kernel log file"), classify=classify)
+            elif kernel_log_text:
+                kwargs["kernel_log"] = kernel_log_text
+            elif kernel_log_source is not None:
+                kwargs["kernel_log"] = read_live_kernel_log(kernel_log_source)
+            if dcgm_text or dcgm_path:
+                kwargs["dcgm"] = read_text_input(app, dcgm_text, dcgm_path, "DCGM diagnostic JSON")[0]
+            if nccl_tests_text or nccl_tests_path:
+                kwargs["nccl_tests"] = read_text_input(app, nccl_tests_text, nccl_tests_path, "nccl-tests output")[0]
+            return triage(**kwargs)
+
+        result = await in_thread(run)
+        lines = [result.summary, f"first action: {result.first_action}"]
+        lines += [f"warning: {w}" for w in result.warnings[:20]]
+        return tool_result(result, "\n".join(lines))
+
     from servers.diagnostics.exporter import ExporterSummary
 
     @agent_tool(
