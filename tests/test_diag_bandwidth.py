@@ -129,3 +129,28 @@ async def test_triage_joins_the_sources_and_names_the_gpu_nvidia_smi_does_not_li
         assert "at most one" in await error(
             client, "triage_node", {"nvidia_smi_output": "x", "nvidia_smi_path": str(folder / "README.md")}
         )
+
+
+# ---- plan_network_probes and localize_network_fault through the tools (the modules' tests: test_diag_network) ----
+async def test_network_probes_are_planned_and_a_down_nic_localized_through_the_tools(app: App, tmp_path: Path) -> None:
+    import json
+
+    from servers.diagnostics.netsim import make_scenario
+
+    scenario = make_scenario(64, {"nic_down": 1}, seed=3)
+    topology = scenario.fleet.topology
+    [(kind, name)] = sorted(scenario.truth)
+    async with Client(create_test_suite(app), mode="legacy") as client:
+        plan = await ok(client, "plan_network_probes", {"topology": topology, "limit": 5})
+        assert plan["coverage"]["complete"] and plan["count"] < plan["full_mesh_count"]
+        assert len(plan["pairs"]) == 5 and plan["has_more"] and plan["next_offset"] == 5
+        topo_file = app.settings.home / "topology.json"
+        topo_file.write_text(json.dumps(topology))
+        probes_file = app.settings.home / "probes.jsonl"
+        probes_file.write_text("\n".join(json.dumps(p) for p in scenario.probes))
+        found = await ok(client, "localize_network_fault", {"topology_path": str(topo_file), "path": str(probes_file)})
+        faulty = [(s["kind"], s["name"]) for s in found["suspects"] if s["faulty"]]
+        assert faulty == [(kind, name)], found["suspects"][:3]
+        assert "exactly one of" in await error(client, "localize_network_fault", {"topology": topology})
+        bad = [{**scenario.probes[0], "src_nic": "no-such-nic"}]
+        assert "no-such-nic" in await error(client, "localize_network_fault", {"topology": topology, "probes": bad})

@@ -656,6 +656,142 @@ def register(server: MCPServer, app: App) -> None:
         lines += [f"warning: {w}" for w in result.warnings[:20]]
         return tool_result(result, "\n".join(lines))
 
+    from servers.diagnostics.netmodels import Localization, ProbePlan, ProbeRow, Topology
+
+    def read_topology(topology: Topology | None, text: str, path: str | None, what: str) -> dict:
+        from servers.diagnostics.netloc import parse_topology_text, topology_from_probe_table
+
+        if topology is not None:
+            if text or path is not None:
+                raise InputError(f"{what}: give the topology object, its text or its path, one of them")
+            return topology.model_dump(mode="json")
+        body, _ = read_text_input(app, text, path, "topology")
+        head = body.lstrip()[:1]
+        return parse_topology_text(body) if head in ("{", "[") else topology_from_probe_table(body)
+
+    @agent_tool(
+        server, title="Plan network probes", read_only=True, destructive=False, idempotent=True, open_world=False
+    )
+    async def plan_network_probes(
+        topology: Annotated[
+            Topology | None,
+            Field(description="nodes [{name, nics [{name, rail, leaf}]}], switches [{name, tier, uplinks}]"),
+        ] = None,
+        text: Annotated[Text, Field(description="The topology as JSON text, or a probe table (CSV) to derive it")] = "",
+        path: Annotated[PathArg | None, Field(description="A file of either, inside the allowed roots")] = None,
+        mode: Annotated[
+            Literal["skeleton", "rail", "full_mesh"],
+            Field(description="skeleton: the training traffic's pairs, O(N); rail: same-rail pairs; full_mesh: all"),
+        ] = "skeleton",
+        tp: Annotated[int | None, Field(ge=1, le=1 << 20, description="Skeleton layout: tensor-parallel size")] = None,
+        pp: Annotated[int | None, Field(ge=1, le=1 << 20, description="Pipeline-parallel size")] = None,
+        dp: Annotated[int | None, Field(ge=1, le=1 << 20, description="Data-parallel size")] = None,
+        cross_leaf_per_uplink: Annotated[int, Field(ge=0, le=64, description="Pinned probes per leaf uplink")] = 2,
+        min_probes_per_nic: Annotated[int, Field(ge=0, le=64, description="Fill probes up to this per NIC")] = 4,
+        limit: Annotated[int, Field(ge=0, le=5000, description="Pairs listed in this answer")] = 1000,
+        offset: Annotated[int, Field(ge=0, le=10_000_000, description="First pair listed (paging)")] = 0,
+    ) -> Annotated[CallToolResult, ProbePlan]:
+        """The pairs of NICs to probe in a rail-optimised fat tree: full_mesh (O(N^2)), rail (same-rail pairs
+        across nodes) or skeleton (O(N): ring neighbours per rail for DP, the TP/PP groups, a few pinned
+        cross-leaf probes per leaf uplink, fill probes per NIC), with the count against full mesh and rail and the
+        coverage (every NIC, node, leaf, spine and leaf-spine link crossed, or named as not). Paged (limit,
+        offset, next_offset). Instant to seconds."""
+        from servers.diagnostics.netloc import plan_network_probes as plan
+
+        def run() -> ProbePlan:
+            topo = read_topology(topology, text, path, "plan_network_probes")
+            return plan(
+                topo, mode, tp=tp, pp=pp, dp=dp, cross_leaf_per_uplink=cross_leaf_per_uplink,
+                min_probes_per_nic=min_probes_per_nic, limit=limit, offset=offset,
+            )  # fmt: skip
+
+        result = await in_thread(run)
+        cover = "covers every component" if result.coverage.complete else "does NOT cover every component"
+        summary = (
+            f"{result.mode}: {result.count:,} pair(s) ({result.ratio_to_full_mesh:.3g} of full mesh's "
+            f"{result.full_mesh_count:,}; rail {result.rail_count:,}); {cover}; listed {len(result.pairs)} from "
+            f"offset {result.offset}" + (f", next_offset {result.next_offset}" if result.has_more else "")
+        )
+        return tool_result(result, summary)
+
+    @agent_tool(
+        server, title="Localize a network fault", read_only=True, destructive=False, idempotent=True, open_world=False
+    )
+    async def localize_network_fault(
+        topology: Annotated[Topology | None, Field(description="The fabric, as plan_network_probes takes it")] = None,
+        topology_path: Annotated[
+            PathArg | None, Field(description="The topology as a file (JSON); neither: derived from a probe table")
+        ] = None,
+        probes: Annotated[
+            list[ProbeRow] | None,
+            Field(max_length=100_000, description="Probe rows (more through path)"),
+        ] = None,
+        text: Annotated[Text, Field(description="Probe rows as JSON, JSON lines or CSV (a probe table too)")] = "",
+        path: Annotated[PathArg | None, Field(description="A file of probe rows, inside the allowed roots")] = None,
+        loss_threshold: Annotated[float, Field(ge=0, lt=1, description="A probe is bad above this loss rate")] = 0.01,
+        latency_factor: Annotated[
+            float, Field(gt=1, le=1000, description="Bad above this x its class's latency baseline")
+        ] = 2.0,
+        bandwidth_factor: Annotated[
+            float, Field(gt=0, lt=1, description="Bad below this x its class's bandwidth baseline")
+        ] = 0.5,
+        limit: Annotated[int, Field(ge=0, le=500, description="Suspects listed in this answer")] = 50,
+        offset: Annotated[int, Field(ge=0, le=1_000_000, description="First suspect listed (paging)")] = 0,
+    ) -> Annotated[CallToolResult, Localization]:
+        """Rank the suspects of network faults (NIC, node, leaf switch, spine switch, leaf-spine link) from probes
+        over a topology: each with faulty true/false, a score (likelihood gain), the symptom and its evidence
+        (bad and good probes through it); several simultaneous and partial faults (loss, latency, bandwidth),
+        chance noise and missing probes are handled; overlay vs underlay when probes carry both. A cross-leaf
+        probe without its spine is spread over the spines the two leaves share (ECMP), and a spine needs bad probes
+        across several leaf pairs. Seconds."""
+        from servers.diagnostics.netloc import localize_network_fault as localize
+        from servers.diagnostics.netloc import parse_probes_text
+
+        given = [n for n, v in (("probes", probes), ("text", text or None), ("path", path)) if v is not None]
+        if len(given) != 1:
+            raise InputError(f"give exactly one of probes, text or path (got {', '.join(given) or 'none'})")
+
+        def run() -> Localization:
+            notes: list[str] = []
+            body = None
+            if probes is not None:
+                rows: list = [p.model_dump(mode="json") for p in probes]
+            else:
+                body, _ = read_text_input(app, text, path, "probe rows")
+                rows = []
+            if topology is not None or topology_path is not None:
+                topo = read_topology(topology, "", topology_path, "localize_network_fault")
+            elif body is not None:
+                topo = read_topology(None, body, None, "localize_network_fault")  # a probe table: derived from it
+                notes.append("the topology was derived from the probe table's endpoint columns")
+            else:
+                raise InputError("topology: give topology or topology_path (rows alone do not say the fabric)")
+            if body is not None:
+                spines = [s["name"] for s in topo.get("switches", []) if s.get("tier") == "spine"]
+                table = parse_probes_text(body, spines=spines)
+                rows, notes = table.rows, notes + table.notes
+            thresholds = {
+                "loss_threshold": loss_threshold, "latency_factor": latency_factor,
+                "bandwidth_factor": bandwidth_factor,
+            }  # fmt: skip
+            found = localize(topo, rows, thresholds, limit=limit, offset=offset)
+            if notes:
+                found.warnings = [*notes, *found.warnings]
+            return found
+
+        result = await in_thread(run)
+        faulty = [s for s in result.suspects if s.faulty]
+        lines = [f"{result.faulty_count} faulty component(s); layer: {result.layer_verdict}; "
+                 f"{result.probes.bad} of {result.probes.total} probes bad"]  # fmt: skip
+        lines += [
+            f"- {s.kind} {s.name}: {s.symptom}, score {s.score:.3g}, {s.evidence.failed} bad / {s.evidence.passed} "
+            "good probes through it"
+            + (f" (ambiguous with {', '.join(s.ambiguous_with[:3])})" if s.ambiguous_with else "")
+            for s in faulty[:20]
+        ]
+        lines += [f"warning: {w}" for w in result.warnings[:10]]
+        return tool_result(result, "\n".join(lines))
+
     from servers.diagnostics.exporter import ExporterSummary
 
     @agent_tool(
