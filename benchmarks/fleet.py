@@ -241,6 +241,7 @@ def run_stragglers(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     false = sum(o.false_positives for *_, o in results)
     return f"stragglers: {found}/{slow} slow ranks found, {false} false positive(s) in all", {"found": found}
 
+
 # ==== driver ========================================================================================================
 
 SECTIONS: dict[str, Callable[[argparse.Namespace], tuple[str, dict[str, Any]]]] = {
