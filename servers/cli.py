@@ -1,7 +1,7 @@
 """llm-infra-mcp: serve one of the servers, print a Claude Desktop configuration, show the settings.
 
 llm-infra-mcp serve {scaling,diagnostics,overlap,launch,suite} [--transport stdio|http] [--host H] [--port N]
-llm-infra-mcp config claude [--server NAME]... [--roots DIR...] [--write PATH]
+llm-infra-mcp config claude [--server NAME]... [--roots DIR...] [--toolsets A,B] [--write PATH]
 llm-infra-mcp approve [PLAN_ID] [--yes]
 llm-infra-mcp settings
 llm-infra-mcp loop [--quick] [--backend local|slurm|ray] ...   (the experiment loop; --help for its options)
@@ -39,7 +39,9 @@ def default_workspace() -> Path:
     return Path.home() / "llm-infra-workspace"
 
 
-def claude_config(names: Sequence[str], roots: Sequence[Path] | None = None) -> dict:
+def claude_config(
+    names: Sequence[str], roots: Sequence[Path] | None = None, toolsets: Sequence[str] | None = None
+) -> dict:
     """A claude_desktop_config.json fragment that starts each server with this very interpreter, with the allowed
     roots stated: GUI clients start servers in '/' or the home directory, and that must never decide."""
     from servers.core.settings import Settings
@@ -49,6 +51,8 @@ def claude_config(names: Sequence[str], roots: Sequence[Path] | None = None) -> 
     env = {"LLM_INFRA_MCP_ALLOWED_ROOTS": os.pathsep.join(str(r) for r in chosen)}
     if os.environ.get("LLM_INFRA_MCP_HOME"):
         env["LLM_INFRA_MCP_HOME"] = str(settings.home)
+    if toolsets:
+        env["LLM_INFRA_MCP_TOOLSETS"] = ",".join(toolsets)
     return {
         "mcpServers": {
             f"llm-infra-{name}": {
@@ -228,6 +232,13 @@ def _parser() -> argparse.ArgumentParser:
         "~/llm-infra-workspace, which is created)",
     )
     config.add_argument(
+        "--toolsets",
+        type=lambda text: [t.strip() for t in text.split(",") if t.strip()],
+        default=None,
+        metavar="A,B",
+        help="serve only these parts of the suite (scaling, diagnostics, overlap, launch): LLM_INFRA_MCP_TOOLSETS",
+    )
+    config.add_argument(
         "--write",
         type=Path,
         default=None,
@@ -263,7 +274,20 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(2)
         if not args.roots:
             default_workspace().mkdir(parents=True, exist_ok=True)
-        fragment = claude_config(args.servers or ["suite"], args.roots)
+        if args.toolsets is not None:
+            known = ("scaling", "diagnostics", "overlap", "launch")
+            if (
+                not args.toolsets
+                or any(t not in known for t in args.toolsets)
+                or (args.servers or ["suite"]) != ["suite"]
+            ):
+                print(
+                    f"llm-infra-mcp: --toolsets: {','.join(args.toolsets) or '(none)'}; accepted: a comma-separated "
+                    f"list of {', '.join(known)}, with the suite (no --server)",
+                    file=sys.stderr,
+                )
+                raise SystemExit(2)
+        fragment = claude_config(args.servers or ["suite"], args.roots, args.toolsets)
         if args.write is None:
             print(json.dumps(fragment, indent=2))
             return
@@ -293,7 +317,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     # serve: logs go to stderr; stdout belongs to the protocol on stdio
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request (a job's engine is polled)
-    server = load_server(args.name)
+    from pydantic import ValidationError
+
+    try:
+        server = load_server(args.name)
+    except ValidationError as exc:  # a setting the environment got wrong: one line each, no library dump
+        for error in exc.errors():
+            field = "_".join(str(part) for part in error["loc"]).upper()
+            message = str(error["msg"]).removeprefix("Value error, ")
+            print(f"llm-infra-mcp: setting LLM_INFRA_MCP_{field}: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
     if args.transport == "stdio":
         from servers.core.transport import serve_stdio
 

@@ -134,6 +134,28 @@ class Settings(BaseSettings):
                 raise ValueError(f"exporter URL {url!r} must not carry a query or fragment")
         return value
 
+    toolsets: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description="The parts the suite serves, separated by commas (scaling, diagnostics, overlap, launch); the job "
+        "tools come with any part that starts jobs. Empty: all. Fewer tools, fewer tokens in every conversation.",
+    )
+
+    @field_validator("toolsets", mode="before")
+    @classmethod
+    def _split_toolsets(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip().lower() for part in value.replace(",", " ").split() if part.strip()]
+        return value
+
+    @field_validator("toolsets", mode="after")
+    @classmethod
+    def _check_toolsets(cls, value: list[str]) -> list[str]:
+        known = ("scaling", "diagnostics", "overlap", "launch")
+        unknown = [v for v in value if v not in known]
+        if unknown:
+            raise ValueError(f"toolsets: {', '.join(unknown)} unknown; accepted: {', '.join(known)}")
+        return list(dict.fromkeys(value))
+
     ray_address: str = Field(
         default="",
         description="The Ray Jobs API address (the head's dashboard, e.g. http://127.0.0.1:8265) for backend 'ray'; "
