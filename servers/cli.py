@@ -254,7 +254,10 @@ def _parser() -> argparse.ArgumentParser:
     approve_cmd.add_argument("--yes", action="store_true", help="approve without asking on the terminal")
 
     commands.add_parser("settings", help="print every setting, its environment variable, default and current value")
-    commands.add_parser("docs", help="print README's generated sections (servers, tools, settings)")
+    docs = commands.add_parser("docs", help="print README's generated sections (servers, tools, settings)")
+    docs.add_argument(
+        "--write", action="store_true", help="rewrite them in README.md, and tests/snapshots/tools.json (a checkout)"
+    )
     commands.add_parser(
         "loop", help="run the experiment loop (examples/experiment_loop.py; see `llm-infra-mcp loop --help`)"
     )
@@ -300,8 +303,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "approve":
         raise SystemExit(approve(args.plan_id, yes=args.yes))
     if args.command == "docs":
-        from servers.docs import generated_sections
+        from servers.docs import generated_sections, write_all
 
+        if args.write:
+            for path in write_all():
+                print(f"wrote {path}")
+            return
         print(generated_sections())
         return
     if args.command == "settings":

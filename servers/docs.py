@@ -1,8 +1,13 @@
-"""The parts of README.md that are generated from the code, so they cannot go stale: the servers and their
-tools, and the settings. `llm-infra-mcp docs` prints them; a test checks README.md holds exactly this text."""
+"""What is generated from the code, so that it cannot go stale: README.md's sections on the servers and their tools
+and on the settings, and tests/snapshots/tools.json, what an agent sees of every suite tool (name, title,
+description, input schema, annotations). `llm-infra-mcp docs` prints the sections; `llm-infra-mcp docs --write`
+rewrites both in a checkout. Tests check README.md and the snapshot hold exactly this: a change to what the agent
+sees is a reviewed diff."""
 
 import importlib
+import json
 import re
+from pathlib import Path
 
 import anyio
 
@@ -56,3 +61,43 @@ def settings_markdown() -> str:
 
 def generated_sections() -> str:
     return tools_markdown() + "\n\n" + settings_markdown()
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+README = REPO_ROOT / "README.md"
+SNAPSHOT = REPO_ROOT / "tests" / "snapshots" / "tools.json"
+
+
+def tools_snapshot() -> str:
+    """Every suite tool as the agent sees it in tools/list, minus the output schemas (they validate results; the
+    model does not read them), sorted by name, as stable JSON."""
+
+    async def listed() -> list:
+        return await importlib.import_module("servers.suite").create_server().list_tools()
+
+    tools = anyio.run(listed)
+    entries = []
+    for tool in sorted(tools, key=lambda t: t.name):
+        data = tool.model_dump(mode="json", by_alias=True, exclude_none=True)
+        entries.append(
+            {key: data[key] for key in ("name", "title", "description", "inputSchema", "annotations") if key in data}
+        )
+    return json.dumps(entries, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def replace_section(text: str, begin: str, end: str, body: str) -> str:
+    start, stop = text.index(begin), text.index(end) + len(end)
+    return text[:start] + body + text[stop:]
+
+
+def write_all() -> list[Path]:
+    """Rewrite README.md's generated sections and the tools snapshot (in a checkout); the files written."""
+    if not README.is_file() or not SNAPSHOT.parent.parent.is_dir():
+        raise SystemExit("llm-infra-mcp docs --write: run it from a checkout of the project (README.md, tests/)")
+    text = README.read_text()
+    text = replace_section(text, TOOLS_BEGIN, TOOLS_END, tools_markdown())
+    text = replace_section(text, SETTINGS_BEGIN, SETTINGS_END, settings_markdown())
+    README.write_text(text)
+    SNAPSHOT.parent.mkdir(parents=True, exist_ok=True)
+    SNAPSHOT.write_text(tools_snapshot())
+    return [README, SNAPSHOT]
