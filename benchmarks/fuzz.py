@@ -65,7 +65,7 @@ CALL_TIMEOUT_S = 120.0
 # Arguments that make a call wait or work for long: valid values are capped (values outside the schema still go).
 CAPS: dict[str, float] = {
     "wait_s": 0,
-    "timeout_s": 1,
+    "http_timeout_s": 1,
     "bootstrap": 20,
     "iters": 3,
     "warmup": 1,

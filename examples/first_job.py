@@ -66,7 +66,7 @@ async def main(args: argparse.Namespace) -> int:
 
         while True:
             waited = await call(
-                client, "wait_for_job", {"job_id": job_id, "timeout_s": 30}, progress_callback=on_progress
+                client, "wait_for_job", {"job_id": job_id, "wait_s": 30}, progress_callback=on_progress
             )
             if waited["job"]["finished"]:
                 break

@@ -70,7 +70,7 @@ async def finish_job(client: Any, job_id: str, limit_s: float = 240) -> dict[str
 
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        waited = await call_ok(client, "wait_for_job", {"job_id": job_id, "timeout_s": 30})
+        waited = await call_ok(client, "wait_for_job", {"job_id": job_id, "wait_s": 30})
         if waited["job"]["finished"]:
             return waited["job"]
     raise AssertionError(f"job {job_id} did not finish in {limit_s} s")

@@ -365,3 +365,27 @@ def test_domain_validation_errors_read_one_line_per_problem() -> None:
         'items[0].size: got "x" (a string)',
         "items[1].size: required field missing",
     ]
+
+
+# One word, one meaning (DESIGN.md "Tool vocabulary"): how long a call waits is wait_s, a job's limit max_wall_s.
+BANNED_ARGUMENTS = {
+    "timeout_s": "wait_s (how long this call waits) or max_wall_s (a job's wall-time limit)",
+    "timeout": "wait_s or max_wall_s",
+    "wall_s": "max_wall_s",
+    "max_wait_s": "wait_s",
+}
+
+
+async def test_one_word_one_meaning(suite_tools: list[Tool]) -> None:
+    problems = []
+    for tool in suite_tools:
+        properties = tool.input_schema.get("properties", {})
+        for name in properties:
+            if name in BANNED_ARGUMENTS:
+                problems.append(f"{tool.name}.{name}: say {BANNED_ARGUMENTS[name]}")
+        starts_job = (tool.output_schema or {}).get("title") == "JobView"
+        if starts_job and tool.name not in JOB_TOOLS:
+            for needed in ("wait_s", "max_wall_s"):
+                if needed not in properties and "spec" not in properties:
+                    problems.append(f"{tool.name}: starts a job but has no {needed}")
+    assert not problems, "\n".join(problems)

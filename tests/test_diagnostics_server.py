@@ -221,7 +221,7 @@ async def test_dcgm_exporter_over_real_http(exporter_url: str, tmp_path: Path, m
         assert len(summary["gpus"]) == 4
         garbage = await error(client, "read_dcgm_exporter", {"url": exporter_url + "/garbage"})
         assert "not Prometheus text" in garbage and "\\x" not in garbage
-        hang = await error(client, "read_dcgm_exporter", {"url": exporter_url + "/hang", "timeout_s": 1})
+        hang = await error(client, "read_dcgm_exporter", {"url": exporter_url + "/hang", "http_timeout_s": 1})
         assert "did not answer within 1 s" in hang
         assert "404" in await error(client, "read_dcgm_exporter", {"url": exporter_url + "/nope"})
         assert "should match pattern" in await error(client, "read_dcgm_exporter", {"url": "file:///etc/passwd"})

@@ -33,7 +33,7 @@ async def test_handle_then_wait_with_progress_notifications(suite_client: Client
         seen.append((progress, total, message))
 
     result = await suite_client.call_tool(
-        "wait_for_job", {"job_id": job["job_id"], "timeout_s": 40}, progress_callback=on_progress
+        "wait_for_job", {"job_id": job["job_id"], "wait_s": 40}, progress_callback=on_progress
     )
     waited = result.structured_content
     assert not result.is_error and waited["job"]["state"] == "SUCCEEDED" and not waited["timed_out"]
@@ -46,7 +46,7 @@ async def test_handle_then_wait_with_progress_notifications(suite_client: Client
 
 async def test_wait_times_out_and_cancel_ends_the_job(suite_client: Client) -> None:
     job = await call(suite_client, "start_test_job", {"kind": "test_sleep", "spec": {"seconds": 60}})
-    waited = await call(suite_client, "wait_for_job", {"job_id": job["job_id"], "timeout_s": 1})
+    waited = await call(suite_client, "wait_for_job", {"job_id": job["job_id"], "wait_s": 1})
     assert waited["timed_out"] and waited["job"]["state"] in ("STARTING", "RUNNING")
     cancelled = await call(suite_client, "cancel_job", {"job_id": job["job_id"]})
     assert cancelled["state"] == "CANCELLED"
@@ -146,7 +146,7 @@ async def test_gemm_benchmark_asking_for_cuda_here_fails_clearly(suite_client: C
     [
         ("get_job", {"job_id": "no-such-job"}, "no job with id 'no-such-job'"),
         ("get_job", {"job_id": "../../etc/passwd"}, "should match pattern"),
-        ("wait_for_job", {"job_id": "x", "timeout_s": 51}, "less than or equal to 50"),
+        ("wait_for_job", {"job_id": "x", "wait_s": 51}, "less than or equal to 50"),
         ("read_job_logs", {"job_id": "no-such-job"}, "no job with id"),
         ("read_job_metrics", {"job_id": "no-such-job", "limit": 0}, "greater than or equal to 1"),
         ("list_jobs", {"state": "DONE"}, "QUEUED"),

@@ -183,7 +183,7 @@ async def test_a_sweep_on_slurm_is_one_job_array(app: App, slurm_cluster: Path, 
         deadline = time.monotonic() + 240
         waited: dict = {}
         while time.monotonic() < deadline:
-            waited = await ok(client, "wait_for_job", {"job_id": plan["sweep_id"], "timeout_s": 30})
+            waited = await ok(client, "wait_for_job", {"job_id": plan["sweep_id"], "wait_s": 30})
             if waited["sweep"]["finished"] == 3:
                 break
         assert waited["sweep"]["states"] == {"SUCCEEDED": 2, "FAILED": 1}, waited["sweep"]

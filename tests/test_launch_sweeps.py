@@ -38,7 +38,7 @@ async def test_a_grid_sweep_runs_once_per_combination_and_is_followed_by_its_id(
         assert listed["total"] == 2 and (await ok(client, "list_jobs", {}))["total"] == 2
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
-            waited = await ok(client, "wait_for_job", {"job_id": plan["sweep_id"], "timeout_s": 30})
+            waited = await ok(client, "wait_for_job", {"job_id": plan["sweep_id"], "wait_s": 30})
             if not waited["timed_out"]:
                 break
         sweep = waited["sweep"]

@@ -133,7 +133,7 @@ async def test_job_survives_a_sigkilled_server_and_is_tracked_after_restart(home
     async with running_test_suite(home) as (client, _):
         current = (await client.call_tool("get_job", {"job_id": job["job_id"]})).structured_content
         assert current["state"] == "RUNNING"  # still tracked: its supervisor outlived the server
-        waited = await client.call_tool("wait_for_job", {"job_id": job["job_id"], "timeout_s": 30})
+        waited = await client.call_tool("wait_for_job", {"job_id": job["job_id"], "wait_s": 30})
         assert waited.structured_content["job"]["state"] == "SUCCEEDED", waited.content[0].text
         assert waited.structured_content["job"]["result"] == {"slept": 4}
 
@@ -191,7 +191,7 @@ async def test_training_job_survives_a_sigkilled_launch_server(home: Path) -> No
         current = (await client.call_tool("get_job", {"job_id": job["job_id"]})).structured_content
         assert current["state"] in ("RUNNING", "SUCCEEDED")
         for _ in range(20):
-            waited = await client.call_tool("wait_for_job", {"job_id": job["job_id"], "timeout_s": 30})
+            waited = await client.call_tool("wait_for_job", {"job_id": job["job_id"], "wait_s": 30})
             if waited.structured_content["job"]["finished"]:
                 break
         final = waited.structured_content["job"]

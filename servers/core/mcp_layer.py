@@ -566,7 +566,7 @@ def register_job_tools(server: MCPServer, app: App) -> None:
     async def wait_for_job(
         ctx: Context,
         job_id: JobId,
-        timeout_s: Annotated[
+        wait_s: Annotated[
             float,
             Field(
                 ge=0,
@@ -575,18 +575,18 @@ def register_job_tools(server: MCPServer, app: App) -> None:
             ),
         ] = 30,
     ) -> Annotated[CallToolResult, JobWait]:
-        """Wait until a job ends (or, given a sweep id, every run of the sweep) or timeout_s passes, sending progress
+        """Wait until a job ends (or, given a sweep id, every run of the sweep) or wait_s passes, sending progress
         notifications meanwhile; then return the job as get_job shows it (or each run's state), with timed_out
         telling which happened. Call it again to keep waiting. Costs nothing but the wait."""
         import re
 
         if re.fullmatch(SWEEP_ID, job_id):
-            waited = await wait_for_sweep(app, job_id, timeout_s, ctx)
+            waited = await wait_for_sweep(app, job_id, wait_s, ctx)
             assert waited.sweep is not None
             counts = ", ".join(f"{n} {state}" for state, n in sorted(waited.sweep.states.items()))
             text = f"sweep {job_id}: {waited.sweep.finished}/{waited.sweep.runs} runs done ({counts})"
             return tool_result(waited, ("still running after the wait; " if waited.timed_out else "") + text)
-        waited = await wait_for(app, job_id, timeout_s, ctx)
+        waited = await wait_for(app, job_id, wait_s, ctx)
         assert waited.job is not None
         prefix = "still running after the wait; " if waited.timed_out else ""
         return tool_result(waited, prefix + summarize_job(waited.job))

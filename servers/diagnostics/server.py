@@ -412,6 +412,10 @@ def register(server: MCPServer, app: App) -> None:
             ),
         ] = 1,
         wait_s: WaitS = 20,
+        max_wall_s: Annotated[
+            float | None,
+            Field(gt=0, le=8 * 3600, description="Wall-time limit (default by level: 10 min, 30 min, 1 h, 4 h)"),
+        ] = None,
     ) -> Annotated[CallToolResult, JobView]:
         """Run `dcgmi diag -r LEVEL -j` on this machine as a job and parse its JSON (the same report as
         parse_dcgm_diag). Levels 2-4 load the GPUs: do not run them under a training job. Returns the report if it
@@ -421,7 +425,7 @@ def register(server: MCPServer, app: App) -> None:
         ok, why = dcgm_available()
         if not ok:
             raise InputError(f"DCGM is not available on this machine: {why}")
-        timeout = {1: 600, 2: 1800, 3: 3600, 4: 4 * 3600}[level]
+        timeout = max_wall_s or {1: 600, 2: 1800, 3: 3600, 4: 4 * 3600}[level]
         view = await run_job(
             app, "dcgm_diag", {"level": level, "timeout_s": timeout}, wait_s=wait_s, ctx=ctx, timeout_s=timeout
         )
@@ -812,17 +816,19 @@ def register(server: MCPServer, app: App) -> None:
                 "LLM_INFRA_MCP_EXPORTER_URLS allows (default: port 9400 on loopback)",
             ),
         ],
-        timeout_s: Annotated[float, Field(gt=0, le=30, description="Give up after this many seconds")] = 10,
+        http_timeout_s: Annotated[
+            float, Field(gt=0, le=30, description="Give up on the endpoint after this many seconds")
+        ] = 10,
     ) -> Annotated[CallToolResult, ExporterSummary]:
         """Scrape a dcgm-exporter endpoint and summarise each GPU: temperature, power, utilisation, tensor activity,
         last Xid, ECC and row-remap counters, NVLink bandwidth, clock event reasons, with findings by the same rules
         as gpu_health. Only URLs the person allowed (setting LLM_INFRA_MCP_EXPORTER_URLS; by default
         dcgm-exporter's port 9400 on this machine's loopback): the error for another URL says what to set. http and
-        https; bounded time (timeout_s) and size (8 MiB); redirects are not followed; a response that is not
+        https; bounded time (http_timeout_s) and size (8 MiB); redirects are not followed; a response that is not
         Prometheus text is refused without being quoted. Lists at most 64 GPUs (those not healthy first)."""
         from servers.diagnostics.exporter import read_exporter
 
-        summary = await read_exporter(url, allowed=app.settings.exporter_urls, timeout_s=timeout_s)
+        summary = await read_exporter(url, allowed=app.settings.exporter_urls, timeout_s=http_timeout_s)
         return tool_result(summary, summary.text)
 
 

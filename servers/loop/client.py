@@ -113,7 +113,7 @@ class SuiteClient:
             remaining = deadline - time.monotonic()
             waited = await self.call(
                 "wait_for_job",
-                {"job_id": job_id, "timeout_s": max(0.0, min(WAIT_CALL_S, remaining))},
+                {"job_id": job_id, "wait_s": max(0.0, min(WAIT_CALL_S, remaining))},
                 progress=self._progress(label),
             )
             job = waited["job"]
@@ -127,7 +127,7 @@ class SuiteClient:
             remaining = deadline - time.monotonic()
             waited = await self.call(
                 "wait_for_job",
-                {"job_id": sweep_id, "timeout_s": max(0.0, min(WAIT_CALL_S, remaining))},
+                {"job_id": sweep_id, "wait_s": max(0.0, min(WAIT_CALL_S, remaining))},
                 progress=self._progress(label),
             )
             sweep = waited["sweep"]

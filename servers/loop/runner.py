@@ -232,7 +232,7 @@ class StudyRun:
             "iters": cfg.overlap_iters,
             "backend": backend,
             "wait_s": 0,
-            "timeout_s": OVERLAP_TIMEOUT_S,
+            "max_wall_s": OVERLAP_TIMEOUT_S,
             **({"methods": methods} if methods else {}),
         }
         section["measure_args"] = args

@@ -66,7 +66,7 @@ def register(server: MCPServer, app: App) -> None:
         ctx: Context,
         spec: Annotated[GemmBenchmarkSpec, Field(description="The GEMM shape, dtype, device and iteration counts")],
         wait_s: WaitS = 20,
-        timeout_s: Annotated[float, Field(gt=0, le=3600, description="Wall-time limit of the job")] = 600,
+        max_wall_s: Annotated[float, Field(gt=0, le=3600, description="Wall-time limit of the job")] = 600,
     ) -> Annotated[CallToolResult, JobView]:
         """Time one GEMM (C = A @ B with A m x k, B k x n) with torch in a separate process: median, min, max and
         percentiles over iters iterations after warm-up, TFLOP/s, and on a GPU the fraction of the catalog's
@@ -77,7 +77,7 @@ def register(server: MCPServer, app: App) -> None:
 
         await in_thread(prepare_gemm, spec)  # the same decision and messages as the job's own
         view = await run_job(
-            app, "gemm_benchmark", spec.model_dump(mode="json"), wait_s=wait_s, ctx=ctx, timeout_s=timeout_s
+            app, "gemm_benchmark", spec.model_dump(mode="json"), wait_s=wait_s, ctx=ctx, timeout_s=max_wall_s
         )
         summary = summarize_job(view)
         if view.result:
@@ -235,7 +235,7 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
         ctx: Context,
         spec: Annotated[CollectiveSpec, Field(description="The collective, the size sweep, world size and backend")],
         wait_s: WaitS = 20,
-        timeout_s: Annotated[float, Field(gt=0, le=4 * 3600, description="Wall-time limit of the job")] = 1800,
+        max_wall_s: Annotated[float, Field(gt=0, le=4 * 3600, description="Wall-time limit of the job")] = 1800,
     ) -> Annotated[CallToolResult, JobView]:
         """Time a collective (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast) over a size sweep on
         world_size ranks (one process per GPU with nccl; processes with gloo on CPU), and return an
@@ -246,7 +246,7 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
         # The job decides again with the same probe (servers/overlap/limits.py): the same backend, the same refusals.
         backend, why, _ = await in_thread(prepare_collective, spec)
         data = spec.model_dump(mode="json")
-        view = await run_job(app, "collective_benchmark", data, wait_s=wait_s, ctx=ctx, timeout_s=timeout_s)
+        view = await run_job(app, "collective_benchmark", data, wait_s=wait_s, ctx=ctx, timeout_s=max_wall_s)
         summary = _with_decision(summarize_job(view), spec.backend, why)
         if view.result and "avg_busbw" in view.result:
             summary = (
@@ -276,7 +276,7 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
         seq_len: Annotated[int, Field(ge=1, le=1 << 20, description="Preset sequence length")] = 4096,
         micro_batch: Annotated[int, Field(ge=1, le=4096, description="Preset micro-batch")] = 1,
         wait_s: WaitS = 20,
-        timeout_s: Annotated[float, Field(gt=0, le=4 * 3600, description="Wall-time limit of the job")] = 1800,
+        max_wall_s: Annotated[float, Field(gt=0, le=4 * 3600, description="Wall-time limit of the job")] = 1800,
     ) -> Annotated[CallToolResult, JobView]:
         """Measure one tensor-parallel GEMM with its collective (ag_gemm, gemm_rs, gemm_ar): the sequential
         baseline against chunked, ring and symm_mem overlap (symm_mem only on NVLink GPUs; otherwise it says so):
@@ -299,7 +299,7 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
         # The job decides again with the same probe (servers/overlap/limits.py): the same backend, the same refusals.
         _, why = await in_thread(prepare_overlap, spec)
         data = spec.model_dump(mode="json")
-        view = await run_job(app, "overlap_benchmark", data, wait_s=wait_s, ctx=ctx, timeout_s=timeout_s)
+        view = await run_job(app, "overlap_benchmark", data, wait_s=wait_s, ctx=ctx, timeout_s=max_wall_s)
         summary = _with_decision(summarize_job(view), spec.backend, why)
         if view.result and view.result.get("table"):
             summary += "\n" + str(view.result["table"])
@@ -338,7 +338,7 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
             ),
         ] = None,
         wait_s: WaitS = 20,
-        timeout_s: Annotated[float, Field(gt=0, le=12 * 3600, description="Wall-time limit of the job")] = 3 * 3600,
+        max_wall_s: Annotated[float, Field(gt=0, le=12 * 3600, description="Wall-time limit of the job")] = 3 * 3600,
     ) -> Annotated[CallToolResult, JobView]:
         """Sweep methods and chunk counts for each layer (a preset's TP layers or given ones) and return, per layer,
         the best configuration (the fastest method whose output matches the sequential result and whose timings
@@ -376,7 +376,7 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
         # The job decides again with the same probe (servers/overlap/limits.py): the same backend, the same refusals.
         _, why, _, _ = await in_thread(prepare_tune, spec)
         view = await run_job(
-            app, "overlap_tune", spec.model_dump(mode="json"), wait_s=wait_s, ctx=ctx, timeout_s=timeout_s
+            app, "overlap_tune", spec.model_dump(mode="json"), wait_s=wait_s, ctx=ctx, timeout_s=max_wall_s
         )
         summary = _with_decision(summarize_job(view), backend, why)
         if view.result and view.result.get("table"):
