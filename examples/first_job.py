@@ -65,9 +65,7 @@ async def main(args: argparse.Namespace) -> int:
             print(f"   ... {progress:.1f}/{total or 0:.0f} s waited: {message}", flush=True)
 
         while True:
-            waited = await call(
-                client, "wait_for_job", {"job_id": job_id, "wait_s": 30}, progress_callback=on_progress
-            )
+            waited = await call(client, "wait_for_job", {"job_id": job_id, "wait_s": 30}, progress_callback=on_progress)
             if waited["job"]["finished"]:
                 break
         await call(client, "read_job_logs", {"job_id": job_id})
