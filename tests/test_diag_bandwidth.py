@@ -127,7 +127,7 @@ async def test_triage_joins_the_sources_and_names_the_gpu_nvidia_smi_does_not_li
         assert "0000:ab:00" in warnings and "not in the nvidia-smi" in warnings, warnings
         assert result["first_action"]
         assert "at most one" in await error(
-            client, "triage_node", {"nvidia_smi_output": "x", "nvidia_smi_path": str(folder / "README.md")}
+            client, "triage_node", {"nvidia_smi_text": "x", "nvidia_smi_path": str(folder / "README.md")}
         )
 
 

@@ -52,14 +52,14 @@ async def test_captured_nvidia_smi_in_every_format(suite_client: Client, name: s
     assert health["node_status"] in ("healthy", "degraded", "unhealthy", "unknown")
     assert sum(health["counts"].values()) == inventory["gpu_count"]
     same = await ok(
-        suite_client, "gpu_inventory", {"nvidia_smi_output": source.read_text(), "fields": args.get("fields")}
+        suite_client, "gpu_inventory", {"text": source.read_text(), "fields": args.get("fields")}
     )
     assert same["gpus"] == inventory["gpus"]
 
 
 async def test_health_of_a_node_with_faulty_gpus(suite_client: Client) -> None:
     text = (FIXTURES / "smi" / "nvidia-smi-q.8xH100.550.synthetic.txt").read_text()
-    health = await ok(suite_client, "gpu_health", {"nvidia_smi_output": text})
+    health = await ok(suite_client, "gpu_health", {"text": text})
     assert health["node_status"] == "unhealthy" and health["counts"].get("unhealthy", 0) >= 1
     checks = {f["check"] for g in health["gpus"] for f in g["findings"]}
     assert any("ecc" in c for c in checks) and any("remap" in c for c in checks)
@@ -230,16 +230,16 @@ async def test_dcgm_exporter_over_real_http(exporter_url: str, tmp_path: Path, m
 async def test_bad_inputs(suite_client: Client, tmp_path: Path) -> None:
     assert "exactly one" in await error(suite_client, "scan_kernel_log", {})
     assert "outside the allowed roots" in await error(suite_client, "scan_kernel_log", {"path": "/etc/hostname"})
-    empty = await suite_client.call_tool("gpu_inventory", {"nvidia_smi_output": "   \n"})
+    empty = await suite_client.call_tool("gpu_inventory", {"text": "   \n"})
     assert empty.is_error and "whitespace" in empty.content[0].text
     binary = tmp_path / "smi.txt"
     binary.write_bytes(b"\x00\x01\x02" * 100)
     assert "binary" in await error(suite_client, "gpu_health", {"path": str(binary)})
-    assert "nvidia-smi" in await error(suite_client, "gpu_inventory", {"nvidia_smi_output": "hello world"})
+    assert "nvidia-smi" in await error(suite_client, "gpu_inventory", {"text": "hello world"})
     garbled = "<?xml version='1.0'?><nvidia_smi_log><driver_version>535</driver_version><gpu id='0000:3b:00.0'"
-    await error(suite_client, "gpu_inventory", {"nvidia_smi_output": garbled})
+    await error(suite_client, "gpu_inventory", {"text": garbled})
     truncated = (FIXTURES / "smi" / "nvidia-smi-q.8xH100.550.synthetic.txt").read_text()[:3000]
-    result = await suite_client.call_tool("gpu_inventory", {"nvidia_smi_output": truncated})
+    result = await suite_client.call_tool("gpu_inventory", {"text": truncated})
     assert "Traceback" not in result.content[0].text
     assert "nccl" in (await error(suite_client, "parse_nccl_tests", {"text": "not an nccl-tests output"})).lower()
     assert await error(suite_client, "parse_dcgm_diag", {"text": '{"something": 1}'})

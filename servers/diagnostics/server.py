@@ -209,13 +209,13 @@ SmiFields = Annotated[
 def register(server: MCPServer, app: App) -> None:
     @agent_tool(server, title="GPU inventory", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def gpu_inventory(
-        nvidia_smi_output: SmiOutput = "", path: SmiPath = None, fields: SmiFields = None
+        text: SmiOutput = "", path: SmiPath = None, fields: SmiFields = None
     ) -> Annotated[CallToolResult, Inventory]:
         """List the GPUs of a node: index, name, UUID, PCI bus id, serial, driver and CUDA versions, memory. Live from
         NVML on the machine this server runs on when no input is given (where there is no NVIDIA driver, available
         is false and reason says so), or from captured nvidia-smi output (text, XML or CSV). Lists at most 128 GPUs
         (gpu_count and gpus_omitted count them all). Instant."""
-        inventory = await in_thread(lambda: bounded_inventory(snapshots(app, nvidia_smi_output, path, fields)))
+        inventory = await in_thread(lambda: bounded_inventory(snapshots(app, text, path, fields)))
         if not inventory.available:
             return tool_result(inventory, f"no GPU inventory: {inventory.reason}")
         lines = [
@@ -228,7 +228,7 @@ def register(server: MCPServer, app: App) -> None:
 
     @agent_tool(server, title="GPU health", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def gpu_health(
-        nvidia_smi_output: SmiOutput = "", path: SmiPath = None, fields: SmiFields = None
+        text: SmiOutput = "", path: SmiPath = None, fields: SmiFields = None
     ) -> Annotated[CallToolResult, NodeHealth]:
         """Judge each GPU of a node healthy, degraded, unhealthy or unknown, with findings (what, severity, evidence,
         recommended action): uncorrectable ECC (SRAM, DRAM; volatile, aggregate), remapped rows pending or failed,
@@ -236,7 +236,7 @@ def register(server: MCPServer, app: App) -> None:
         brake, temperature and power against limits, PCIe link below max, NVLink links down, persistence mode,
         fabric state. Live from NVML, or from captured nvidia-smi output. Unknown fields stay unknown. Lists at most
         128 GPUs, those not healthy first (counts and gpus_omitted cover them all). Instant."""
-        inventory = await in_thread(snapshots, app, nvidia_smi_output, path, fields)
+        inventory = await in_thread(snapshots, app, text, path, fields)
         health = await in_thread(lambda: bounded_health(node_health(inventory)))
         if not health.available:
             return tool_result(health, f"no GPU health: {health.reason}")
@@ -593,7 +593,7 @@ def register(server: MCPServer, app: App) -> None:
 
     @agent_tool(server, title="Triage a node", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def triage_node(
-        nvidia_smi_output: SmiOutput = "",
+        nvidia_smi_text: SmiOutput = "",
         nvidia_smi_path: SmiPath = None,
         fields: SmiFields = None,
         live_nvml: Annotated[bool, Field(description="Read this machine's GPUs through NVML")] = False,
@@ -623,7 +623,7 @@ def register(server: MCPServer, app: App) -> None:
             if sum(bool(v) for v in values) > 1:
                 raise InputError(f"{name}: give at most one of its text, path or live source")
 
-        one("nvidia-smi", nvidia_smi_output, nvidia_smi_path, live_nvml)
+        one("nvidia-smi", nvidia_smi_text, nvidia_smi_path, live_nvml)
         one("kernel log", kernel_log_text, kernel_log_path, kernel_log_source)
         one("DCGM", dcgm_text, dcgm_path)
         one("nccl-tests", nccl_tests_text, nccl_tests_path)
@@ -640,8 +640,8 @@ def register(server: MCPServer, app: App) -> None:
                 if reason is not None:
                     raise InputError(f"live_nvml: NVML cannot be read here: {reason}")
                 kwargs["snapshots"] = gpus
-            elif nvidia_smi_output or nvidia_smi_path:
-                kwargs["nvidia_smi"] = read_text_input(app, nvidia_smi_output, nvidia_smi_path, "nvidia-smi output")[0]
+            elif nvidia_smi_text or nvidia_smi_path:
+                kwargs["nvidia_smi"] = read_text_input(app, nvidia_smi_text, nvidia_smi_path, "nvidia-smi output")[0]
                 kwargs["smi_fields"] = fields
             if kernel_log_path is not None:
                 kwargs["kernel_scan"] = scan_file(_resolve(app, kernel_log_path, "kernel log file"), classify=classify)
