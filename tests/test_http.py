@@ -348,3 +348,31 @@ async def test_body_timeout_hands_the_app_the_whole_body_and_later_messages() ->
 
     await BodyTimeoutMiddleware(app, timeout_s=10)({"type": "http"}, receive, send)
     assert seen == [{"type": "http.request", "body": b"abcde", "more_body": False}, {"type": "http.disconnect"}]
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(120)
+async def test_a_hundred_concurrent_calls_are_all_answered_correctly(loopback_url: str) -> None:
+    """100 tool calls at once over one streamable HTTP session: each answered, each with its own right value."""
+    import anyio
+
+    results: dict[int, float] = {}
+
+    async with Client(loopback_url + "/mcp") as client:
+
+        async def one(i: int) -> None:
+            compute = 100.0 * (i + 1)
+            result = await client.call_tool(
+                "evaluate_scaling_law",
+                {"model": "power_law", "points": [{"compute": compute}], "parameters": {"A": 0.6, "B": 0.5, "D": 1.0}},
+            )
+            assert not result.is_error, result.content
+            results[i] = result.structured_content["points"][0]["value"]
+
+        with anyio.fail_after(90):
+            async with anyio.create_task_group() as group:
+                for i in range(100):
+                    group.start_soon(one, i)
+    assert sorted(results) == list(range(100))
+    for i, value in results.items():
+        assert value == pytest.approx(0.6 - (100.0 * (i + 1)) ** -0.5)
