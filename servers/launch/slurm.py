@@ -847,15 +847,17 @@ class SlurmBackend:
     def _handle(self, key: str, job_id: str, folder: Path) -> BackendHandle:
         return BackendHandle(backend=self.name, key=key, native_id=job_id, job_dir=str(folder))
 
-    def find_by_comment(self, key: str) -> str | None:
-        """The id of this user's job whose --comment carries `key`, if squeue still knows one."""
-        proc = self._run(["squeue", "-h", "-u", str(os.getuid()), "-t", "all", "-o", "%i|%k"])
+    def find_by_comment(self, key: str, *, array: bool = False) -> str | None:
+        """The id of this user's job whose --comment carries `key`, if squeue still knows one; with `array`, the
+        array job id of an array's (squeue's %F)."""
+        column, pattern = ("%F", SUBMITTED_ID_PATTERN) if array else ("%i", JOB_ID_PATTERN)
+        proc = self._run(["squeue", "-h", "-u", str(os.getuid()), "-t", "all", "-o", f"{column}|%k"])
         if proc.returncode != 0:
             raise SlurmUnavailableError(f"slurm: squeue failed: {self._said(proc)}")
         wanted = f"{COMMENT_PREFIX}{key}"
         for line in proc.stdout.splitlines():
             job_id, _, comment = line.strip().partition("|")
-            if comment.strip() == wanted and JOB_ID_PATTERN.fullmatch(job_id):
+            if comment.strip() == wanted and pattern.fullmatch(job_id):
                 return job_id
         return None
 
@@ -941,7 +943,7 @@ class SlurmBackend:
             job_id = record.get("job_id")
             if isinstance(job_id, str) and SUBMITTED_ID_PATTERN.fullmatch(job_id):
                 return job_id
-        found = self.find_array_by_comment(sweep_key)
+        found = self.find_by_comment(sweep_key, array=True)
         if found is not None:
             atomic_write_json(folder / ARRAY_RECORD, {"key": sweep_key, "job_id": found, "at": time.time()})
             return found
@@ -953,34 +955,15 @@ class SlurmBackend:
             )
         return None
 
-    def find_array_by_comment(self, sweep_key: str) -> str | None:
-        """The array job id of this user's array whose --comment carries `sweep_key`, if squeue still lists it."""
-        proc = self._run(["squeue", "-h", "-u", str(os.getuid()), "-t", "all", "-o", "%F|%k"])
-        if proc.returncode != 0:
-            raise SlurmUnavailableError(f"slurm: squeue failed: {self._said(proc)}")
-        wanted = f"{COMMENT_PREFIX}{sweep_key}"
-        for line in proc.stdout.splitlines():
-            array_id, _, comment = line.strip().partition("|")
-            if comment.strip() == wanted and SUBMITTED_ID_PATTERN.fullmatch(array_id):
-                return array_id
-        return None
-
     def _write_script(self, folder: Path, rendered: str, plan: BackendPlan) -> None:
         for sub in ("logs", RUN_DIR_NAME, LOG_DIR_NAME, "checkpoints"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         Path(plan.cwd).mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{SCRIPT_NAME}.tmp"
-        tmp.write_text(rendered)
-        tmp.chmod(0o700)
-        os.replace(tmp, folder / SCRIPT_NAME)
+        _write_executable(folder / SCRIPT_NAME, rendered)
 
     def _sbatch_array(self, folder: Path, rendered: str, sweep_key: str) -> str:
         (folder / "logs").mkdir(exist_ok=True)
-        script = folder / ARRAY_SCRIPT
-        tmp = folder / f".{ARRAY_SCRIPT}.tmp"
-        tmp.write_text(rendered)
-        tmp.chmod(0o700)
-        os.replace(tmp, script)
+        script = _write_executable(folder / ARRAY_SCRIPT, rendered)
         atomic_write_json(folder / ARRAY_RECORD, {"key": sweep_key, "state": "submitting", "at": time.time()})
         try:
             proc = self._run(["sbatch", "--parsable", str(script)], cwd=folder)
@@ -1298,6 +1281,15 @@ def render_array(runs: Sequence[tuple[Path | str, str]], *, sweep_key: str, swee
         "",
     ]
     return "\n".join(lines)
+
+
+def _write_executable(path: Path, text: str) -> Path:
+    """`text` as an executable file (0700), whole or not at all (a temporary file renamed)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.chmod(0o700)
+    os.replace(tmp, path)
+    return path
 
 
 def check_job_dir(folder: Path) -> None:

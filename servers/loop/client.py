@@ -106,8 +106,8 @@ class SuiteClient:
             )
         )
 
-    async def wait_job(self, job_id: str, label: str, limit_s: float) -> dict[str, Any]:
-        """wait_for_job until the job ends (at most limit_s in all, then the last view), printing progress."""
+    async def _wait(self, job_id: str, label: str, limit_s: float, done: Callable[[dict[str, Any]], bool]) -> Any:
+        """wait_for_job until `done(answer)` (at most limit_s in all, then the last answer), printing progress."""
         deadline = time.monotonic() + limit_s
         while True:
             remaining = deadline - time.monotonic()
@@ -116,25 +116,23 @@ class SuiteClient:
                 {"job_id": job_id, "wait_s": max(0.0, min(WAIT_CALL_S, remaining))},
                 progress=self._progress(label),
             )
-            job = waited["job"]
-            if job["finished"] or remaining <= 0:
-                return job
+            if done(waited) or remaining <= 0:
+                return waited
+
+    async def wait_job(self, job_id: str, label: str, limit_s: float) -> dict[str, Any]:
+        """wait_for_job until the job ends (at most limit_s in all, then the last view), printing progress."""
+        return (await self._wait(job_id, label, limit_s, lambda w: bool(w["job"]["finished"])))["job"]
 
     async def wait_sweep(self, sweep_id: str, label: str, limit_s: float) -> dict[str, Any]:
         """wait_for_job on a sweep id until every run ends (at most limit_s in all), printing progress."""
-        deadline = time.monotonic() + limit_s
-        while True:
-            remaining = deadline - time.monotonic()
-            waited = await self.call(
-                "wait_for_job",
-                {"job_id": sweep_id, "wait_s": max(0.0, min(WAIT_CALL_S, remaining))},
-                progress=self._progress(label),
-            )
+
+        def done(waited: dict[str, Any]) -> bool:
             sweep = waited["sweep"]
             counts = ", ".join(f"{n} {s}" for s, n in sorted(sweep["states"].items()))
             self.say(f"   {label}: {sweep['finished']}/{sweep['runs']} runs done ({counts})")
-            if not waited["timed_out"] or remaining <= 0:
-                return sweep
+            return not waited["timed_out"]
+
+        return (await self._wait(sweep_id, label, limit_s, done))["sweep"]
 
     def _progress(self, label: str) -> Callable[[float, float | None, str | None], Any]:
         last = [0.0]
