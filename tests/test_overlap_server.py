@@ -173,9 +173,13 @@ async def test_overlap_bad_inputs_are_refused_before_any_job(suite_client: Clien
         "benchmark_gemm",
         {"spec": {"m": 131072, "n": 131072, "k": 131072, "dtype": "fp32", "device": "cpu"}},
     )
+    shapeless = {"world_size": 2, "backend": "gloo"}
     assert "no layer" in await error(
-        suite_client, "benchmark_overlap", {"spec": small, "preset": "llama3-8b", "layer": "lm_head"}
+        suite_client, "benchmark_overlap", {"spec": shapeless, "preset": "llama3-8b", "layer": "lm_head"}
     )
+    clash = await error(suite_client, "benchmark_overlap", {"spec": small, "preset": "llama3-8b"})
+    assert "spec.k, spec.m, spec.n, spec.pattern" in clash and "not both" in clash
+    assert "preset only" in await error(suite_client, "benchmark_overlap", {"spec": small, "seq_len": 2048})
     assert "exactly one of preset or layers" in await error(suite_client, "tune_overlap", {})
     from servers.overlap.limits import gpus_present
 

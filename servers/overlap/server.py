@@ -284,9 +284,17 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
         each method's maximum difference from the sequential result; every row carries validity checks (rows whose
         timings cannot be true are flagged with the reason and not scored) and the best valid, correct row is named
         (or why there is none). Runs as a job. On CPU the timings check plumbing and correctness, not performance."""
+        if preset is None and (layer is not None or seq_len != 4096 or micro_batch != 1):
+            raise InputError("layer, seq_len and micro_batch shape a preset's layer; accepted with preset only")
         if preset is not None:
             from servers.overlap.presets import get_preset
 
+            clash = sorted({"pattern", "m", "n", "k"} & spec.model_fields_set)
+            if clash:
+                raise InputError(
+                    f"spec.{', spec.'.join(clash)}: a preset gives the pattern and m/n/k; accepted: a preset (and "
+                    "its layer) or the shape in spec, not both"
+                )
             chosen = get_preset(preset, seq_len, micro_batch)
             names = [shape.layer for shape in chosen.layers]
             match = [shape for shape in chosen.layers if shape.layer == (layer or names[0])]
