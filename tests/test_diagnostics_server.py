@@ -51,9 +51,7 @@ async def test_captured_nvidia_smi_in_every_format(suite_client: Client, name: s
     health = await ok(suite_client, "gpu_health", args)
     assert health["node_status"] in ("healthy", "degraded", "unhealthy", "unknown")
     assert sum(health["counts"].values()) == inventory["gpu_count"]
-    same = await ok(
-        suite_client, "gpu_inventory", {"text": source.read_text(), "fields": args.get("fields")}
-    )
+    same = await ok(suite_client, "gpu_inventory", {"text": source.read_text(), "fields": args.get("fields")})
     assert same["gpus"] == inventory["gpus"]
 
 

@@ -25,7 +25,7 @@ from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
-from mcp.types import CallToolResult, ContentBlock, TextContent, ToolAnnotations
+from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
 from servers import __version__
@@ -122,6 +122,13 @@ def new_server(name: str, instructions: str, app: App) -> MCPServer:
         yield {}
 
     return MCPServer(f"llm-infra-{name}", version=__version__, instructions=instructions, lifespan=lifespan)
+
+
+def png_content(png: bytes) -> ImageContent:
+    """A PNG as MCP image content (base64)."""
+    import base64
+
+    return ImageContent(type="image", data=base64.b64encode(png).decode(), mime_type="image/png")
 
 
 def tool_result(model: BaseModel, summary: str, *extra: ContentBlock) -> CallToolResult:

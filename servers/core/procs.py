@@ -5,10 +5,12 @@ process is named by (pid, start time), the start time read from /proc/<pid>/stat
 boot, together with the boot id, since start times restart at every boot.
 """
 
+import contextlib
 import os
 import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,3 +121,19 @@ def terminate_group(
             break
         time.sleep(poll_s)
     return "killed"
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[threading.Event]:
+    """An event that SIGTERM sets while the block runs (a job's worker asked to stop: cancel or its wall-time
+    limit), the previous handler back afterwards. Outside the main thread no handler can be set: the event then
+    stays clear."""
+    stop = threading.Event()
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        yield stop
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
-import threading
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -329,43 +328,25 @@ def finish(report: BandwidthReport, ctx: Any) -> dict[str, Any]:
     return report.model_dump(mode="json")
 
 
-def slurm_nodes(backend: Any, partition: str | None) -> list[str]:
-    """Nodes sinfo lists as usable (idle, mixed, allocated), in order."""
-    argv = ["sinfo", "-h", "-N", "-o", "%N|%t"] + (["-p", partition] if partition else [])
-    proc = backend._run(argv, timeout=10)
-    if proc.returncode != 0:
-        raise RuntimeError(f"sinfo failed: {backend._said(proc)}")
-    nodes: list[str] = []
-    for line in proc.stdout.splitlines():
-        name, _, state = line.strip().partition("|")
-        if name and state.rstrip("*~#!%$@^-") in ("idle", "mix", "alloc") and name not in nodes:
-            nodes.append(name)
-    return nodes
-
-
 def run_slurm(spec: BandwidthCheckSpec, ctx: Any) -> dict[str, Any]:
     """Every probe as a Slurm job pinned to its nodes, one at a time (the `bandwidth_check_cluster` job kind)."""
-    import signal
-
     from servers.core.jobstore import JobState
+    from servers.core.procs import stop_on_sigterm
     from servers.launch.backend import SubmitRequest
+    from servers.launch.remote import follow
     from servers.launch.slurm import SlurmBackend
 
     backend = SlurmBackend(job_root=Path(ctx.files.dir) / "probes")
-    nodes = list(spec.nodes or slurm_nodes(backend, spec.partition))
+    nodes = list(spec.nodes or backend.nodes(spec.partition))
     if not nodes:
         raise InputError("slurm: no usable node (sinfo lists none idle, mixed or allocated)")
     if spec.pairs:
         nodes += [n for p in spec.pairs for n in p if n not in nodes]
     groups = probe_groups(spec, nodes)
-    stop = threading.Event()
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     probes: list[ProbeResult] = []
     # Ranks per node: the GPUs asked for, else 2 for a node alone (one rank moves no data), 1 across nodes.
     nproc = spec.nproc_per_node or spec.gpus_per_node or (2 if spec.mode == "node" else 1)
-    try:
+    with stop_on_sigterm() as stop:
         for i, group in enumerate(groups):
             if stop.is_set():
                 raise RuntimeError(f"cancelled after {i} of {len(groups)} probes")
@@ -384,11 +365,8 @@ def run_slurm(spec: BandwidthCheckSpec, ctx: Any) -> dict[str, Any]:
             }  # fmt: skip
             plan = backend.plan(probe_spec, job_dir=folder)
             handle = backend.submit(plan, SubmitRequest(key=f"{ctx.job_id}-probe-{i}", spec=probe_spec))
-            status = backend.status(handle)
-            while not status.state.terminal:
-                if stop.wait(0.5):
-                    backend.cancel(handle)
-                status = backend.status(handle)
+            prefix = f"probe {i + 1}/{len(groups)} ({', '.join(group)}): "
+            status = follow(backend, handle, ctx, stop, done=i, total=len(groups), prefix=prefix)
             record = _read_json(folder / "bandwidth.json") if status.state is JobState.SUCCEEDED else None
             text = _read_text(folder / "bandwidth.txt") if record is not None else None
             state = status.state.value if record is not None or status.state is not JobState.SUCCEEDED else "NO_RESULT"
@@ -396,9 +374,6 @@ def run_slurm(spec: BandwidthCheckSpec, ctx: Any) -> dict[str, Any]:
             if record is None:
                 result.reason = f"{status.state.value}: {status.reason or 'no bandwidth.json'}"[:500]
             probes.append(result)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     ctx.progress(len(groups), len(groups), "probes done")
     return finish(build_report(spec, nodes, probes), ctx)
 

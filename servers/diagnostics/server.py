@@ -16,7 +16,16 @@ from servers.core.assemble import ServerPart, build_server
 from servers.core.errors import InputError
 from servers.core.jobs import JobKind
 from servers.core.jobview import JobView
-from servers.core.mcp_layer import App, WaitS, agent_tool, in_thread, run_job, summarize_job, tool_result
+from servers.core.mcp_layer import (
+    App,
+    WaitS,
+    agent_tool,
+    in_thread,
+    png_content,
+    run_job,
+    summarize_job,
+    tool_result,
+)
 from servers.core.paths import resolve_inside_roots
 from servers.diagnostics.bounds import MAX_NOTES, cap_notes, fit, omitted_note, pick, scaled
 from servers.diagnostics.snapshot import GpuHealth, GpuSnapshot
@@ -489,14 +498,9 @@ def register(server: MCPServer, app: App) -> None:
         extra = []
         result = view.result or {}
         if view.finished and isinstance(result.get("heatmap"), str):
-            import base64
-
-            from mcp.types import ImageContent
-
             png = Path(app.engine.get(view.job_id).job_dir) / result["heatmap"]
             if png.is_file() and png.stat().st_size < 4 * 2**20:
-                extra.append(ImageContent(type="image", data=base64.b64encode(png.read_bytes()).decode(),
-                                          mime_type="image/png"))  # fmt: skip
+                extra.append(png_content(png.read_bytes()))
         summary = summarize_job(view)
         if "counts" in result:
             probes = result.get("probes") or []

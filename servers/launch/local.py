@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from servers.core.jobfiles import JobContext, JobFiles
 from servers.core.jobstore import JobState
 from servers.core.netns import LOOPBACK_ENV, isolated_argv
+from servers.core.procs import stop_on_sigterm
 from servers.core.settings import Settings
 from servers.launch.backend import (
     GPUS_PLACEHOLDER,
@@ -665,25 +666,20 @@ def run_training_job(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     cap = spec.get("max_log_bytes")
     mirror = RankLogMirror(log_dir, ctx.log_path, cap_bytes=int(cap) if isinstance(cap, int) else None)
 
-    stop = threading.Event()
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     ctx.progress(0, total_steps, f"starting torchrun with {plan.nproc_per_node} rank(s)")
-    try:
-        with open(torchrun_output, "ab") as out:
-            proc = subprocess.Popen(
-                plan.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=plan.cwd, env=env
-            )
+    with stop_on_sigterm() as stop:
         try:
-            returncode = _follow(proc, mirror, ctx, stop, total_steps)
-        except BaseException:
-            _stop(proc)
-            raise
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-        mirror.sync(final=True)
+            with open(torchrun_output, "ab") as out:
+                proc = subprocess.Popen(
+                    plan.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=plan.cwd, env=env
+                )
+            try:
+                returncode = _follow(proc, mirror, ctx, stop, total_steps)
+            except BaseException:
+                _stop(proc)
+                raise
+        finally:
+            mirror.sync(final=True)
 
     if stop.is_set():
         raise RuntimeError(f"stopped by SIGTERM (cancel or wall-time limit); torchrun exited with code {returncode}")

@@ -11,13 +11,13 @@ time: the supervisor and the worker go on in their own sessions.
 Plain module: no MCP.
 """
 
-import signal
 import threading
 import time
 from typing import Any
 
 from servers.core.jobfiles import JobContext
 from servers.core.jobstore import JobState
+from servers.core.procs import stop_on_sigterm
 from servers.launch.backend import Backend, BackendHandle, BackendPlan, EngineStatus, SubmitRequest
 
 ENTRY = "servers.launch.remote:run_remote_job"
@@ -56,20 +56,13 @@ def run_remote_job(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     backend = make_backend(name, dict(spec.get("backend_config") or {}))
     plan = load_plan(name, spec["plan"]).bind(ctx.files.dir)
     request = SubmitRequest(key=str(spec["idempotency_key"]), spec=spec, timeout_s=spec.get("max_wall_s"))
-    stop = threading.Event()
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
+    with stop_on_sigterm() as stop:
         if spec.get("slurm_array"):
             handle = wait_for_array(backend, request.key, ctx, stop, str(spec["slurm_array"]))
         else:
             ctx.progress(0, None, f"submitting to {name}")
             handle = backend.submit(plan, request)
         status = follow(backend, handle, ctx, stop)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     result = {
         "backend": name,
         "native_id": handle.native_id,
@@ -110,8 +103,22 @@ def wait_for_array(backend: Backend, key: str, ctx: JobContext, stop: threading.
     raise RuntimeError(f"cancelled before the job array of {sweep_id} was submitted; nothing reached Slurm")
 
 
-def follow(backend: Backend, handle: BackendHandle, ctx: JobContext, stop: threading.Event) -> EngineStatus:
-    """Poll until the engine's job ends; cancel it there when this worker is asked to stop."""
+def follow(
+    backend: Backend,
+    handle: BackendHandle,
+    ctx: JobContext,
+    stop: threading.Event,
+    *,
+    done: float = 0,
+    total: float | None = None,
+    prefix: str = "",
+) -> EngineStatus:
+    """Poll until the engine's job ends; cancel it there when this worker is asked to stop. Progress reports say
+    what the engine says, after `prefix`, at (done, total)."""
+
+    def report(text: str) -> None:
+        ctx.progress(done, total, (prefix + text)[:500])
+
     last = ""
     cancelled = False
     slowest = float(getattr(backend, "poll_s", POLL_S))
@@ -119,14 +126,14 @@ def follow(backend: Backend, handle: BackendHandle, ctx: JobContext, stop: threa
     while True:
         if stop.is_set() and not cancelled:
             cancelled = True
-            ctx.progress(0, None, f"cancelling on {backend.name}")
+            report(f"cancelling on {backend.name}")
             backend.cancel(handle)
         try:
             status = backend.status(handle)
         except RuntimeError as exc:  # the engine is unreachable for now: keep the last state, say so
-            note = f"{backend.name} unreachable: {exc}"[:500]
+            note = f"{backend.name} unreachable: {exc}"
             if note != last:
-                ctx.progress(0, None, note)
+                report(note)
                 last = note
             stop.wait(POLL_S * 5)
             continue
@@ -136,7 +143,7 @@ def follow(backend: Backend, handle: BackendHandle, ctx: JobContext, stop: threa
             f": {status.reason}" if status.reason else ""
         )
         if note != last:
-            ctx.progress(0, None, note[:500])
+            report(note)
             last = note
             interval = FIRST_POLL_S
         stop.wait(interval)

@@ -528,7 +528,8 @@ def submit_array(app: App, swept: SweepPlan, job_ids: list[str]) -> None:
         ArrayRun(plan=run.plan.backend_plan, key=run.idempotency_key, job_dir=record.job_dir)
         for run, record in zip(swept.runs, records, strict=True)
     ]
-    backend = SlurmBackend(job_root=backend_config(app, "slurm")["job_root"])
+    backend = backend_for(app, "slurm")
+    assert isinstance(backend, SlurmBackend)
     try:
         handles = backend.submit_array(runs, sweep_key=swept.sweep_id, sweep_dir=backend.job_root / swept.sweep_id)
     except (RuntimeError, ValueError) as exc:

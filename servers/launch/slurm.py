@@ -520,6 +520,19 @@ class SlurmBackend:
             raise SlurmUnavailableError(f"slurm: sinfo failed: {self._said(proc)}")
         return sorted({line.strip().rstrip("*") for line in proc.stdout.splitlines() if line.strip()})
 
+    def nodes(self, partition: str | None = None) -> list[str]:
+        """The nodes sinfo lists as usable (idle, mixed or allocated), in its order; of one partition if given."""
+        argv = ["sinfo", "-h", "-N", "-o", "%N|%t"] + (["-p", partition] if partition else [])
+        proc = self._run(argv, timeout=10)
+        if proc.returncode != 0:
+            raise SlurmUnavailableError(f"slurm: sinfo failed: {self._said(proc)}")
+        found: list[str] = []
+        for line in proc.stdout.splitlines():
+            name, _, state = line.strip().partition("|")
+            if name and state.rstrip("*~#!%$@^-") in ("idle", "mix", "alloc") and name not in found:
+                found.append(name)
+        return found
+
     # ---- plan ----
     def plan(
         self,

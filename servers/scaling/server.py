@@ -2,7 +2,6 @@
 pretraining laws (Chinchilla); predictions with bootstrap intervals; plots. Numerics live in the plain modules
 beside this one (imported when a tool runs, so the server starts without numpy or scipy)."""
 
-import base64
 import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -10,13 +9,13 @@ from typing import Annotated, Any, Literal
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError
-from mcp.types import CallToolResult, ContentBlock, ImageContent
+from mcp.types import CallToolResult, ContentBlock
 from pydantic import BaseModel, Field
 
 from servers.core.assemble import ServerPart, build_server
 from servers.core.errors import InputError
 from servers.core.jobs import JOB_ID_PATTERN
-from servers.core.mcp_layer import App, agent_tool, in_thread, tool_result
+from servers.core.mcp_layer import App, agent_tool, in_thread, png_content, tool_result
 from servers.core.paths import resolve_inside_roots
 from servers.scaling import laws, limits
 from servers.scaling.data import Columns, DataPoint, Excluded, ModelName, points_from_rows, read_rows
@@ -894,8 +893,7 @@ def register(server: MCPServer, app: App) -> None:
                 raise InputError(f"the fits use different compute units {sorted(units)}; plot them separately")
             png = await in_thread(plot_curves, fits, extrapolate_to, level, width, height)
         info = PlotInfo(fit_ids=fit_ids, width=width, height=height, png_bytes=len(png))
-        image = ImageContent(type="image", data=base64.b64encode(png).decode(), mime_type="image/png")
-        return finite_result(info, f"plot of {', '.join(fit_ids)} ({len(png)} bytes PNG)", image)
+        return finite_result(info, f"plot of {', '.join(fit_ids)} ({len(png)} bytes PNG)", png_content(png))
 
     @agent_tool(
         server, title="Compute-optimal allocation", read_only=True, destructive=False, idempotent=True, open_world=False
