@@ -1,4 +1,4 @@
-"""Kernel-log scanner (servers/diagnostics/kmsg.py): every line shape and timestamp form, PCI->UUID maps, floods,
+"""Kernel-log scanner (servers/diagnostics/kmsg/): every line shape and timestamp form, PCI->UUID maps, floods,
 escalation across boots, unknown codes, NVLink5 subcodes, robustness to junk, bounded memory, and a real log."""
 
 import io
@@ -569,3 +569,33 @@ def test_the_real_xid_119_log() -> None:
     assert (scan.lines_read, scan.matched_lines, scan.boots, scan.parse_errors) == (43, 8, 1, 0)
     assert len(scan.notes) == 1 and "Rate limiting GSP RPC error prints" in scan.notes[0]
     assert [(u.code, u.line_number) for u in scan.unknown_codes] == [(119, 3)]
+
+
+def test_the_line_matchers_name_each_shape_without_state() -> None:
+    """matchers.match_line alone: what a candidate line is, before the scanner's state (boots, pending lines)."""
+    from servers.diagnostics.kmsg.matchers import match_line
+
+    shapes = [
+        (match_line(line, fallen_off_bus_open=True) or ("none", None))[0]
+        for line in fixture("shapes-uptime.log").splitlines()
+    ]
+    assert shapes[:8] == ["boot_marker", "boot_marker", "none", "none", "gpu_at", "serial", "xid", "fallen_off_bus"]
+    assert {"sxid", "nccl_segfault", "fallen_off_bus_start", "fallen_off_bus_more"} <= set(shapes)
+    assert match_line("[1.0] NVRM: installed in this system has", fallen_off_bus_open=False) is None
+    assert match_line("[0.0] SELinux:  Initializing.", fallen_off_bus_open=False) is None
+
+
+def test_the_boot_policy_alone() -> None:
+    """policy.Boots: markers of one boot count once; an event before a marker, or a long gap, starts a new boot; an
+    uptime going back by more than a minute is a marker too."""
+    from servers.diagnostics.kmsg.policy import BOOT_MARKER_WINDOW, Boots
+
+    boots = Boots()
+    assert not boots.marker(1) and not boots.marker(2) and boots.boot == 0
+    boots.event()
+    assert boots.marker(3) and boots.boot == 1
+    assert boots.marker(3 + BOOT_MARKER_WINDOW + 1) and boots.boot == 2
+    assert not boots.uptime(500.0, 100) and not boots.uptime(450.0, 101) and boots.boot == 2
+    assert not boots.uptime(10.0, 102) and boots.boot == 2  # a marker close to the last one, no event between
+    boots.event()
+    assert not boots.uptime(100.0, 103) and boots.uptime(1.0, 104) and boots.boot == 3

@@ -169,6 +169,18 @@ def test_registry_matches_each_scripts_parser(name: str) -> None:
     assert from_parser == from_registry
 
 
+def test_registry_arguments_are_read_from_the_parsers_written_once() -> None:
+    """The arguments list_recipes shows come from the parser the script runs with (arguments.py, no torch)."""
+    from servers.launch.recipes import RecipeArg
+
+    gpt, grpo = RECIPES["tiny-gpt"].arguments, RECIPES["tiny-grpo"].arguments
+    assert RecipeArg("--lr", "float", 3e-3, "peak learning rate (AdamW; warmup, then cosine to 10%)") in gpt
+    assert RecipeArg("--group-size", "int", 16, "answers sampled per prompt (the GRPO group)") in grpo
+    stragglers = ["--slow-rank", "--slow-factor", "--slow-from-step"]
+    assert [a.name for a in gpt[-3:]] == stragglers == [a.name for a in grpo[-3:]]
+    assert len({a.name for a in gpt}) == len(gpt) == 13 and len(grpo) == 17
+
+
 def test_recipe_path_names_the_recipes_when_unknown() -> None:
     assert recipe_path("tiny-gpt").name == "tiny_gpt.py"
     with pytest.raises(ValueError, match="tiny-gpt, tiny-grpo"):

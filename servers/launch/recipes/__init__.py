@@ -1,15 +1,19 @@
 """Bundled training recipes: small scripts the launch server can run with torchrun, on CPU or GPUs.
 
-This module is a plain registry (it imports no torch): where each script is, what it trains, its arguments
-(kept equal to the script's argparse parser; a test checks), how long it takes and which metrics it logs. The
-scripts themselves run as files under torchrun, so they do not import the ``servers`` package; code they share is
-in ``common.py`` next to them, loaded by path.
+This module is a plain registry (it imports no torch): where each script is, what it trains, its arguments (read
+from the script's own argparse parser, which ``arguments.py`` builds without torch), how long it takes and which
+metrics it logs. The scripts themselves run as files under torchrun, so they do not import the ``servers``
+package; code they share is in ``common.py`` and ``arguments.py`` next to them, loaded by path.
 """
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from servers.launch.recipes.arguments import tiny_gpt, tiny_grpo
 
 HERE = Path(__file__).resolve().parent
 
@@ -35,15 +39,24 @@ class RecipeInfo:
     metric_notes: tuple[tuple[str, str], ...] = ()
 
 
-def _arg(name: str, type_: str, default: int | float | str | None, help_: str) -> RecipeArg:
-    return RecipeArg(name, type_, default, help_)
+_TYPE_NAMES: dict[Any, str] = {int: "int", float: "float", str: "str", None: "str"}
 
 
-STRAGGLER_ARGS = (
-    _arg("--slow-rank", "int", -1, "rank to slow down (-1: none)"),
-    _arg("--slow-factor", "float", 1.0, "how many times slower its work per step is"),
-    _arg("--slow-from-step", "int", 0, "the step from which it is slow"),
-)
+def arguments_of(parser: argparse.ArgumentParser) -> tuple[RecipeArg, ...]:
+    """The options a recipe's parser accepts, in order: each one's first flag, type, default and help (as --help
+    prints it: '%%' is '%')."""
+    return tuple(
+        RecipeArg(
+            action.option_strings[0],
+            _TYPE_NAMES.get(action.type, "str"),
+            action.default,
+            (action.help or "").replace("%%", "%"),
+        )
+        for action in parser._actions
+        if action.option_strings and action.dest != "help"
+    )
+
+
 RANK_TIME_NOTES = (
     ("rank_work_s", "per rank (list index = rank): seconds of its own work per step, before it waits for the others"),
     ("rank_step_s", "per rank: seconds per step, waiting included (about equal across ranks under DDP)"),
@@ -58,19 +71,7 @@ TINY_GPT = RecipeInfo(
         "from about 3.3 to about 1.1 (2 ranks) or 1.2 (1 rank) at the defaults. DDP when WORLD_SIZE > 1; gloo on "
         "CPU, nccl on GPUs."
     ),
-    arguments=(
-        _arg("--steps", "int", 200, "optimizer steps in total (a resumed run continues to it)"),
-        _arg("--batch-size", "int", 16, "sequences per rank per step"),
-        _arg("--lr", "float", 3e-3, "peak learning rate (AdamW; warmup, then cosine to 10%)"),
-        _arg("--seq-len", "int", 64, "context length in characters"),
-        _arg("--d-model", "int", 64, "model width"),
-        _arg("--layers", "int", 2, "transformer blocks"),
-        _arg("--heads", "int", 4, "attention heads (must divide --d-model)"),
-        _arg("--seed", "int", 0, "seed of the corpus, the initial weights and the batches"),
-        _arg("--log-every", "int", 10, "steps between metric rows"),
-        _arg("--ckpt-every", "int", 50, "steps between checkpoints (0: only at the end)"),
-        *STRAGGLER_ARGS,
-    ),
+    arguments=arguments_of(tiny_gpt()),
     expected_time_cpu="about 10 s with 2 ranks (gloo) or 1 rank at the defaults, including start-up",
     expected_time_gpu="a few seconds at the defaults; start-up dominates",
     metrics=("loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu", "split", "rank_work_s", "rank_step_s"),
@@ -88,23 +89,7 @@ TINY_GRPO = RecipeInfo(
         "(the ScaleRL curve): from chance (1/base) to about 0.68 over 3.5 decades at the defaults. On CPU, "
         "compute_gpu_hours is process wall time (it varies with the machine's load): fit CPU runs on compute_flops."
     ),
-    arguments=(
-        _arg("--steps", "int", 3000, "policy updates in total (a resumed run continues to it)"),
-        _arg("--batch-size", "int", 64, "prompts per rank per step"),
-        _arg("--group-size", "int", 16, "answers sampled per prompt (the GRPO group)"),
-        _arg("--lr", "float", 2e-2, "initial learning rate (Adam)"),
-        _arg("--lr-decay-steps", "float", 50.0, "lr(step) = lr / (1 + step / this)"),
-        _arg("--kl-coef", "float", 0.2, "weight of the KL divergence to the initial policy"),
-        _arg("--base", "int", 16, "numbers lie in [0, base); chance is 1 / base"),
-        _arg("--difficulty", "float", 0.3, "fraction of unanswerable prompts; sets the plateau"),
-        _arg("--hidden", "int", 128, "width of the policy MLP"),
-        _arg("--evals", "int", 30, "evaluations, spaced geometrically from step 1 to --steps"),
-        _arg("--eval-size", "int", 1024, "held-out prompts per evaluation"),
-        _arg("--seed", "int", 0, "seed of the weights, the prompts and the sampling"),
-        _arg("--log-every", "int", 20, "steps between training metric rows"),
-        _arg("--ckpt-every", "int", 100, "steps between checkpoints (0: only at the end)"),
-        *STRAGGLER_ARGS,
-    ),
+    arguments=arguments_of(tiny_grpo()),
     expected_time_cpu="about 12 s with 1 rank, about 25 s with 2 ranks (gloo) at the defaults, including start-up",
     expected_time_gpu="about 10-20 s at the defaults (the model is tiny; kernel launches dominate)",
     metrics=(

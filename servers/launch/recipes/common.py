@@ -199,14 +199,6 @@ class Timer:
         return self.offset + time.perf_counter() - self.start
 
 
-def add_straggler_arguments(parser: Any) -> None:
-    """--slow-rank / --slow-factor / --slow-from-step: make one rank slower on purpose (stragglers for tests and
-    demos: the rank's own work per step takes `factor` times as long, from the given step on)."""
-    parser.add_argument("--slow-rank", type=int, default=-1, help="rank to slow down (-1: none)")
-    parser.add_argument("--slow-factor", type=float, default=1.0, help="how many times slower its work per step is")
-    parser.add_argument("--slow-from-step", type=int, default=0, help="the step from which it is slow")
-
-
 class StepTimes:
     """Per-rank step timing: each rank's own work per step (`work_s`: from the step's start to the end of its
     computation, before it waits for the others) and the whole step (`step_s`), averaged over the steps since the

@@ -33,12 +33,12 @@ import torch.nn.functional as F  # noqa: N812 (the usual torch spelling)
 from torch import nn
 
 
-def _load_common() -> ModuleType:
-    """common.py from this folder, by path (torchrun runs this file outside the servers package)."""
-    name = "llm_infra_mcp_recipes_common"
+def _load(stem: str) -> ModuleType:
+    """`stem`.py from this folder, by path (torchrun runs this file outside the servers package)."""
+    name = f"llm_infra_mcp_recipes_{stem}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / "common.py")
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / f"{stem}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -46,23 +46,13 @@ def _load_common() -> ModuleType:
     return module
 
 
-common = _load_common()
+common = _load("common")
+arguments = _load("arguments")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Train a tiny GPT on a generated corpus (torchrun, CPU or GPU).")
-    p.add_argument("--steps", type=int, default=200, help="optimizer steps in total (a resumed run continues to it)")
-    p.add_argument("--batch-size", type=int, default=16, help="sequences per rank per step")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW; warmup, then cosine to 10%%)")
-    p.add_argument("--seq-len", type=int, default=64, help="context length in characters")
-    p.add_argument("--d-model", type=int, default=64, help="model width")
-    p.add_argument("--layers", type=int, default=2, help="transformer blocks")
-    p.add_argument("--heads", type=int, default=4, help="attention heads (must divide --d-model)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the corpus, the initial weights and the batches")
-    p.add_argument("--log-every", type=int, default=10, help="steps between metric rows")
-    p.add_argument("--ckpt-every", type=int, default=50, help="steps between checkpoints (0: only at the end)")
-    common.add_straggler_arguments(p)
-    return p
+    """The command line, from arguments.py (where the registry reads what this recipe accepts)."""
+    return arguments.tiny_gpt()
 
 
 # ------------------------------------------------------------------------------------------------ data

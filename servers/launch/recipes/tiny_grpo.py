@@ -44,12 +44,12 @@ import torch.nn.functional as F  # noqa: N812 (the usual torch spelling)
 from torch import nn
 
 
-def _load_common() -> ModuleType:
-    """common.py from this folder, by path (torchrun runs this file outside the servers package)."""
-    name = "llm_infra_mcp_recipes_common"
+def _load(stem: str) -> ModuleType:
+    """`stem`.py from this folder, by path (torchrun runs this file outside the servers package)."""
+    name = f"llm_infra_mcp_recipes_{stem}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / "common.py")
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / f"{stem}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -57,27 +57,13 @@ def _load_common() -> ModuleType:
     return module
 
 
-common = _load_common()
+common = _load("common")
+arguments = _load("arguments")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="GRPO on a verifiable toy task (torchrun, CPU or GPU).")
-    p.add_argument("--steps", type=int, default=3000, help="policy updates in total (a resumed run continues to it)")
-    p.add_argument("--batch-size", type=int, default=64, help="prompts per rank per step")
-    p.add_argument("--group-size", type=int, default=16, help="answers sampled per prompt (the GRPO group)")
-    p.add_argument("--lr", type=float, default=2e-2, help="initial learning rate (Adam)")
-    p.add_argument("--lr-decay-steps", type=float, default=50.0, help="lr(step) = lr / (1 + step / this)")
-    p.add_argument("--kl-coef", type=float, default=0.2, help="weight of the KL divergence to the initial policy")
-    p.add_argument("--base", type=int, default=16, help="numbers lie in [0, base); chance is 1 / base")
-    p.add_argument("--difficulty", type=float, default=0.3, help="fraction of unanswerable prompts; sets the plateau")
-    p.add_argument("--hidden", type=int, default=128, help="width of the policy MLP")
-    p.add_argument("--evals", type=int, default=30, help="evaluations, spaced geometrically from step 1 to --steps")
-    p.add_argument("--eval-size", type=int, default=1024, help="held-out prompts per evaluation")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights, the prompts and the sampling")
-    p.add_argument("--log-every", type=int, default=20, help="steps between training metric rows")
-    p.add_argument("--ckpt-every", type=int, default=100, help="steps between checkpoints (0: only at the end)")
-    common.add_straggler_arguments(p)
-    return p
+    """The command line, from arguments.py (where the registry reads what this recipe accepts)."""
+    return arguments.tiny_grpo()
 
 
 class Policy(nn.Module):
