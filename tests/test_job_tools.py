@@ -60,7 +60,7 @@ async def test_logs_page_by_offset(suite_client: Client) -> None:
     assert whole["eof"] and whole["job_finished"] and "step 4 done" in whole["text"]
     text, offset = "", 0
     while True:
-        chunk = await call(suite_client, "read_job_logs", {"job_id": job["job_id"], "offset": offset, "limit_bytes": 7})
+        chunk = await call(suite_client, "read_job_logs", {"job_id": job["job_id"], "offset": offset, "limit": 7})
         text += chunk["text"]
         offset = chunk["next_offset"]
         if chunk["eof"]:

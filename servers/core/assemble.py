@@ -5,8 +5,15 @@ from dataclasses import dataclass, field
 
 from mcp.server import MCPServer
 
+from servers.core import toolcache
 from servers.core.jobs import JobKind
-from servers.core.mcp_layer import App, new_server, register_job_resources, register_job_tools
+from servers.core.mcp_layer import (
+    App,
+    new_server,
+    register_job_resources,
+    register_job_tools,
+    register_schema_resources,
+)
 from servers.core.resources import register_file_resources, register_prompts
 
 
@@ -25,6 +32,7 @@ def build_server(name: str, instructions: str, parts: Sequence[ServerPart], app:
     """One MCPServer carrying `parts`, the job tools once if any part starts jobs, the resources and prompts."""
     app = app or App(owner=name)
     server = new_server(name, instructions, app)
+    cache = toolcache.attach(server, app.settings.home / "cache")
     for part in parts:
         for kind in part.job_kinds:
             app.add_job_kind(kind)
@@ -33,5 +41,7 @@ def build_server(name: str, instructions: str, parts: Sequence[ServerPart], app:
         register_job_tools(server, app)
         register_job_resources(server, app)
     register_file_resources(server)
+    register_schema_resources(server)
     register_prompts(server)
+    cache.save()
     return server

@@ -24,11 +24,13 @@ import pydantic_core
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
-from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
+from mcp.server.mcpserver.tools.base import Tool
+from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata, func_metadata
 from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent, ToolAnnotations
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 
 from servers import __version__
+from servers.core import toolcache
 from servers.core.audit import AuditLog
 from servers.core.db import StateDatabaseError
 from servers.core.errors import (
@@ -43,6 +45,7 @@ from servers.core.errors import (
 from servers.core.jobs import JOB_ID_PATTERN, Admit, JobEngine, JobKind
 from servers.core.jobstore import JobState
 from servers.core.jobview import JobView, LogChunk, MetricsPage, job_view, read_log_chunk, read_metrics
+from servers.core.schemas import description_text, published_input, published_output
 from servers.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -224,12 +227,58 @@ class _Rejected(dict[str, Any]):
         self.problems = problems
 
 
+class _NotBuiltYet(ArgModelBase):
+    """The argument model of a tool registered from the schema cache, until its first call builds the real one."""
+
+
 class StrictArguments(FuncMetadata):
-    """The SDK's FuncMetadata with strict, readable argument validation (see the comment above)."""
+    """The SDK's FuncMetadata with strict, readable argument validation (see the comment above).
+
+    `output_schema` is what tools/list publishes (servers.core.schemas.published_output); results are validated
+    against `output_model`, the full model. A tool registered from the schema cache starts without its models
+    (`_source` set): the first call, or a read of its full output schema, builds them (a few milliseconds)."""
 
     tool_name: str
-    input_schema: dict[str, Any]
+    input_schema: dict[str, Any] = Field(default_factory=dict)
+    full_output_schema: dict[str, Any] | None = None
     text_fields: frozenset[str] = frozenset()
+    _source: tuple[Callable[..., Any], tuple[str, ...]] | None = PrivateAttr(default=None)
+
+    @classmethod
+    def from_metadata(
+        cls, name: str, meta: FuncMetadata, published_output_schema: dict[str, Any] | None
+    ) -> "StrictArguments":
+        schema = closed_schema(meta.arg_model.model_json_schema(by_alias=True))
+        defs = schema.get("$defs", {})
+        return cls(
+            arg_model=meta.arg_model,
+            output_schema=published_output_schema,
+            output_model=meta.output_model,
+            wrap_output=meta.wrap_output,
+            tool_name=name,
+            input_schema=schema,
+            full_output_schema=meta.output_schema,
+            text_fields=frozenset(
+                key for key, prop in schema.get("properties", {}).items() if _accepts_string(prop, defs)
+            ),
+        )
+
+    @classmethod
+    def deferred(
+        cls, name: str, fn: Callable[..., Any], skip: tuple[str, ...], published_output_schema: dict[str, Any] | None
+    ) -> "StrictArguments":
+        meta = cls(arg_model=_NotBuiltYet, output_schema=published_output_schema, tool_name=name)
+        meta._source = (fn, skip)
+        return meta
+
+    def ensure_built(self) -> None:
+        if self._source is None:
+            return
+        fn, skip = self._source
+        built = StrictArguments.from_metadata(self.tool_name, func_metadata(fn, skip_names=skip), self.output_schema)
+        for field in ("arg_model", "output_model", "wrap_output", "input_schema", "full_output_schema", "text_fields"):
+            setattr(self, field, getattr(built, field))
+        self._source = None
 
     def _decode(self, name: str, value: Any) -> Any:
         if not isinstance(value, str) or name in self.text_fields:
@@ -241,6 +290,7 @@ class StrictArguments(FuncMetadata):
         return decoded if isinstance(decoded, dict | list) else value
 
     def validate_arguments(self, arguments_to_validate: dict[str, Any]) -> dict[str, Any]:
+        self.ensure_built()
         names = {field.alias or name: name for name, field in self.arg_model.model_fields.items()}
         problems = [
             f"{key}: unknown argument; accepted: {', '.join(names) or 'no arguments'}"
@@ -278,27 +328,91 @@ class StrictArguments(FuncMetadata):
             raise ToolError("\n".join(arguments.problems))
         return await super().call_fn(fn, fn_is_async, arguments, arguments_to_pass_directly)
 
+    def convert_result(self, result: Any) -> Any:
+        self.ensure_built()
+        return super().convert_result(result)
 
-def make_strict(server: MCPServer, name: str) -> None:
-    """Switch a registered tool to StrictArguments and publish its closed input schema."""
-    # The SDK keeps no public handle on a registered tool; the tool manager's get_tool is the one way in.
-    tool = server._tool_manager.get_tool(name)
-    if tool is None or isinstance(tool.fn_metadata, StrictArguments):
-        return
-    schema = closed_schema(tool.parameters)
-    defs = schema.get("$defs", {})
-    text_fields = frozenset(key for key, prop in schema.get("properties", {}).items() if _accepts_string(prop, defs))
-    meta = tool.fn_metadata
-    tool.fn_metadata = StrictArguments(
-        arg_model=meta.arg_model,
-        output_schema=meta.output_schema,
-        output_model=meta.output_model,
-        wrap_output=meta.wrap_output,
-        tool_name=name,
-        input_schema=schema,
-        text_fields=text_fields,
+
+def _refer(schema: dict[str, Any], same_as: dict[str, str]) -> dict[str, Any]:
+    """`schema` with each property named in `same_as` published as "the same object as <tool>'s" instead of in
+    full (the object travels between tools and is listed in full once); $defs no longer used are dropped."""
+    properties = dict(schema.get("properties", {}))
+    for name, other in same_as.items():
+        if name not in properties:
+            raise ValueError(f"same_as names {name!r}, which is not an argument")
+        said = properties[name].get("description", "").rstrip(".")
+        properties[name] = {
+            "type": "object",
+            "description": f"{said + '; ' if said else ''}the same object as {other}'s {name}",
+        }
+    out = {**schema, "properties": properties}
+    text = json.dumps({k: v for k, v in out.items() if k != "$defs"})
+    defs = dict(schema.get("$defs", {}))
+    used: set[str] = set()
+    pending = [n for n in defs if f'"#/$defs/{n}"' in text]
+    while pending:
+        name = pending.pop()
+        if name in used:
+            continue
+        used.add(name)
+        inner = json.dumps(defs[name])
+        pending += [n for n in defs if n not in used and f'"#/$defs/{n}"' in inner]
+    if used:
+        out["$defs"] = {n: d for n, d in defs.items() if n in used}
+    else:
+        out.pop("$defs", None)
+    return out
+
+
+def register_tool(
+    server: MCPServer,
+    fn: Callable[..., Awaitable[Any]],
+    *,
+    title: str,
+    annotations: ToolAnnotations,
+    same_as: dict[str, str] | None = None,
+) -> Tool:
+    """Register `fn` as a tool with StrictArguments and the published (small) schemas of servers.core.schemas.
+
+    With a schema cache for this server (servers.core.toolcache, set up by build_server) a tool seen before is
+    registered from it without generating any schema; its models are built on its first call."""
+    name = fn.__name__
+    cache = toolcache.for_server(server)
+    entry = cache.get(name) if cache is not None else None
+    if entry is None:
+        sdk_tool = Tool.from_function(fn, name=name, title=title, annotations=annotations)
+        meta = sdk_tool.fn_metadata
+        published_in = published_input(closed_schema(sdk_tool.parameters))
+        if same_as:
+            published_in = _refer(published_in, same_as)
+        entry = {
+            "description": description_text(sdk_tool.description),
+            "input": published_in,
+            "output": published_output(meta.output_schema) if meta.output_schema is not None else None,
+            "context": sdk_tool.context_kwarg,
+        }
+        strict = StrictArguments.from_metadata(name, meta, entry["output"])
+        if cache is not None:
+            cache.put(name, entry)
+    else:
+        skip = (entry["context"],) if entry["context"] else ()
+        strict = StrictArguments.deferred(name, fn, skip, entry["output"])
+    tool = Tool(
+        fn=fn,
+        name=name,
+        title=title,
+        description=entry["description"],
+        parameters=entry["input"],
+        fn_metadata=strict,
+        is_async=True,
+        context_kwarg=entry["context"],
+        annotations=annotations,
     )
-    tool.parameters = schema
+    manager = server._tool_manager  # the SDK keeps no public way to add a Tool it did not build itself
+    if name in manager._tools:
+        raise ValueError(f"tool {name} is registered twice")
+    manager._tools[name] = tool
+    return tool
 
 
 def _readable_errors(fn: F) -> F:
@@ -330,13 +444,16 @@ def agent_tool(
     destructive: bool,
     idempotent: bool,
     open_world: bool,
+    same_as: dict[str, str] | None = None,
 ) -> Callable[[F], F]:
-    """Register an async tool. Every hint is a required argument, so none is left to a default by accident."""
+    """Register an async tool. Every hint is a required argument, so none is left to a default by accident.
+    `same_as` {argument: tool}: an object argument that travels between tools, published in full by that tool."""
 
     def decorator(fn: F) -> F:
         if not fn.__doc__ or len(fn.__doc__.strip()) < 80:
             raise ValueError(f"tool {fn.__name__} needs a docstring written for an agent (what, when, cost, returns)")
-        server.add_tool(
+        register_tool(
+            server,
             _readable_errors(fn),
             title=title,
             annotations=ToolAnnotations(
@@ -346,8 +463,8 @@ def agent_tool(
                 idempotent_hint=idempotent,
                 open_world_hint=open_world,
             ),
+            same_as=same_as,
         )
-        make_strict(server, fn.__name__)
         return fn
 
     return decorator
@@ -365,7 +482,7 @@ JobId = Annotated[
     Field(
         pattern=JOB_ID_PATTERN,
         max_length=96,
-        description="A job id as returned by the tool that started the job or by list_jobs",
+        description="From the tool that started the job, or list_jobs",
     ),
 ]
 WaitS = Annotated[
@@ -373,8 +490,7 @@ WaitS = Annotated[
     Field(
         ge=0,
         le=50,
-        description="Seconds to wait for the result before returning the job handle instead "
-        "(0: return at once). Clients cut tool calls at about a minute, so at most 50.",
+        description="Seconds to wait for the result, else the job handle comes back (0: at once)",
     ),
 ]
 
@@ -534,26 +650,25 @@ def register_job_tools(server: MCPServer, app: App) -> None:
 
     @agent_tool(server, title="Get job", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def get_job(job_id: JobId) -> Annotated[CallToolResult, JobView]:
-        """Show one job: its state (QUEUED, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED, LOST), times, exit
-        code and reason, its spec, its result once it succeeded, its latest progress, and which logs it has.
-        Cheap; use it to check on a job started earlier, also by an earlier server run."""
+        """One job: state, times, exit code and reason, spec, result once it succeeded, latest progress, logs.
+        Instant; also for jobs of an earlier server run."""
         view = await in_thread(lambda: job_view(app.engine.get(job_id)))
         return tool_result(view, summarize_job(view) + _warning_text(view))
 
     @agent_tool(server, title="List jobs", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def list_jobs(
         kind: Annotated[
-            str | None, Field(max_length=64, description="Only jobs of this kind, e.g. 'gemm_benchmark'")
+            str | None, Field(max_length=64, description="e.g. gemm_benchmark, training")
         ] = None,
-        state: Annotated[JobState | None, Field(description="Only jobs in this state")] = None,
+        state: JobState | None = None,
         sweep_id: Annotated[
-            str | None, Field(pattern=SWEEP_ID, description="Only the runs of this sweep (from submit_sweep)")
+            str | None, Field(pattern=SWEEP_ID, description="Only the runs of this sweep")
         ] = None,
-        limit: Annotated[int, Field(ge=1, le=200, description="Jobs per page")] = 20,
-        offset: Annotated[int, Field(ge=0, le=1_000_000, description="Jobs to skip (newest first)")] = 0,
+        limit: Annotated[int, Field(ge=1, le=200)] = 20,
+        offset: Annotated[int, Field(ge=0, le=1_000_000)] = 0,
     ) -> Annotated[CallToolResult, JobList]:
-        """List jobs, newest first, optionally only one kind or state; pages with limit and offset. Cheap. Each
-        entry is the same view get_job gives. Use it to find a job id or see what is running."""
+        """List jobs, newest first, as get_job shows them; filter by kind, state or sweep; pages with limit and
+        offset. Instant; finds a job id or what is running."""
 
         def listing() -> tuple[Any, list[JobView], list[str]]:
             page = app.engine.list_jobs(kind=kind, state=state, limit=limit, offset=offset, sweep_id=sweep_id)
@@ -578,13 +693,12 @@ def register_job_tools(server: MCPServer, app: App) -> None:
             Field(
                 ge=0,
                 le=50,
-                description="Longest wait in seconds (at most 50, since clients cut tool calls at about a minute)",
+                description="Longest wait (clients cut calls at about a minute)",
             ),
         ] = 30,
     ) -> Annotated[CallToolResult, JobWait]:
-        """Wait until a job ends (or, given a sweep id, every run of the sweep) or wait_s passes, sending progress
-        notifications meanwhile; then return the job as get_job shows it (or each run's state), with timed_out
-        telling which happened. Call it again to keep waiting. Costs nothing but the wait."""
+        """Wait until a job (or every run of a sweep id) ends or wait_s passes, with progress notifications; returns
+        the job (or the runs' states) and timed_out. Call again to keep waiting."""
         import re
 
         if re.fullmatch(SWEEP_ID, job_id):
@@ -600,9 +714,8 @@ def register_job_tools(server: MCPServer, app: App) -> None:
 
     @agent_tool(server, title="Cancel job", read_only=False, destructive=True, idempotent=True, open_world=False)
     async def cancel_job(ctx: Context, job_id: JobId) -> Annotated[CallToolResult, JobView]:
-        """Cancel a job: its whole process group gets SIGTERM, then SIGKILL after the grace period
-        (LLM_INFRA_MCP_CANCEL_GRACE_S). Idempotent: a job that already ended is returned unchanged. Takes up to
-        the grace period. Logs, metrics and partial results stay readable."""
+        """Cancel a job: SIGTERM to its process group (or the cluster's cancel), SIGKILL after the grace period.
+        A job that already ended is returned unchanged; logs, metrics and results stay readable."""
         view = await in_thread(lambda: job_view(app.engine.cancel(job_id)))
         AuditLog(app.settings).record(
             "cancel", who=client_name(ctx), job_id=job_id, kind=view.kind, state=view.state.value
@@ -616,18 +729,16 @@ def register_job_tools(server: MCPServer, app: App) -> None:
             str | None,
             Field(
                 pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
-                description="Which "
-                "log: 'main' (default: the work's stdout and stderr), 'supervisor', or a rank name that "
-                "get_job lists",
+                description="main (default), supervisor, or a log get_job lists (rank0, batch...)",
             ),
         ] = None,
-        offset: Annotated[int, Field(ge=0, description="Byte offset to start at; pass next_offset to go on")] = 0,
-        limit_bytes: Annotated[int, Field(ge=1, le=1 << 20, description="Most bytes to return")] = 65536,
+        offset: Annotated[int, Field(ge=0, description="Byte offset; pass next_offset to read on")] = 0,
+        limit: Annotated[int, Field(ge=1, le=1 << 20, description="Most bytes to return")] = 65536,
     ) -> Annotated[CallToolResult, LogChunk]:
-        """Read a chunk of one of a job's logs by byte offset: returns the text, next_offset to continue from,
-        eof, and whether the job has finished (so the log will not grow). Cheap; page through long logs."""
+        """Read one of a job's logs by byte offset: text, next_offset, eof, and whether the job has finished (the
+        log then stops growing). Instant."""
         record = await in_thread(app.engine.get, job_id)
-        chunk = await in_thread(read_log_chunk, record, process, offset, limit_bytes)
+        chunk = await in_thread(read_log_chunk, record, process, offset, limit)
         head = f"{chunk.process} log of {job_id}, bytes {chunk.offset}-{chunk.next_offset} of {chunk.size_bytes}"
         if chunk.cut_at_bytes is not None:
             head += f" (cut at byte {chunk.cut_at_bytes}: the job's logs reached LLM_INFRA_MCP_MAX_LOG_BYTES_PER_JOB)"
@@ -638,18 +749,18 @@ def register_job_tools(server: MCPServer, app: App) -> None:
         job_id: JobId,
         keys: Annotated[
             list[Annotated[str, Field(max_length=128)]] | None,
-            Field(max_length=64, description="Only these metrics (step and time always come)"),
+            Field(max_length=64, description="Only these (step and time always come)"),
         ] = None,
         since_step: Annotated[
             int | None,
             Field(
-                ge=-1, description="Only rows with a step above this; pass last_step of the previous call to read on"
+                ge=-1, description="Rows after this step; pass last_step to read on"
             ),
         ] = None,
-        limit: Annotated[int, Field(ge=1, le=5000, description="Most rows to return")] = 500,
+        limit: Annotated[int, Field(ge=1, le=5000)] = 500,
     ) -> Annotated[CallToolResult, MetricsPage]:
-        """Read a job's metrics rows (one dict per logged step: step, time and values such as loss or TFLOP/s),
-        optionally only some keys and only steps after since_step. Cheap. Also works while the job runs."""
+        """Read a job's metrics rows (per logged step: step, time, loss, TFLOP/s...), some keys only, steps after
+        since_step. Instant, also while it runs."""
         record = await in_thread(app.engine.get, job_id)
         page = await in_thread(read_metrics, record, keys, since_step, limit)
         summary = f"{len(page.rows)} metrics row(s) of {job_id}"
@@ -687,3 +798,22 @@ def register_job_resources(server: MCPServer, app: App) -> None:
             return (await in_thread(read_log_chunk, record, process, start, 256 * 1024)).text
         except InputError as exc:
             raise ResourceError(str(exc)) from exc
+
+
+def register_schema_resources(server: MCPServer) -> None:
+    """The full output schema of every tool (tools/list publishes its top level only: servers.core.schemas)."""
+
+    @server.resource(
+        "infra://tools/{name}/output-schema",
+        name="tool_output_schema",
+        mime_type="application/schema+json",
+        description="A tool's full output schema (tools/list carries its top level)",
+    )
+    async def output_schema_resource(name: str) -> str:
+        tool = server._tool_manager.get_tool(name)
+        if tool is None or not isinstance(tool.fn_metadata, StrictArguments):
+            raise ResourceError(f"{name}: no such tool; tools/list names them")
+        tool.fn_metadata.ensure_built()
+        if tool.fn_metadata.full_output_schema is None:
+            raise ResourceError(f"{name}: this tool returns no structured content")
+        return json.dumps(tool.fn_metadata.full_output_schema, indent=1)

@@ -1,0 +1,108 @@
+"""The published tool definitions of a server, kept from one start to the next (issue 14: cold start).
+
+Generating the JSON schemas of ~40 tools is most of what building the suite costs (pydantic's schema generation,
+~0.3 s on a laptop core). What tools/list publishes depends only on the code: the source files of this package,
+the MCP SDK, pydantic, Python, and the LLM_INFRA_MCP_* settings (read here in case a description ever
+quotes one). So a build writes what it published to `<state dir>/cache/tools-<digest>.json` and the next start with
+the same digest registers its tools from that file; a tool's models are built on its first call. Any change to
+any of those inputs changes the digest, so a stale file is never used; a file that cannot be read or written is
+ignored (the tools are then built as if there were none) and said in the log.
+"""
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import weakref
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+_caches: "weakref.WeakKeyDictionary[Any, ToolCache]" = weakref.WeakKeyDictionary()
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+def code_digest() -> str:
+    """A digest of everything the published definitions depend on (see the module's docstring). Each source file
+    of the package counts by its path, size and modification time, as Python's own bytecode cache does."""
+    digest = hashlib.sha256()
+    digest.update(f"{FORMAT}|{sys.version}|mcp {_version('mcp')}|pydantic {_version('pydantic')}".encode())
+    root = Path(__file__).resolve().parents[1]
+    for dirpath, dirnames, filenames in sorted(os.walk(root)):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(f for f in filenames if f.endswith(".py")):
+            path = os.path.join(dirpath, name)
+            try:
+                stat = os.stat(path)
+                digest.update(f"{path}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+            except OSError:
+                digest.update(f"{path}|?\n".encode())
+    for key in sorted(k for k in os.environ if k.startswith("LLM_INFRA_MCP_")):
+        digest.update(f"{key}={os.environ[key]}\n".encode())
+    return digest.hexdigest()[:32]
+
+
+class ToolCache:
+    """The definitions read at start (`get`) and those built in this start (`put`, written by `save`)."""
+
+    def __init__(self, folder: Path, digest: str | None = None) -> None:
+        self.folder = folder
+        self.digest = digest or code_digest()
+        self.path = folder / f"tools-{self.digest}.json"
+        self.loaded: dict[str, dict[str, Any]] = {}
+        self.built: dict[str, dict[str, Any]] = {}
+        try:
+            data = json.loads(self.path.read_text())
+            if isinstance(data, dict) and data.get("digest") == self.digest and isinstance(data.get("tools"), dict):
+                self.loaded = data["tools"]
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as exc:
+            log.warning("tool cache %s not used: %s", self.path, exc)
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        entry = self.loaded.get(name)
+        if isinstance(entry, dict) and {"description", "input", "output", "context"} <= set(entry):
+            return entry
+        return None
+
+    def put(self, name: str, entry: dict[str, Any]) -> None:
+        self.built[name] = entry
+
+    def save(self) -> None:
+        """Write the definitions of this start (loaded and built) if any was built; remove older files."""
+        if not self.built:
+            return
+        tools = {**self.loaded, **self.built}
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tools-", suffix=".tmp")
+            with os.fdopen(fd, "w") as out:
+                json.dump({"digest": self.digest, "tools": tools}, out, separators=(",", ":"))
+            os.replace(tmp, self.path)
+            for old in self.folder.glob("tools-*.json"):
+                if old != self.path:
+                    old.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("tool cache %s not written: %s", self.path, exc)
+
+
+def attach(server: Any, folder: Path) -> ToolCache:
+    cache = ToolCache(folder)
+    _caches[server] = cache
+    return cache
+
+
+def for_server(server: Any) -> ToolCache | None:
+    return _caches.get(server)
