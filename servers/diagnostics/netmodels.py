@@ -63,19 +63,19 @@ def link_name(leaf: str, spine: str) -> str:
 class NicSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=MAX_NAME, description="Unique across the topology")
-    rail: int = Field(ge=0, le=MAX_RAIL, description="Rail index (NIC i of a node on rail i in a rail-optimised tree)")
-    leaf: str = Field(min_length=1, max_length=MAX_NAME, description="The leaf switch this NIC is cabled to")
+    rail: int = Field(ge=0, le=MAX_RAIL, description="NIC i of a node is on rail i")
+    leaf: str = Field(min_length=1, max_length=MAX_NAME, description="The leaf switch it is cabled to")
 
 
 class NodeSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=MAX_NAME, description="The node's name, unique")
-    nics: list[NicSpec] = Field(min_length=1, max_length=MAX_NICS_PER_NODE, description="Its NICs")
+    name: str = Field(min_length=1, max_length=MAX_NAME, description="Unique")
+    nics: list[NicSpec] = Field(min_length=1, max_length=MAX_NICS_PER_NODE)
 
 
 class SwitchSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=MAX_NAME, description="The switch's name, unique")
+    name: str = Field(min_length=1, max_length=MAX_NAME, description="Unique")
     tier: Literal["leaf", "spine"] = Field(description="leaf (NICs cable to it) or spine (leaves uplink to it)")
     uplinks: list[Annotated[str, Field(max_length=MAX_NAME)]] = Field(
         default_factory=list, max_length=MAX_UPLINKS, description="A leaf's spines; a spine has none"
@@ -84,17 +84,17 @@ class SwitchSpec(BaseModel):
 
 class Topology(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    nodes: list[NodeSpec] = Field(min_length=1, max_length=MAX_NODES, description="Every node and its NICs")
-    switches: list[SwitchSpec] = Field(min_length=1, max_length=MAX_SWITCHES, description="Leaves and spines")
+    nodes: list[NodeSpec] = Field(min_length=1, max_length=MAX_NODES)
+    switches: list[SwitchSpec] = Field(min_length=1, max_length=MAX_SWITCHES)
 
 
 class ProbeRow(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    src_nic: str = Field(min_length=1, max_length=MAX_NAME, description="The NIC the probe left from")
-    dst_nic: str = Field(min_length=1, max_length=MAX_NAME, description="The NIC it went to")
+    src_nic: str = Field(min_length=1, max_length=MAX_NAME, description="Sending NIC")
+    dst_nic: str = Field(min_length=1, max_length=MAX_NAME, description="Receiving NIC")
     latency_us: float | None = Field(ge=0, allow_inf_nan=False, description="null when every packet was lost")
-    loss_rate: float = Field(ge=0, le=1, allow_inf_nan=False, description="Share of its packets lost, 0 to 1")
-    bandwidth_gbps: float | None = Field(default=None, ge=0, allow_inf_nan=False, description="Measured, if any")
+    loss_rate: float = Field(ge=0, le=1, allow_inf_nan=False, description="Share of packets lost")
+    bandwidth_gbps: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     layer: Layer | None = Field(default=None, description="overlay (container path) or underlay (host path)")
     spine: str | None = Field(default=None, max_length=MAX_NAME, description="The spine crossed, when known")
 

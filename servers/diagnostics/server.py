@@ -203,15 +203,12 @@ def node_health(inventory: Inventory) -> NodeHealth:
 
 SmiOutput = Annotated[
     Text | None,
-    Field(
-        description="Captured text of `nvidia-smi -q`, `nvidia-smi -q -x` (XML) or "
-        "`nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits]`"
-    ),
+    Field(description="Output of `nvidia-smi -q`, `-q -x` (XML) or `--query-gpu=... --format=csv`"),
 ]
-SmiPath = Annotated[PathArg | None, Field(description="A file with such output, inside the allowed roots")]
+SmiPath = Annotated[PathArg | None, Field(description="A file of such output")]
 SmiFields = Annotated[
     list[Annotated[str, Field(max_length=128)]] | None,
-    Field(max_length=512, description="The --query-gpu field names, only for CSV captured with noheader"),
+    Field(max_length=512, description="The --query-gpu field names, for CSV with noheader only"),
 ]
 
 
@@ -220,10 +217,9 @@ def register(server: MCPServer, app: App) -> None:
     async def gpu_inventory(
         text: SmiOutput = "", path: SmiPath = None, fields: SmiFields = None
     ) -> Annotated[CallToolResult, Inventory]:
-        """List the GPUs of a node: index, name, UUID, PCI bus id, serial, driver and CUDA versions, memory. Live from
-        NVML on the machine this server runs on when no input is given (where there is no NVIDIA driver, available
-        is false and reason says so), or from captured nvidia-smi output (text, XML or CSV). Lists at most 128 GPUs
-        (gpu_count and gpus_omitted count them all). Instant."""
+        """List a node's GPUs: index, name, UUID, PCI bus id, serial, driver and CUDA versions, memory. Live from NVML
+        on this machine when given no input (available false, with the reason, where there is no driver), else from
+        captured nvidia-smi output (text or path). At most 128 listed. Instant; to judge health use gpu_health."""
         inventory = await in_thread(lambda: bounded_inventory(snapshots(app, text, path, fields)))
         if not inventory.available:
             return tool_result(inventory, f"no GPU inventory: {inventory.reason}")
@@ -239,12 +235,9 @@ def register(server: MCPServer, app: App) -> None:
     async def gpu_health(
         text: SmiOutput = "", path: SmiPath = None, fields: SmiFields = None
     ) -> Annotated[CallToolResult, NodeHealth]:
-        """Judge each GPU of a node healthy, degraded, unhealthy or unknown, with findings (what, severity, evidence,
-        recommended action): uncorrectable ECC (SRAM, DRAM; volatile, aggregate), remapped rows pending or failed,
-        retired pages, reset required or drain recommended, recovery action set, HW slowdown / thermal / power
-        brake, temperature and power against limits, PCIe link below max, NVLink links down, persistence mode,
-        fabric state. Live from NVML, or from captured nvidia-smi output. Unknown fields stay unknown. Lists at most
-        128 GPUs, those not healthy first (counts and gpus_omitted cover them all). Instant."""
+        """Judge each GPU healthy, degraded, unhealthy or unknown, with findings (severity, evidence, action) from
+        ECC, row remapping, retired pages, reset/drain flags, throttling, temperature and power limits, PCIe and
+        NVLink links. Input as for gpu_inventory. At most 128 GPUs listed, worst first. Instant."""
         inventory = await in_thread(snapshots, app, text, path, fields)
         health = await in_thread(lambda: bounded_health(node_health(inventory)))
         if not health.available:
@@ -266,31 +259,20 @@ def register(server: MCPServer, app: App) -> None:
     @agent_tool(server, title="Scan a kernel log", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def scan_kernel_log(
         ctx: Context,
-        text: Annotated[
-            Text, Field(description="Kernel log text (dmesg, journalctl -k, /var/log/kern.log); empty when not given")
-        ] = "",
-        path: Annotated[
-            PathArg | None, Field(description="A kernel log file inside the allowed roots (any size: it is streamed)")
-        ] = None,
+        text: Annotated[Text, Field(description="Kernel log text (dmesg, journalctl -k, kern.log)")] = "",
+        path: Annotated[PathArg | None, Field(description="A kernel log file (any size: streamed)")] = None,
         source: Annotated[
             Literal["dmesg", "journal"] | None,
-            Field(description="Read this machine's kernel log live: `dmesg` or `journalctl -k` (needs permission)"),
+            Field(description="This machine's log, live: dmesg or journalctl -k (may need root)"),
         ] = None,
         max_events: Annotated[
-            int,
-            Field(
-                ge=1,
-                le=MAX_EVENTS_LISTED,
-                description="Most events listed (counts stay exact; the summary rows cover every event)",
-            ),
+            int, Field(ge=1, le=MAX_EVENTS_LISTED, description="Events listed; counts and summary cover all")
         ] = 200,
     ) -> Annotated[CallToolResult, KernelLogScan]:
-        """Find GPU errors in a kernel log: Xid lines of every shape (with their PCI address, process, NVLink5
-        sub-unit and intrinfo, recovery-action changes), NVSwitch SXid, NCCL segfaults, and GPUs fallen off the
-        bus; every timestamp form. Maps PCI addresses to UUIDs, classifies each event with the Xid catalog, and
-        summarises per GPU and code (count, first and last time, worst severity, action), collapsing floods (Xid
-        45) and escalating codes that recur across reboots. Streams files of any size (>= 100 MB/s). Lists at most
-        max_events events and 200 summary rows (worst first); events_omitted and summary_omitted count the rest."""
+        """Find GPU errors in a kernel log: Xid (classified by the Xid catalog), NVSwitch SXid, NCCL segfaults,
+        GPUs fallen off the bus. Returns the events and a summary per GPU and code (count, first/last time,
+        severity, action), worst first; floods collapsed, repeats across reboots escalated. Give one of text, path
+        or source. Seconds."""
         from servers.diagnostics.kmsg import scan_file, scan_text
         from servers.diagnostics.xid import classify
 
@@ -326,16 +308,12 @@ def register(server: MCPServer, app: App) -> None:
 
     @agent_tool(server, title="Explain an Xid", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def explain_xid(
-        code: Annotated[int, Field(ge=1, le=999, description="The Xid number, e.g. 79")],
+        code: Annotated[int, Field(ge=1, le=999)],
     ) -> Annotated[CallToolResult, XidExplanation]:
-        """Explain an NVIDIA Xid code: its meaning, likely causes, NVIDIA's immediate and investigatory actions, and
-        how gpud, the Kubernetes device plugin, Meta GCM and Azure NHC classify it, with their disagreements stated
-        (Xid 63 is the classic one) and a consensus severity and action. Each source's reading is in `readings` (its
-        own words, its action normalised through the catalog's stated vocabulary, its severity); `disagreements`
-        lists every difference between sources (normalised actions that differ, e.g. Xid 119 NVIDIA RESET_GPU vs
-        gpud RebootSystem+HardwareInspection, or severities that differ) with every source's position, and
-        `disagreement` states them all (null only when the sources agree). Instant; the catalog is also the
-        resource infra://xid-catalog.json."""
+        """Explain an NVIDIA Xid code: meaning, likely causes, NVIDIA's actions, and how gpud, the Kubernetes
+        device plugin, Meta GCM and Azure NHC classify it: each source's reading, every disagreement between them
+        (Xid 63 is the classic one), a consensus severity and action. Instant; the whole catalog is the resource
+        infra://xid-catalog.json."""
         from servers.diagnostics.xid import explain_xid as explain
 
         result = explain(code)
@@ -355,30 +333,16 @@ def register(server: MCPServer, app: App) -> None:
         server, title="Parse nccl-tests output", read_only=True, destructive=False, idempotent=True, open_world=False
     )
     async def parse_nccl_tests(
-        text: Annotated[
-            Text, Field(description="Output of an nccl-tests binary (all_reduce_perf, ...); empty when not given")
-        ] = "",
-        path: Annotated[PathArg | None, Field(description="A file with that output, inside the allowed roots")] = None,
+        text: Annotated[Text, Field(description="Output of all_reduce_perf or another nccl-tests binary")] = "",
+        path: Annotated[PathArg | None, Field(description="A file of that output")] = None,
         expected_busbw_gbps: Annotated[
-            float | None,
-            Field(
-                gt=0,
-                le=100_000,
-                description="Bus bandwidth to expect, GB/s; default: the floor for the GPU model found, if known",
-            ),
+            float | None, Field(gt=0, le=100_000, description="GB/s; default: the known floor of the GPU model found")
         ] = None,
     ) -> Annotated[CallToolResult, NcclTestsReport]:
-        """Parse the output of any nccl-tests binary: per-size rows (size, count, type, redop, root, out-of-place
-        and in-place time, algbw, busbw, #wrong), the average bus bandwidth, the devices, and a verdict against
-        bus bandwidth floors that each state their assumption (8x H100 all-reduce: 460 GB/s with NVLink SHARP
-        (NVLS), ~370 GB/s without; the one without NVLS when the output does not show which ran), with any
-        #wrong > 0 flagged as data corruption. Other floors: 8x H200 431 GB/s with NVLS (~370 without), 8x A100 228
-        for any algorithm. Whether NVLS ran is read from the output (NCCL_ALGO / NCCL_NVLS_ENABLE, NCCL INFO lines,
-        the NCCL version) and reported in verdict.nvls with its evidence; when it cannot be told, the text also says
-        what the NVLS floor would say. Status PASS, DEGRADED (below the floor that applies but at or above another
-        floor of the GPU, e.g. NVLS on with ring-level bandwidth), FAIL (below every floor, corruption or run
-        failures) or UNKNOWN. Lists at most 256 rows (those with #wrong > 0 and the best one first; rows_total and
-        rows_omitted count them; the verdict uses every row). Instant."""
+        """Parse any nccl-tests binary's output: per-size rows, average bus bandwidth, devices, and a verdict
+        (PASS, DEGRADED, FAIL, UNKNOWN) against the GPU model's busbw floor, e.g. 8x H100 all-reduce 460 GB/s with
+        NVLS, ~370 without (whether NVLS ran is read from the output); #wrong > 0 is flagged as corruption. Give
+        text or path. Instant."""
         from servers.diagnostics.nccl_tests import parse_nccl_tests as parse
 
         body, _ = await in_thread(read_text_input, app, text, path, "nccl-tests output")
@@ -391,15 +355,12 @@ def register(server: MCPServer, app: App) -> None:
         server, title="Parse DCGM diagnostics", read_only=True, destructive=False, idempotent=True, open_world=False
     )
     async def parse_dcgm_diag(
-        text: Annotated[
-            Text, Field(description="JSON from `dcgmi diag -r N -j` (DCGM 3.x or 4.x); empty when not given")
-        ] = "",
-        path: Annotated[PathArg | None, Field(description="A file with that JSON, inside the allowed roots")] = None,
+        text: Annotated[Text, Field(description="JSON of `dcgmi diag -r N -j` (DCGM 3.x or 4.x)")] = "",
+        path: Annotated[PathArg | None, Field(description="A file of that JSON")] = None,
     ) -> Annotated[CallToolResult, DcgmDiagReport]:
-        """Read the JSON of a DCGM diagnostic run (DCGM 3.x "DCGM GPU Diagnostic" and 4.x "DCGM Diagnostic"
-        layouts): per test and GPU, pass / fail / warn / skip with the warning texts and error ids, and an overall
-        verdict. Lists at most 256 results (failed and warned first), 128 tests and 128 GPUs, counting the rest.
-        Instant."""
+        """Read the JSON of a DCGM diagnostic run: pass / fail / warn / skip per test and GPU with the warnings and
+        error ids, failures first, and an overall verdict. Give text or path; to run the diagnostic here, use
+        run_dcgm_diag. Instant."""
         from servers.diagnostics.dcgm import parse_dcgm_diag as parse
 
         body, _ = await in_thread(read_text_input, app, text, path, "DCGM diagnostic JSON")
@@ -416,19 +377,17 @@ def register(server: MCPServer, app: App) -> None:
             Field(
                 ge=1,
                 le=4,
-                description="1: software checks (seconds); 2: + memory and PCIe "
-                "(~2 min); 3: + stress, NCCL, bandwidth (10-15 min); 4: + memtest, pulse (> 1 h)",
+                description="1: software, seconds; 2: +memory/PCIe, ~2 min; 3: +stress, 10-15 min; 4: +memtest, > 1 h",
             ),
         ] = 1,
         wait_s: WaitS = 20,
         max_wall_s: Annotated[
             float | None,
-            Field(gt=0, le=8 * 3600, description="Wall-time limit (default by level: 10 min, 30 min, 1 h, 4 h)"),
+            Field(gt=0, le=8 * 3600, description="Default by level: 10 min, 30 min, 1 h, 4 h"),
         ] = None,
     ) -> Annotated[CallToolResult, JobView]:
-        """Run `dcgmi diag -r LEVEL -j` on this machine as a job and parse its JSON (the same report as
-        parse_dcgm_diag). Levels 2-4 load the GPUs: do not run them under a training job. Returns the report if it
-        ends within wait_s, else the job handle (follow with wait_for_job). Where DCGM is not installed, says so."""
+        """Run `dcgmi diag -r LEVEL -j` on this machine as a job; returns parse_dcgm_diag's report, or a job handle.
+        Levels 2-4 load the GPUs: not under a training job. Says so where DCGM is not installed."""
         from servers.diagnostics.dcgm import dcgm_available
 
         ok, why = dcgm_available()
@@ -452,7 +411,7 @@ def register(server: MCPServer, app: App) -> None:
         ctx: Context,
         mode: Annotated[
             Literal["node", "pairwise", "all"],
-            Field(description="node: each node alone; pairwise: every pair of nodes; all: the whole allocation"),
+            Field(description="node: each node alone; pairwise: each pair of nodes; all: all nodes at once"),
         ] = "node",
         backend: Annotated[
             Literal["local", "slurm"], Field(description="local: this node (mode node); slurm: the cluster's nodes")
@@ -463,27 +422,23 @@ def register(server: MCPServer, app: App) -> None:
         ] = None,
         pairs: Annotated[
             list[tuple[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=64)]]] | None,
-            Field(max_length=256, description="pairwise: only these pairs, e.g. from plan_network_probes"),
+            Field(max_length=256, description="pairwise: only these, e.g. from plan_network_probes"),
         ] = None,
-        op: Annotated[Literal["all_reduce", "all_gather", "reduce_scatter"], Field(description="Collective")] = (
-            "all_reduce"
-        ),
+        op: Literal["all_reduce", "all_gather", "reduce_scatter"] = "all_reduce",
         sizes: Annotated[
             list[Annotated[int, Field(ge=1, le=1 << 34)]] | None,
-            Field(max_length=16, description="Message sizes in bytes (default 1, 4, 16 MiB; floors read >= 256 MiB)"),
+            Field(max_length=16, description="Bytes (default 1, 4, 16 MiB); GPU floors judge sizes >= 256 MiB"),
         ] = None,
         nproc_per_node: Annotated[int, Field(ge=0, le=64, description="Ranks per node; 0: its GPUs, or 2 on CPU")] = 0,
         gpus_per_node: Annotated[int, Field(ge=0, le=64, description="Slurm: GPUs per node to ask for")] = 0,
         partition: Annotated[str | None, Field(max_length=64, description="Slurm partition")] = None,
         wait_s: WaitS = 20,
-        max_wall_s: Annotated[float, Field(gt=0, le=6 * 3600, description="Wall-time limit of the whole check")] = 3600,
+        max_wall_s: Annotated[float, Field(gt=0, le=6 * 3600, description="For the whole check, seconds")] = 3600,
     ) -> Annotated[CallToolResult, JobView]:
-        """Measure collective bus bandwidth with real jobs and judge it: per node (intra-node fabric), per pair of
-        nodes (the network between them) or over the whole allocation; locally, or as Slurm jobs pinned to their
-        nodes, one probe at a time. Each probe gives an nccl-tests table judged against known floors (8x H100
-        460 GB/s with NVLS, ~370 without; 8x H200 431; 8x A100 228) or, where none applies, against the median of
-        the check's probes (DEGRADED < 80%, FAIL < 50%); the result has PASS/DEGRADED/FAIL/UNKNOWN per probe,
-        counts, a node x node matrix, the slowest nodes and pairs, and a heatmap PNG. A job: minutes."""
+        """Measure collective bus bandwidth by running collectives on the GPUs: per node, per pair of nodes or over
+        the allocation, here or as Slurm jobs. Probes are judged against known floors or their median: PASS /
+        DEGRADED / FAIL each, a node x node matrix, the slowest nodes and pairs, a heatmap PNG. Starts a job:
+        minutes."""
         from servers.diagnostics.bandwidth import BandwidthCheckSpec
 
         try:
@@ -525,36 +480,34 @@ def register(server: MCPServer, app: App) -> None:
     async def detect_stragglers(
         text: Annotated[
             Text,
-            Field(description="Rows {rank, step, step_time_s, node?, compute_s?, comm_s?} as JSON, JSON lines or CSV"),
+            Field(description="Rows {rank, step, step_time_s, node?, compute_s?, comm_s?}: JSON, JSONL or CSV"),
         ] = "",
-        path: Annotated[PathArg | None, Field(description="A file of such rows (or a job's metrics.jsonl)")] = None,
+        path: Annotated[PathArg | None, Field(description="A file of such rows, or a job's metrics.jsonl")] = None,
         job_id: Annotated[
-            str | None, Field(max_length=64, pattern=r"^[A-Za-z0-9_-]{1,64}$", description="A training job's metrics")
+            str | None, Field(max_length=64, pattern=r"^[A-Za-z0-9_-]{1,64}$", description="A training job to read")
         ] = None,
         ranks_per_node: Annotated[
-            int | None, Field(ge=1, le=65536, description="Metrics: rank r is on node r // this (default: the job's)")
+            int | None, Field(ge=1, le=65536, description="Rank r is on node r // this (default: the job's)")
         ] = None,
-        tp: Annotated[int, Field(ge=1, le=65536, description="Tensor-parallel size (groups of the layout)")] = 1,
+        tp: Annotated[int, Field(ge=1, le=65536, description="Tensor-parallel size of the layout")] = 1,
         pp: Annotated[int, Field(ge=1, le=65536, description="Pipeline-parallel size")] = 1,
         dp: Annotated[int | None, Field(ge=1, le=65536, description="Data-parallel size (default: the rest)")] = None,
         order: Annotated[
             Literal["tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"],
-            Field(description="Rank order of the layout, fastest first (Megatron: tp-dp-pp)"),
+            Field(description="Layout's rank order, fastest first (Megatron: tp-dp-pp)"),
         ] = "tp-dp-pp",
         signal: Annotated[
             Literal["auto", "step_time_s", "compute_s"],
-            Field(description="The time compared (auto: compute_s when every row has it)"),
+            Field(description="Time compared; auto: compute_s when every row has it"),
         ] = "auto",
         z_threshold: Annotated[float, Field(gt=0, le=100, description="Robust z-score that makes a step slow")] = 3.5,
         window: Annotated[int, Field(ge=2, le=10000, description="Persistence: the last w steps")] = 10,
-        min_flagged: Annotated[int, Field(ge=1, le=10000, description="Persistence: slow in at least k of them")] = 6,
+        min_flagged: Annotated[int, Field(ge=1, le=10000, description="Persistence: slow in k of them")] = 6,
     ) -> Annotated[CallToolResult, StragglerReport]:
-        """Find the slow ranks of a training job from per-rank step times: a job's metrics (the recipes log every
-        rank's step and work time) or pasted rows. Robust z-score per step across ranks (median/MAD), persistence
-        (slow in k of the last w steps), change points per rank (>= 20% slower than its own baseline for >= 10
-        iterations, since which step), aggregation to nodes and TP/DP/PP groups when a layout is given; each
-        straggler with its evidence and the action (drain the node, compute- vs communication-bound, rebalance).
-        Verdict counts add up; too few steps is said, not guessed. Seconds."""
+        """Find the slow ranks of a training job from per-rank step times: robust z-score per step across ranks,
+        persistence, change points per rank, and nodes and TP/DP/PP groups when a layout is given; each straggler
+        with evidence and an action (drain, compute vs communication, rebalance). Give exactly one of text, path or
+        job_id. Seconds."""
         from servers.diagnostics import stragglers
 
         layout = {"tp": tp, "pp": pp, "dp": dp, "order": order} if tp * pp > 1 or dp is not None else None
@@ -600,27 +553,24 @@ def register(server: MCPServer, app: App) -> None:
         nvidia_smi_text: SmiOutput = "",
         nvidia_smi_path: SmiPath = None,
         fields: SmiFields = None,
-        live_nvml: Annotated[bool, Field(description="Read this machine's GPUs through NVML")] = False,
+        live_nvml: Annotated[bool, Field(description="Read this machine's GPUs live (NVML)")] = False,
         kernel_log_text: Annotated[Text, Field(description="Kernel log text (dmesg, journalctl -k)")] = "",
-        kernel_log_path: Annotated[PathArg | None, Field(description="A kernel log file inside the roots")] = None,
+        kernel_log_path: Annotated[PathArg | None, Field(description="A kernel log file")] = None,
         kernel_log_source: Annotated[
-            Literal["dmesg", "journal"] | None, Field(description="Read this machine's kernel log")
+            Literal["dmesg", "journal"] | None, Field(description="This machine's kernel log, live (may need root)")
         ] = None,
         dcgm_text: Annotated[Text, Field(description="JSON of `dcgmi diag -r N -j`")] = "",
         dcgm_path: Annotated[PathArg | None, Field(description="A file of that JSON")] = None,
         nccl_tests_text: Annotated[Text, Field(description="Output of an nccl-tests binary")] = "",
         nccl_tests_path: Annotated[PathArg | None, Field(description="A file of that output")] = None,
-        node: Annotated[str | None, Field(max_length=256, description="The node's name, for the report")] = None,
+        node: Annotated[str | None, Field(max_length=256, description="Its name, for the report")] = None,
         interconnect_expected: Annotated[
             Literal["nvlink", "pcie"] | None, Field(description="What the GPUs should be linked by")
         ] = None,
     ) -> Annotated[CallToolResult, NodeTriage]:
-        """Triage one node in one call from any of its sources: nvidia-smi output (or live NVML), the kernel log
-        (text, path or live), DCGM diagnostics JSON, nccl-tests output. One verdict per GPU with the evidence of
-        every source joined on the normalised PCI bus id (the log's 0000:9b:00 and nvidia-smi's
-        00000000:9B:00.0 are one GPU), warnings where sources disagree or a GPU appears in one source only, a note
-        when the driver's "GPUn" names (GSP messages) appear (they are not nvidia-smi indices), and the first
-        action for the node. Instant."""
+        """Triage one node in one call from any of nvidia-smi output (or live NVML), its kernel log, DCGM
+        diagnostic JSON and nccl-tests output (at most one input each): one verdict per GPU with every source's
+        evidence joined on the PCI bus id, warnings where sources disagree, the node's first action. Instant."""
         from servers.diagnostics.triage import triage_node as triage
 
         def one(name: str, *values: object) -> None:
@@ -681,29 +631,28 @@ def register(server: MCPServer, app: App) -> None:
         server, title="Plan network probes", read_only=True, destructive=False, idempotent=True, open_world=False
     )
     async def plan_network_probes(
-        topology: Annotated[
-            Topology | None,
-            Field(description="nodes [{name, nics [{name, rail, leaf}]}], switches [{name, tier, uplinks}]"),
-        ] = None,
-        text: Annotated[Text, Field(description="The topology as JSON text, or a probe table (CSV) to derive it")] = "",
-        path: Annotated[PathArg | None, Field(description="A file of either, inside the allowed roots")] = None,
+        topology: Annotated[Topology | None, Field(description="The fabric: its nodes' NICs and its switches")] = None,
+        text: Annotated[Text, Field(description="Topology JSON, or a probe table (CSV) to derive it from")] = "",
+        path: Annotated[PathArg | None, Field(description="A file of either")] = None,
         mode: Annotated[
             Literal["skeleton", "rail", "full_mesh"],
-            Field(description="skeleton: the training traffic's pairs, O(N); rail: same-rail pairs; full_mesh: all"),
+            Field(description="skeleton: the training traffic's pairs, O(N); rail: same-rail; full_mesh: all"),
         ] = "skeleton",
-        tp: Annotated[int | None, Field(ge=1, le=1 << 20, description="Skeleton layout: tensor-parallel size")] = None,
-        pp: Annotated[int | None, Field(ge=1, le=1 << 20, description="Pipeline-parallel size")] = None,
-        dp: Annotated[int | None, Field(ge=1, le=1 << 20, description="Data-parallel size")] = None,
+        tp: Annotated[
+            int | None, Field(ge=1, le=1 << 20, description="Skeleton layout: TP size (default: NICs per node)")
+        ] = None,
+        pp: Annotated[int | None, Field(ge=1, le=1 << 20, description="Skeleton layout: PP size (default 1)")] = None,
+        dp: Annotated[
+            int | None, Field(ge=1, le=1 << 20, description="Skeleton layout: DP size (default: the rest)")
+        ] = None,
         cross_leaf_per_uplink: Annotated[int, Field(ge=0, le=64, description="Pinned probes per leaf uplink")] = 2,
         min_probes_per_nic: Annotated[int, Field(ge=0, le=64, description="Fill probes up to this per NIC")] = 4,
-        limit: Annotated[int, Field(ge=0, le=5000, description="Pairs listed in this answer")] = 1000,
-        offset: Annotated[int, Field(ge=0, le=10_000_000, description="First pair listed (paging)")] = 0,
+        limit: Annotated[int, Field(ge=0, le=5000)] = 1000,
+        offset: Annotated[int, Field(ge=0, le=10_000_000)] = 0,
     ) -> Annotated[CallToolResult, ProbePlan]:
-        """The pairs of NICs to probe in a rail-optimised fat tree: full_mesh (O(N^2)), rail (same-rail pairs
-        across nodes) or skeleton (O(N): ring neighbours per rail for DP, the TP/PP groups, a few pinned
-        cross-leaf probes per leaf uplink, fill probes per NIC), with the count against full mesh and rail and the
-        coverage (every NIC, node, leaf, spine and leaf-spine link crossed, or named as not). Paged (limit,
-        offset, next_offset). Instant to seconds."""
+        """Plan the NIC pairs to probe in a rail-optimised fat tree (skeleton O(N), rail, or full mesh), with the
+        count against full mesh and whether every NIC, node, switch and leaf-spine link is covered; the probes'
+        results then go to localize_network_fault. Give exactly one of topology, text or path. Paged. Seconds."""
         from servers.diagnostics.netloc import plan_network_probes as plan
 
         def run() -> ProbePlan:
@@ -723,19 +672,22 @@ def register(server: MCPServer, app: App) -> None:
         return tool_result(result, summary)
 
     @agent_tool(
-        server, title="Localize a network fault", read_only=True, destructive=False, idempotent=True, open_world=False
+        server,
+        title="Localize a network fault",
+        read_only=True,
+        destructive=False,
+        idempotent=True,
+        open_world=False,
+        same_as={"topology": "plan_network_probes"},
     )
     async def localize_network_fault(
-        topology: Annotated[Topology | None, Field(description="The fabric, as plan_network_probes takes it")] = None,
+        topology: Topology | None = None,
         topology_path: Annotated[
-            PathArg | None, Field(description="The topology as a file (JSON); neither: derived from a probe table")
+            PathArg | None, Field(description="The topology as a JSON file; neither: derived from a probe table")
         ] = None,
-        probes: Annotated[
-            list[ProbeRow] | None,
-            Field(max_length=100_000, description="Probe rows (more through path)"),
-        ] = None,
-        text: Annotated[Text, Field(description="Probe rows as JSON, JSON lines or CSV (a probe table too)")] = "",
-        path: Annotated[PathArg | None, Field(description="A file of probe rows, inside the allowed roots")] = None,
+        probes: Annotated[list[ProbeRow] | None, Field(max_length=100_000, description="Probe results")] = None,
+        text: Annotated[Text, Field(description="Probe rows as JSON, JSON lines or CSV (or a probe table)")] = "",
+        path: Annotated[PathArg | None, Field(description="A file of such rows")] = None,
         loss_threshold: Annotated[float, Field(ge=0, lt=1, description="A probe is bad above this loss rate")] = 0.01,
         latency_factor: Annotated[
             float, Field(gt=1, le=1000, description="Bad above this x its class's latency baseline")
@@ -743,15 +695,13 @@ def register(server: MCPServer, app: App) -> None:
         bandwidth_factor: Annotated[
             float, Field(gt=0, lt=1, description="Bad below this x its class's bandwidth baseline")
         ] = 0.5,
-        limit: Annotated[int, Field(ge=0, le=500, description="Suspects listed in this answer")] = 50,
-        offset: Annotated[int, Field(ge=0, le=1_000_000, description="First suspect listed (paging)")] = 0,
+        limit: Annotated[int, Field(ge=0, le=500)] = 50,
+        offset: Annotated[int, Field(ge=0, le=1_000_000)] = 0,
     ) -> Annotated[CallToolResult, Localization]:
-        """Rank the suspects of network faults (NIC, node, leaf switch, spine switch, leaf-spine link) from probes
-        over a topology: each with faulty true/false, a score (likelihood gain), the symptom and its evidence
-        (bad and good probes through it); several simultaneous and partial faults (loss, latency, bandwidth),
-        chance noise and missing probes are handled; overlay vs underlay when probes carry both. A cross-leaf
-        probe without its spine is spread over the spines the two leaves share (ECMP), and a spine needs bad probes
-        across several leaf pairs. Seconds."""
+        """Find the faulty NICs, nodes, leaf and spine switches and leaf-spine links from probe results over a
+        topology: each suspect with faulty true/false, a likelihood score, its symptom (loss, latency, bandwidth)
+        and the probes through it; handles several partial faults, noise, ECMP, overlay vs underlay. Give one of
+        probes, text or path. Seconds."""
         from servers.diagnostics.netloc import localize_network_fault as localize
         from servers.diagnostics.netloc import parse_probes_text
 
@@ -816,20 +766,15 @@ def register(server: MCPServer, app: App) -> None:
             Field(
                 max_length=2048,
                 pattern=r"^https?://",
-                description="The metrics URL, e.g. http://127.0.0.1:9400/metrics; it must be one the setting "
-                "LLM_INFRA_MCP_EXPORTER_URLS allows (default: port 9400 on loopback)",
+                description="e.g. http://127.0.0.1:9400/metrics; only allowed URLs (see the tool)",
             ),
         ],
-        http_timeout_s: Annotated[
-            float, Field(gt=0, le=30, description="Give up on the endpoint after this many seconds")
-        ] = 10,
+        http_timeout_s: Annotated[float, Field(gt=0, le=30)] = 10,
     ) -> Annotated[CallToolResult, ExporterSummary]:
-        """Scrape a dcgm-exporter endpoint and summarise each GPU: temperature, power, utilisation, tensor activity,
-        last Xid, ECC and row-remap counters, NVLink bandwidth, clock event reasons, with findings by the same rules
-        as gpu_health. Only URLs the person allowed (setting LLM_INFRA_MCP_EXPORTER_URLS; by default
-        dcgm-exporter's port 9400 on this machine's loopback): the error for another URL says what to set. http and
-        https; bounded time (http_timeout_s) and size (8 MiB); redirects are not followed; a response that is not
-        Prometheus text is refused without being quoted. Lists at most 64 GPUs (those not healthy first)."""
+        """Scrape a dcgm-exporter endpoint and summarise each GPU (temperature, power, utilisation, last Xid, ECC
+        and row-remap counters, NVLink, clock event reasons) with findings by gpu_health's rules. Only URLs that
+        LLM_INFRA_MCP_EXPORTER_URLS allows (default: port 9400 on loopback); bounded time and size, no redirects.
+        Seconds."""
         from servers.diagnostics.exporter import read_exporter
 
         summary = await read_exporter(url, allowed=app.settings.exporter_urls, timeout_s=http_timeout_s)

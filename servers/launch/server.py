@@ -131,9 +131,8 @@ def register(server: MCPServer, app: App) -> None:
         server, title="List launch backends", read_only=True, destructive=False, idempotent=True, open_world=False
     )
     async def list_backends() -> Annotated[CallToolResult, BackendList]:
-        """Say which launch engines this machine offers (local torchrun, Slurm, Kubernetes, SkyPilot), what was
-        found for each or why it is missing (e.g. 'sbatch not found on PATH'), and whether this server version
-        can launch on it. Instant; starts nothing."""
+        """Say which launch engines this machine offers (local torchrun, Slurm, Ray, Kubernetes, SkyPilot), what was
+        found for each or why it is missing, and whether this server can launch on it. Instant; starts nothing."""
         backends = await in_thread(detect_all, app.settings.ray_address)
         lines = [
             f"- {b.name}: {'found' if b.detected else 'missing'} ({b.detail})"
@@ -147,7 +146,7 @@ def register(server: MCPServer, app: App) -> None:
     )
     async def list_recipes() -> Annotated[CallToolResult, RecipeList]:
         """List the bundled training recipes: what each trains, its arguments with defaults, the metrics it logs,
-        and how long it takes on CPU and on a GPU. Recipes run unchanged on a laptop and on GPUs. Instant."""
+        and its run time on CPU and on a GPU (they run unchanged on either). Instant."""
         docs = await in_thread(recipe_docs)
         lines = [f"- {d.name}: {d.description} (CPU {d.expected_time_cpu}; GPU {d.expected_time_gpu})" for d in docs]
         return tool_result(RecipeList(recipes=docs), "\n".join(lines))
@@ -157,13 +156,11 @@ def register(server: MCPServer, app: App) -> None:
     )
     async def plan_training_job(
         ctx: Context,
-        spec: Annotated[TrainingJobSpec, Field(description="The job: a recipe or a script, args, ranks, limits")],
+        spec: TrainingJobSpec,
     ) -> Annotated[CallToolResult, TrainingPlan]:
-        """Check a training job and describe exactly what would run, without starting anything: the argv (no
-        shell), resolved paths, environment added, GPUs, quotas checked, an estimate of GPU-hours (GPUs x wall-time
-        limit), where its sockets live, warnings, whether the launch needs the person's approval (then its plan_id
-        is what they approve), and a plan_token bound to this exact spec for submit_training_job. Writes only the
-        audit line. Instant."""
+        """Check a training job and show exactly what would run, starting nothing: the command, paths, environment,
+        GPUs, quotas, GPU-hours at most (GPUs x max_wall_s), warnings, whether the person must approve it, and a
+        plan_token for submit_training_job. Instant."""
         plan = await in_thread(make_plan, app, spec)
         if plan.needs_confirmation:
             await in_thread(Approvals(app.settings).request, plan.plan_id, job_launch(plan).summary)
@@ -185,11 +182,17 @@ def register(server: MCPServer, app: App) -> None:
         return tool_result(plan, text)
 
     @agent_tool(
-        server, title="Submit a training job", read_only=False, destructive=False, idempotent=False, open_world=False
+        server,
+        title="Submit a training job",
+        read_only=False,
+        destructive=False,
+        idempotent=False,
+        open_world=False,
+        same_as={"spec": "plan_training_job"},
     )
     async def submit_training_job(
         ctx: Context,
-        spec: Annotated[TrainingJobSpec | None, Field(description="The job (or give plan_token alone)")] = None,
+        spec: Annotated[TrainingJobSpec | None, Field(description="The job, or none with a plan_token")] = None,
         plan_token: Annotated[
             str | None,
             Field(
@@ -200,13 +203,10 @@ def register(server: MCPServer, app: App) -> None:
         ] = None,
         wait_s: WaitS = 20,
     ) -> Annotated[CallToolResult, JobView]:
-        """Start a training job with torchrun: here (one process per rank, gloo on CPU, one GPU per rank), or on a
-        Slurm or Ray cluster (spec.backend), followed by the job engine: per-rank logs, metrics, checkpoints and
-        restarts survive server restarts.
-        Above the GPU-hour threshold the person is asked first; a client that cannot ask gives the plan_token
-        from plan_training_job and the person approves that plan in a terminal (the error says the command). With
-        an idempotency_key a retried submit returns the first job. Returns the job after wait_s (or its result if
-        it ended), else the handle to follow with wait_for_job."""
+        """Start a training job with torchrun, here or on Slurm or Ray (spec.backend); its logs, metrics and
+        restarts survive server restarts. Above a GPU-hour threshold the person must approve first (a client that
+        cannot ask them: submit with the plan_token; the error says how). Returns the job after wait_s, else its
+        handle."""
         if spec is None and plan_token is None:
             raise InputError("give spec, plan_token, or both")
         audit = AuditLog(app.settings)
@@ -296,22 +296,30 @@ def register(server: MCPServer, app: App) -> None:
         await in_thread(approvals.request, launch.plan_id, launch.summary)
         raise InputError(approval_needed(app, launch))
 
-    @agent_tool(server, title="Plan a sweep", read_only=False, destructive=False, idempotent=True, open_world=False)
+    @agent_tool(
+        server,
+        title="Plan a sweep",
+        read_only=False,
+        destructive=False,
+        idempotent=True,
+        open_world=False,
+        same_as={"spec": "plan_training_job"},
+    )
     async def plan_sweep(
         ctx: Context,
-        spec: Annotated[TrainingJobSpec, Field(description="The base job: every run is it with other arguments")],
+        spec: Annotated[TrainingJobSpec, Field(description="The base job; each run adds its arguments")],
         grid: Annotated[
             dict[Annotated[str, Field(max_length=64)], list[Annotated[str, Field(max_length=256)]]] | None,
-            Field(max_length=8, description='Flag -> values, every combination a run: {"--lr": ["0.02", "0.005"]}'),
+            Field(max_length=8, description='Flag -> values, each combination a run: {"--lr": ["0.02", "0.005"]}'),
         ] = None,
         variants: Annotated[
             list[list[Annotated[str, Field(max_length=256)]]] | None,
             Field(max_length=64, description="Or: one run per list of extra arguments"),
         ] = None,
     ) -> Annotated[CallToolResult, SweepPlan]:
-        """Plan a sweep: one training spec over a grid or a list of argument variants (at most 64 runs), each run's
-        exact plan and GPU-hours, their total, quotas for the whole sweep (all runs start at once), one approval
-        for all, and a sweep_token for submit_sweep. Writes only the audit line. Instant."""
+        """Plan a sweep: one training spec over a grid or a list of argument variants (at most 64 runs): each run's
+        plan and GPU-hours, the total, quotas for all runs at once, one approval for all, and a sweep_token for
+        submit_sweep. Starts nothing. Instant."""
         swept = await in_thread(make_sweep, app, spec, grid, variants)
         if swept.needs_confirmation:
             await in_thread(Approvals(app.settings).request, swept.plan_id, sweep_summary(swept))
@@ -338,10 +346,9 @@ def register(server: MCPServer, app: App) -> None:
             str, Field(max_length=262144, pattern=PLAN_TOKEN_PATTERN, description="From plan_sweep")
         ],
     ) -> Annotated[CallToolResult, SweepSubmitted]:
-        """Start every run of a planned sweep as its own job (the same checks, approval and admission as
-        submit_training_job; one approval for the whole sweep; on Slurm one job array). Idempotent: each run has
-        the key <sweep id>-<index>, so submitting the same sweep again starts nothing twice. Follow it with
-        wait_for_job(job_id=<sweep id>) and list_jobs(sweep_id=...). Returns the job ids at once."""
+        """Start every run of a planned sweep as its own job (one job array on Slurm), with the checks of
+        submit_training_job and one approval for all. Idempotent: resubmitting starts nothing twice. Returns the
+        job ids at once; follow with wait_for_job(job_id=<sweep id>)."""
         from servers.launch import sweeps
 
         base, runs, digest = sweeps.read_token(app.settings, sweep_token)

@@ -71,67 +71,55 @@ KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 
 
 class TrainingJobSpec(BaseModel):
-    """What to train and how. Either a bundled recipe or a script inside the allowed roots."""
+    """The job: a bundled recipe or a script, and how to run it."""
 
     recipe: Annotated[str, Field(max_length=64)] | None = Field(
-        default=None, description="A bundled recipe (list_recipes), e.g. tiny-gpt or tiny-grpo"
+        default=None, description="From list_recipes, e.g. tiny-gpt"
     )
     script: Annotated[str, Field(max_length=4096)] | None = Field(
-        default=None, description="A Python training script inside the allowed roots"
+        default=None, description="A Python script inside the allowed roots"
     )
     args: list[Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=list,
-        max_length=256,
-        description="Arguments, one per item; passed literally (never through a shell)",
+        default_factory=list, max_length=256, description="One per item, passed literally (no shell)"
     )
     nproc_per_node: int | None = Field(
-        default=None, ge=1, le=64, description="Processes (ranks) on the node; default: the GPUs present, else 1"
+        default=None, ge=1, le=64, description="Ranks per node; default: the GPUs present, else 1"
     )
-    nnodes: int = Field(default=1, ge=1, le=64, description="Nodes: more than one on slurm only")
+    nnodes: int = Field(default=1, ge=1, le=64, description="More than 1 on slurm only")
     gpus_per_node: int | None = Field(
-        default=None,
-        ge=0,
-        le=64,
-        description="GPUs to give the job; default: one per rank where GPUs are present, else 0",
+        default=None, ge=0, le=64, description="Default: one per rank if GPUs are present, else 0"
     )
-    share_gpus: bool = Field(default=False, description="Allow GPUs that another running job already uses")
+    share_gpus: bool = Field(default=False, description="Allow GPUs another running job uses")
     env: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=dict,
         max_length=64,
-        description="Extra environment variables: NCCL_*, TORCH_*, PYTORCH_*, CUDA_*, OMP_*, JOB_* (the "
-        "script's own) and a few more; no plugin or library paths",
+        description="Only NCCL_*, TORCH_*, CUDA_*, OMP_*, JOB_* and the like; no paths or plugins",
     )
     workdir: Annotated[str, Field(max_length=4096)] | None = Field(
-        default=None, description="Working directory inside the allowed roots; default: a run folder in the job folder"
+        default=None, description="Inside the allowed roots; default: a run folder in the job folder"
     )
     max_wall_s: float = Field(
-        default=3600, gt=0, le=30 * 86400, description="Wall-time limit; the watchdog ends the job past it"
+        default=3600, gt=0, le=30 * 86400, description="Ended past it; the GPU-hour estimate counts it"
     )
-    max_restarts: int = Field(default=0, ge=0, le=10, description="torchrun restarts after a failure")
-    name: Annotated[str, Field(max_length=128)] | None = Field(default=None, description="A name for the run")
-    tags: list[Annotated[str, Field(max_length=64)]] = Field(
-        default_factory=list, max_length=32, description="Labels for the run"
-    )
+    max_restarts: int = Field(default=0, ge=0, le=10, description="torchrun restarts on failure")
+    name: Annotated[str, Field(max_length=128)] | None = None
+    tags: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=32)
     idempotency_key: Annotated[str, Field(pattern=KEY_PATTERN)] | None = Field(
-        default=None, description="A retried submit with the same key returns the first job instead of starting another"
+        default=None, description="A retried submit with this key returns the first job"
     )
     backend: Literal["local", "ray", "slurm"] = Field(
-        default="local",
-        description="Where to run: local (torchrun here), ray (a Ray cluster's Jobs API, LLM_INFRA_MCP_RAY_ADDRESS) "
-        "or slurm (sbatch; nnodes > 1 there)",
+        default="local", description="local: torchrun here; ray: LLM_INFRA_MCP_RAY_ADDRESS; slurm: sbatch"
     )
     partition: Annotated[str, Field(pattern=SLURM_NAME)] | None = Field(default=None, description="Slurm partition")
     account: Annotated[str, Field(pattern=SLURM_NAME)] | None = Field(default=None, description="Slurm account")
     qos: Annotated[str, Field(pattern=SLURM_NAME)] | None = Field(default=None, description="Slurm QOS")
-    constraint: Annotated[str, Field(max_length=2048)] | None = Field(
-        default=None, description="Slurm --constraint (features joined by & | ,)"
-    )
+    constraint: Annotated[str, Field(max_length=2048)] | None = Field(default=None, description="Slurm --constraint")
     exclude: Annotated[str, Field(max_length=1024)] | None = Field(default=None, description="Slurm nodes to avoid")
     nodelist: Annotated[str, Field(max_length=1024)] | None = Field(
-        default=None, description="Slurm nodes to run on (--nodelist, e.g. node[1-2])"
+        default=None, description="Slurm --nodelist, e.g. node[1-2]"
     )
     dependency: Annotated[str, Field(pattern=r"^[0-9]{1,12}$")] | None = Field(
-        default=None, description="Start after this Slurm job succeeded (--dependency=afterok:ID)"
+        default=None, description="A Slurm job ID that must succeed first (afterok)"
     )
 
 

@@ -24,39 +24,29 @@ FREE_PARAMETERS = {"scalerl": 4, "power_law": 3, "chinchilla": 5}
 MAX_POINTS = MAX_ROWS  # inline points, file rows and metrics rows alike
 
 
+# One observation: compute, value (and run) for a curve; params, tokens and loss for chinchilla. (Comments, not
+# docstrings, on the input models: a docstring would be published in every tool schema that uses the model, and
+# the argument that takes them says it already.)
 class DataPoint(BaseModel):
-    """One observation: compute and value (and run) for a curve, or params, tokens and loss for chinchilla."""
-
-    compute: Annotated[Finite, Field(gt=0, le=1e40)] | None = Field(
-        default=None, description="Training compute so far (scalerl, power_law), > 0"
-    )
-    value: Annotated[Finite, Field(ge=-1e12, le=1e12)] | None = Field(
-        default=None, description="Metric at that compute, e.g. pass rate (curves); within [0, y_max]"
-    )
-    run: Annotated[str, Field(max_length=128)] | None = Field(default=None, description="Run or seed label")
-    params: Annotated[Finite, Field(gt=0, le=1e20)] | None = Field(
-        default=None, description="Model parameters N (chinchilla), > 0"
-    )
-    tokens: Annotated[Finite, Field(gt=0, le=1e20)] | None = Field(
-        default=None, description="Training tokens D (chinchilla), > 0"
-    )
-    loss: Annotated[Finite, Field(gt=0, le=1e6)] | None = Field(
-        default=None, description="Final loss at (N, D) (chinchilla), > 0"
-    )
+    compute: Annotated[Finite, Field(gt=0, le=1e40)] | None = None
+    value: Annotated[Finite, Field(ge=-1e12, le=1e12)] | None = None
+    run: Annotated[str, Field(max_length=128)] | None = None
+    params: Annotated[Finite, Field(gt=0, le=1e20)] | None = None
+    tokens: Annotated[Finite, Field(gt=0, le=1e20)] | None = None
+    loss: Annotated[Finite, Field(gt=0, le=1e6)] | None = None
 
 
 Column = Annotated[str, Field(max_length=128)]
 
 
+# Which column of a file (or key of a metrics row) holds each quantity.
 class Columns(BaseModel):
-    """Which column of a file (or key of a metrics row) holds each quantity."""
-
-    compute: Column = Field(default="compute", description="Column with the compute (curves)")
-    value: Column = Field(default="value", description="Column with the metric (curves)")
-    run: Column | None = Field(default="run", description="Column with a run or seed label; optional")
-    params: Column = Field(default="params", description="Column with N (chinchilla)")
-    tokens: Column = Field(default="tokens", description="Column with D (chinchilla)")
-    loss: Column = Field(default="loss", description="Column with the loss (chinchilla)")
+    compute: Column = "compute"
+    value: Column = "value"
+    run: Column | None = "run"
+    params: Column = "params"
+    tokens: Column = "tokens"
+    loss: Column = "loss"
 
 
 class CurveData(BaseModel):

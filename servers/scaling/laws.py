@@ -27,18 +27,10 @@ CHINCHILLA_PUBLISHED = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta"
 
 class EvaluationPoint(BaseModel):
     compute: float | None = Field(
-        default=None,
-        gt=0,
-        le=1e40,
-        allow_inf_nan=False,
-        description="Compute (scalerl, power_law), in the unit the parameters were fitted in, e.g. GPU-hours",
+        default=None, gt=0, le=1e40, allow_inf_nan=False, description="In the parameters' unit, e.g. GPU-hours"
     )
-    params: float | None = Field(
-        default=None, gt=0, le=1e20, allow_inf_nan=False, description="Model parameters N (chinchilla)"
-    )
-    tokens: float | None = Field(
-        default=None, gt=0, le=1e20, allow_inf_nan=False, description="Training tokens D (chinchilla)"
-    )
+    params: float | None = Field(default=None, gt=0, le=1e20, allow_inf_nan=False)
+    tokens: float | None = Field(default=None, gt=0, le=1e20, allow_inf_nan=False)
 
 
 class EvaluatedPoint(BaseModel):

@@ -1,5 +1,6 @@
-"""How much work one scaling call may do, and how it stays within that. The numbers are stated to the agent in
-the tool schemas and every fit reports what was done. Plain Python (no numpy), so the server imports it at start.
+"""How much work one scaling call may do, and how it stays within that. The numbers reach the agent in the error
+that refuses an input and in what every fit reports having done (the tool schemas leave them out: a model reads
+those before its first call). Plain Python (no numpy), so the server imports it at start.
 
 - Files (data.path, a job's metrics file): at most MAX_FILE_BYTES (64 MiB), refused by their size before anything
   is read; at most MAX_ROWS (100,000) rows, each line at most MAX_LINE_BYTES (64 KiB). Only the named columns of
@@ -41,9 +42,6 @@ INLINE_WORK = 300_000
 
 Procedure = Literal["robust", "power_law", "chinchilla", "scalerl-grid"]
 
-FILE_RULE = (
-    f"files of at most {MAX_FILE_BYTES // 2**20} MiB, {MAX_ROWS:,} rows and {MAX_LINE_BYTES // 2**10} KiB per line"
-)
 THINNING_RULE = (
     f"above {MAX_CURVE_POINTS:,} points (curves) or {MAX_LOSS_POINTS:,} (chinchilla), the points are thinned evenly "
     "by rank along compute within each run (chinchilla: along params, then tokens), first and last kept"

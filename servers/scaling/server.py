@@ -29,31 +29,25 @@ INSTRUCTIONS = (
     "recipes, plot, and allocate compute. Fits are stored and readable as infra://fits/{fit_id}."
 )
 
-FitId = Annotated[str, Field(pattern=FIT_ID_PATTERN, max_length=40, description="A fit id from fit_scaling_law")]
+FitId = Annotated[str, Field(pattern=FIT_ID_PATTERN, max_length=40)]
 ComputeValue = Annotated[float, Field(gt=0, le=1e40, allow_inf_nan=False)]
 
 
 class DataSource(BaseModel):
-    """Where the data come from: exactly one of points, path, job_id."""
+    """The data: exactly one of points, path, job_id."""
 
     points: list[DataPoint] | None = Field(
         default=None,
         max_length=limits.MAX_ROWS,
-        description="Inline data: "
-        "[{compute, value, run?}] for scalerl/power_law, [{params, tokens, loss}] "
-        f"for chinchilla; at most {limits.MAX_ROWS:,} ({limits.THINNING_RULE})",
+        description="[{compute, value, run?}] for curves, [{params, tokens, loss}] for chinchilla",
     )
     path: Annotated[str, Field(max_length=4096)] | None = Field(
-        default=None,
-        description=f"A CSV (with header) or JSONL file inside the allowed roots; {limits.FILE_RULE} (a larger file "
-        "is refused before it is read)",
+        default=None, description="A CSV (with header) or JSONL file inside the allowed roots"
     )
     job_id: Annotated[str, Field(pattern=JOB_ID_PATTERN, max_length=96)] | None = Field(
-        default=None,
-        description="A job whose metrics rows hold the data (columns name the keys); its metrics file is read under "
-        "the same caps as a file",
+        default=None, description="A job whose metrics rows hold the data"
     )
-    columns: Columns = Field(default_factory=Columns, description="Column (or metrics key) names in the file or job")
+    columns: Columns = Field(default_factory=Columns, description="Column (or metrics key) names, if not these")
 
 
 def non_finite(value: Any, path: str = "") -> str | None:
@@ -546,9 +540,15 @@ class ComputeConversion(BaseModel):
 
 R0Option = Annotated[
     Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)] | Literal["first", "free"],
+    Field(description="scalerl's R0: a number (fixed), 'first' (value at the smallest compute) or 'free'"),
+]
+MODEL_FORMS = "scalerl: R0+(A-R0)/(1+(C_mid/C)^B); power_law: A-D*C^-B; chinchilla: E+A/N^alpha+B/D^beta"
+ComputeUnit = Annotated[
+    str | None,
     Field(
-        description="scalerl's starting value R0: a number to fix it, 'first' (default) to fix it at the value "
-        "observed at the smallest compute, 'free' to fit it"
+        max_length=32,
+        pattern=r"^[A-Za-z0-9_./ -]+$",
+        description="Default: flops for a compute_flops column, else gpu_hours",
     ),
 ]
 
@@ -559,67 +559,31 @@ def register(server: MCPServer, app: App) -> None:
     )
     async def fit_scaling_law(
         ctx: Context,
-        model: Annotated[
-            ModelName,
-            Field(
-                description="scalerl: R0 + (A-R0)/(1+(C_mid/C)^B) (ScaleRL); power_law: "
-                "A - D*C^-B; chinchilla: E + A/N^alpha + B/D^beta"
-            ),
-        ],
-        data: Annotated[DataSource, Field(description="The data: inline points, a file, or a job's metrics")],
-        label: Annotated[str | None, Field(max_length=128, description="A name for this fit, e.g. the recipe")] = None,
-        compute_unit: Annotated[
-            str | None,
-            Field(
-                max_length=32,
-                pattern=r"^[A-Za-z0-9_./ -]+$",
-                description="Unit of compute, e.g. gpu_hours or flops; default flops when the compute column is "
-                "compute_flops, else gpu_hours",
-            ),
-        ] = None,
+        model: Annotated[ModelName, Field(description=MODEL_FORMS)],
+        data: DataSource,
+        label: Annotated[str | None, Field(max_length=128)] = None,
+        compute_unit: ComputeUnit = None,
         min_compute: Annotated[
-            ComputeValue | None,
-            Field(
-                description="Exclude points below this compute (ScaleRL drops about the first epoch, ~1.5k GPU-hours)"
-            ),
+            ComputeValue | None, Field(description="Leave out points below it (ScaleRL: ~1.5k GPU-hours)")
         ] = None,
-        max_compute: Annotated[
-            ComputeValue | None, Field(description="Fit only up to this compute (for extrapolation studies)")
-        ] = None,
+        max_compute: Annotated[ComputeValue | None, Field(description="Leave out points above it")] = None,
         r0: R0Option = "first",
         y_max: Annotated[
-            float, Field(gt=0, le=1e6, description="Upper bound of the metric and of A (1.0 for a pass rate)")
+            float, Field(gt=0, le=1e6, description="The metric's maximum, bounds A (1 for a pass rate)")
         ] = 1.0,
         method: Annotated[
             Literal["robust", "scalerl-grid"],
-            Field(
-                description="robust (default): variable "
-                "projection with a robust loss, never dependent on a start; scalerl-grid: the ScaleRL "
-                "paper's grid (A 0.450..0.800 by 0.005, C_mid 100..40000) for comparability"
-            ),
+            Field(description="scalerl-grid: the ScaleRL paper's grid (A 0.45-0.8, C_mid 100-40k), slower"),
         ] = "robust",
         bootstrap: Annotated[
-            int,
-            Field(
-                ge=0,
-                le=2000,
-                description=f"Block-bootstrap resamples for intervals (0: none); bounded work: {limits.BOOTSTRAP_RULE}",
-            ),
+            int, Field(ge=0, le=2000, description="Resamples for the intervals (0: none); capped by a work budget")
         ] = 200,
-        seed: Annotated[int, Field(ge=0, le=2**32 - 1, description="Seed of the bootstrap")] = 0,
-        level: Annotated[float, Field(ge=0.5, le=0.99, description="Coverage of the parameters' intervals")] = 0.95,
+        seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0,
+        level: Annotated[float, Field(ge=0.5, le=0.99)] = 0.95,
     ) -> Annotated[CallToolResult, FitReport]:
-        """Fit a scaling law to data and store the fit: each parameter with a bootstrap interval (coverage `level`,
-        95% by default), the residual error, points used and excluded, the bootstrap's counts (asked, run, used,
-        failed and why), and warnings an agent should act on (A on its bound, C_mid beyond the data so A is weakly
-        identified, too few points, no convergence, an interval that misses its estimate, compute that is CPU wall
-        time). Data from a job: without data.columns.compute, a job's compute_flops (deterministic) is used, or
-        compute_gpu_hours when the job ran on GPUs. About 0.1 s for a 75-point RL curve with 200 resamples. Bounded
-        work: above 5,000 curve points (2,000 chinchilla points) the points are thinned evenly along compute within
-        each run (points_thinned and thinning say how), and the bootstrap is cut to its budget (bootstrap_requested
-        says what was asked); the worst case is tens of seconds (method scalerl-grid), in a worker process that
-        stops when the call is cancelled. Returns a fit_id for predict_scaling, compare_scaling_fits and
-        plot_scaling_fit."""
+        """Fit a scaling law to an RL curve (scalerl, power_law) or pretraining losses (chinchilla) and store it:
+        parameters with bootstrap intervals, residual error, warnings to act on (e.g. A on its bound). Large inputs
+        are thinned and the bootstrap capped (reported). Under a second, at most tens of seconds. Returns a fit_id."""
         loaded = await in_thread(load_points, app, model, data)
         points = loaded.points
         await ctx.report_progress(0, 1, f"fitting {model} to {len(points)} points")
@@ -655,10 +619,10 @@ def register(server: MCPServer, app: App) -> None:
         server, title="Predict from a fit", read_only=True, destructive=False, idempotent=True, open_world=False
     )
     async def predict_scaling(
-        fit_id: FitId,
+        fit_id: Annotated[FitId, Field(description="From fit_scaling_law")],
         compute: Annotated[
             list[ComputeValue] | None,
-            Field(min_length=1, max_length=1000, description="Compute values to predict at (scalerl, power_law)"),
+            Field(min_length=1, max_length=1000, description="Where to predict (scalerl, power_law fits)"),
         ] = None,
         at: Annotated[
             list[DataPoint] | None,
@@ -666,21 +630,13 @@ def register(server: MCPServer, app: App) -> None:
         ] = None,
         target: Annotated[
             float | None,
-            Field(
-                allow_inf_nan=False,
-                ge=-1e6,
-                le=1e6,
-                description="A value (or loss) "
-                "to reach: returns the compute needed, or says the asymptote never gets there",
-            ),
+            Field(allow_inf_nan=False, ge=-1e6, le=1e6, description="A value (or loss) to find the compute for"),
         ] = None,
-        level: Annotated[float, Field(ge=0.5, le=0.99, description="Coverage of the intervals")] = 0.95,
+        level: Annotated[float, Field(ge=0.5, le=0.99)] = 0.95,
     ) -> Annotated[CallToolResult, Prediction]:
-        """Predict from a stored fit: the value at given compute (or the loss at given model size and tokens), each
-        with the bootstrap interval of the curve and a prediction interval that adds the data's scatter, flagged
-        when extrapolated; and/or the compute needed to reach a target value, with a verdict that follows the
-        fitted curve and its bootstrap draws together: reachable, unreachable, or uncertain (with the share of
-        draws that get there). Instant."""
+        """Predict from a stored fit: the value at given compute (chinchilla: the loss at params and tokens) with
+        confidence and prediction intervals, flagged when extrapolated; and/or the compute to reach a target:
+        reachable, unreachable or uncertain (the share of bootstrap draws that get there). Instant."""
         from servers.scaling import analysis
 
         fit = await in_thread(_fits(app).get, fit_id)
@@ -724,37 +680,33 @@ def register(server: MCPServer, app: App) -> None:
         return finite_result(result, "\n".join(lines))
 
     @agent_tool(
-        server, title="Check extrapolation", read_only=False, destructive=False, idempotent=False, open_world=False
+        server,
+        title="Check extrapolation",
+        read_only=False,
+        destructive=False,
+        idempotent=False,
+        open_world=False,
+        same_as={"data": "fit_scaling_law"},
     )
     async def check_extrapolation(
         ctx: Context,
-        data: Annotated[DataSource, Field(description="The curve: inline points, a file, or a job's metrics")],
+        data: DataSource,
         models: Annotated[
             list[Literal["scalerl", "power_law"]], Field(min_length=1, max_length=2, description="The forms to compare")
         ] = ["scalerl", "power_law"],  # noqa: B006 - pydantic copies defaults
         split: Annotated[
             ComputeValue | None,
-            Field(description="Fit on compute <= split, predict the rest; default half of the largest compute"),
+            Field(description="Fit on compute <= split, predict beyond; default half the largest compute"),
         ] = None,
-        min_compute: Annotated[ComputeValue | None, Field(description="Exclude points below this compute")] = None,
-        compute_unit: Annotated[
-            str | None,
-            Field(
-                max_length=32,
-                pattern=r"^[A-Za-z0-9_./ -]+$",
-                description="Unit of compute; default flops when the compute column is compute_flops, else gpu_hours",
-            ),
-        ] = None,
+        min_compute: Annotated[ComputeValue | None, Field(description="Leave out points below it")] = None,
+        compute_unit: ComputeUnit = None,
         r0: R0Option = "first",
-        y_max: Annotated[float, Field(gt=0, le=1e6, description="Upper bound of the metric")] = 1.0,
-        bootstrap: Annotated[
-            int, Field(ge=0, le=2000, description=f"Bootstrap resamples per fit; bounded: {limits.BOOTSTRAP_RULE}")
-        ] = 100,
+        y_max: Annotated[float, Field(gt=0, le=1e6, description="The metric's maximum (1 for a pass rate)")] = 1.0,
+        bootstrap: Annotated[int, Field(ge=0, le=2000, description="Resamples per fit; capped by a work budget")] = 100,
     ) -> Annotated[CallToolResult, ExtrapolationCheck]:
-        """ScaleRL's extrapolation protocol: fit each model on compute <= split (default half of the data's largest
-        compute), predict the held-out points beyond it, and report per-point, mean and max absolute error and which
-        model extrapolates better on this data (the power law tends to overshoot the asymptote). The fits are stored
-        (fit ids returned) for plotting. A few seconds."""
+        """ScaleRL's extrapolation test on an RL curve: fit each form on compute <= split, predict the held-out
+        points beyond it, and report their errors and which form extrapolates better (the power law tends to
+        overshoot). The fits are stored (fit ids returned). A few seconds."""
         loaded = await in_thread(load_points, app, "scalerl", data)
         points, source = loaded.points, loaded.source
         compute_unit = default_compute_unit(compute_unit, loaded)
@@ -840,23 +792,15 @@ def register(server: MCPServer, app: App) -> None:
     async def compare_scaling_fits(
         fit_ids: Annotated[
             list[FitId],
-            Field(min_length=2, max_length=8, description="Fits of the recipes to compare (same compute unit)"),
+            Field(min_length=2, max_length=8, description="Fits of the recipes, from fit_scaling_law"),
         ],
         level: Annotated[
-            float,
-            Field(
-                ge=0.5,
-                le=0.99,
-                description="Share of bootstrap draw pairs that must agree before a recipe is called ahead",
-            ),
+            float, Field(ge=0.5, le=0.99, description="Share of bootstrap draw pairs that must agree to call a lead")
         ] = 0.95,
     ) -> Annotated[CallToolResult, Comparison]:
-        """Compare two or more RL recipes from their fits: which has the higher asymptote A and which is more
-        efficient (reaches half its gain with less compute), with the bootstrap probability of each ordering; and,
-        for each pair, who leads where along compute (regions: one recipe ahead where its fitted curve is above
-        the other's, as predict_scaling gives, and at least `level` of the bootstrap draw pairs agree; elsewhere
-        indistinguishable), with the draws' probabilities per region and where the fitted curves cross, in a
-        plain-language verdict ("X ahead below ~N GPU-hours; indistinguishable beyond"). Instant."""
+        """Compare RL recipes from their fits: which has the higher asymptote and which is more efficient, with
+        bootstrap probabilities, and for each pair where along compute one leads or they are indistinguishable, in
+        a plain verdict ("X ahead below ~N GPU-hours; indistinguishable beyond"). Instant."""
         from servers.scaling.analysis import compare
 
         fits = [await in_thread(_fits(app).get, i) for i in fit_ids]
@@ -867,19 +811,16 @@ def register(server: MCPServer, app: App) -> None:
     async def plot_scaling_fit(
         fit_ids: Annotated[
             list[FitId],
-            Field(min_length=1, max_length=6, description="Fits to draw on one plot (one chinchilla fit at a time)"),
+            Field(min_length=1, max_length=6, description="Fits to draw together (a chinchilla fit alone)"),
         ],
-        extrapolate_to: Annotated[
-            ComputeValue | None,
-            Field(description="Draw the curves out to this compute; the region beyond the fitted data is shaded"),
-        ] = None,
-        level: Annotated[float, Field(ge=0.5, le=0.99, description="Coverage of the bootstrap bands")] = 0.95,
-        width: Annotated[int, Field(ge=320, le=2400, description="Width in pixels")] = 900,
-        height: Annotated[int, Field(ge=240, le=1600, description="Height in pixels")] = 560,
+        extrapolate_to: Annotated[ComputeValue | None, Field(description="Extend the curves to this compute")] = None,
+        level: Annotated[float, Field(ge=0.5, le=0.99)] = 0.95,
+        width: Annotated[int, Field(ge=320, le=2400)] = 900,
+        height: Annotated[int, Field(ge=240, le=1600)] = 560,
     ) -> Annotated[CallToolResult, PlotInfo]:
-        """Draw fits as a PNG image: the points (fitted filled, excluded hollow), the fitted curves with bootstrap
-        bands, the asymptotes, and the extrapolated region shaded, on a log compute axis; several recipes on one
-        plot. For a chinchilla fit: loss against 6ND with the compute-optimal frontier. About a second."""
+        """Draw fits as a PNG image: points, fitted curves with bootstrap bands, asymptotes and the extrapolated
+        region, on a log compute axis; several recipes on one plot. A chinchilla fit: loss against 6ND with the
+        compute-optimal frontier. About a second."""
         from servers.scaling.plot import plot_chinchilla, plot_curves
 
         fits = [await in_thread(_fits(app).get, i) for i in fit_ids]
@@ -901,7 +842,7 @@ def register(server: MCPServer, app: App) -> None:
     async def compute_optimal_allocation(
         compute_flops: Annotated[
             list[Annotated[float, Field(ge=1, le=1e40, allow_inf_nan=False)]],
-            Field(min_length=1, max_length=1000, description="Training budgets in FLOPs (C = 6 N D), 1 to 1e40"),
+            Field(min_length=1, max_length=1000, description="Training budgets in FLOPs (C = 6ND)"),
         ],
         fit_id: Annotated[
             str | None,
@@ -912,9 +853,8 @@ def register(server: MCPServer, app: App) -> None:
             ),
         ] = None,
     ) -> Annotated[CallToolResult, Allocation]:
-        """For each FLOP budget, the compute-optimal model size N_opt and token count D_opt (closed form for
-        C = 6ND) and the loss predicted there, from a chinchilla fit (default: the published Chinchilla fit, E 1.69,
-        A 406.4, B 410.7, alpha 0.34, beta 0.28). Instant."""
+        """For each FLOP budget, the compute-optimal model size N and token count D (closed form for C = 6ND) and
+        the loss predicted there, from a chinchilla fit or Hoffmann et al.'s published one. Instant."""
         if fit_id is None:
             params = dict(laws.CHINCHILLA_PUBLISHED)
         else:
@@ -952,34 +892,19 @@ def register(server: MCPServer, app: App) -> None:
         server, title="Evaluate a scaling law", read_only=True, destructive=False, idempotent=True, open_world=False
     )
     async def evaluate_scaling_law(
-        model: Annotated[
-            ModelName,
-            Field(
-                description="scalerl: R0 + (A-R0)/(1+(C_mid/C)^B); power_law: "
-                "A - D*C^-B; chinchilla: E + A/N^alpha + B/D^beta"
-            ),
-        ],
+        model: Annotated[ModelName, Field(description=MODEL_FORMS)],
         points: Annotated[
             list[laws.EvaluationPoint],
-            Field(
-                min_length=1,
-                max_length=10_000,
-                description="Where to evaluate: {compute} for scalerl/power_law, {params, tokens} for chinchilla",
-            ),
+            Field(min_length=1, max_length=10_000, description="{compute} for curves, {params, tokens} for chinchilla"),
         ],
         parameters: Annotated[
             dict[str, Annotated[float, Field(ge=-1e40, le=1e40, allow_inf_nan=False)]] | None,
-            Field(
-                max_length=8,
-                description="The law's parameters by name (scalerl: A, B, C_mid, "
-                "R0; power_law: A, B, D; chinchilla: E, A, B, alpha, beta). Chinchilla defaults "
-                "to Hoffmann et al.'s published fit",
-            ),
+            Field(max_length=8, description="Named as in the formula; chinchilla default: Hoffmann et al.'s fit"),
         ] = None,
     ) -> Annotated[CallToolResult, laws.Evaluation]:
-        """Evaluate a scaling law with given parameters (no fitting) at given compute (or model size and tokens):
-        e.g. the pass rate a ScaleRL curve with A=0.61, B=1.92, C_mid=2542 GPU-hours predicts at 10k GPU-hours, or
-        the loss Chinchilla predicts for 70B parameters on 1.4T tokens. Instant."""
+        """Evaluate a scaling law with parameters you give (no fitting) at given compute, or at model size and
+        tokens: e.g. a ScaleRL curve from a paper at 10k GPU-hours, or Chinchilla's loss for 70B parameters on 1.4T
+        tokens. Instant."""
         if parameters is None:
             if model != "chinchilla":
                 raise InputError(f"model {model!r} needs parameters: {', '.join(laws.PARAMETERS[model])}")
@@ -993,13 +918,12 @@ def register(server: MCPServer, app: App) -> None:
 
     @agent_tool(server, title="List scaling fits", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def list_scaling_fits(
-        limit: Annotated[int, Field(ge=1, le=100, description="Fits per page")] = 20,
-        offset: Annotated[int, Field(ge=0, le=1_000_000, description="Fits to skip (newest first)")] = 0,
+        limit: Annotated[int, Field(ge=1, le=100)] = 20,
+        offset: Annotated[int, Field(ge=0, le=1_000_000)] = 0,
     ) -> Annotated[CallToolResult, FitList]:
         """List stored scaling fits, newest first, with their parameters and warnings; pages with limit and offset.
-        Cheap. Use it to find fit ids from earlier sessions. `notices` says what happened to the store lately (a
-        damaged state database moved aside: the fits stored before are in the moved file); damaged fits are
-        counted in `damaged`, not in `total`."""
+        Use it to find fit ids from earlier sessions. Notices report repairs of the store; damaged fits are counted
+        apart. Cheap."""
         store = _fits(app)
         page = await in_thread(store.list_fits, limit=limit, offset=offset)
         notices = [*await in_thread(store.notices), *page.problems]
@@ -1027,31 +951,19 @@ def register(server: MCPServer, app: App) -> None:
         open_world=False,
     )
     async def convert_compute_units(
-        value: Annotated[float, Field(gt=0, le=1e40, allow_inf_nan=False, description="The amount to convert")],
+        value: Annotated[float, Field(gt=0, le=1e40, allow_inf_nan=False)],
         unit: Annotated[Literal["gpu_hours", "flops"], Field(description="Unit of value")],
-        gpu: Annotated[
-            str,
-            Field(
-                max_length=64,
-                description="GPU name from the catalog (infra://gpus.json), e.g. H100-SXM or 'NVIDIA H200'",
-            ),
-        ],
+        gpu: Annotated[str, Field(max_length=64, description="A GPU of infra://gpus.json, e.g. H100-SXM")],
         dtype: Annotated[
             Literal["bf16", "fp16", "fp8", "tf32", "fp32"], Field(description="Precision whose peak applies")
         ] = "bf16",
         mfu: Annotated[
-            float,
-            Field(
-                ge=0.001,
-                le=1,
-                description="Model FLOPs utilisation: the share of peak really "
-                "achieved, 0.001 to 1 (0.3-0.5 is typical for large training)",
-            ),
+            float, Field(ge=0.001, le=1, description="Share of peak achieved (0.3-0.5 typical for large training)")
         ] = 0.4,
     ) -> Annotated[CallToolResult, ComputeConversion]:
-        """Convert training compute between GPU-hours and FLOPs for a GPU of the catalog: FLOPs = GPU-hours x 3600
-        x dense peak TFLOP/s x 1e12 x MFU. Use it to put RL curves (GPU-hours) and pretraining budgets (FLOPs) on
-        one axis. Instant."""
+        """Convert training compute between GPU-hours and FLOPs for a GPU of the catalog: FLOPs = GPU-hours x 3600 x
+        dense peak FLOP/s x MFU. Use it to put RL curves (GPU-hours) and pretraining budgets (FLOPs) on one axis.
+        Instant."""
         from servers.core.gpus import find_gpu, peak_tflops
 
         spec = find_gpu(gpu)
