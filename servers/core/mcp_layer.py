@@ -657,13 +657,9 @@ def register_job_tools(server: MCPServer, app: App) -> None:
 
     @agent_tool(server, title="List jobs", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def list_jobs(
-        kind: Annotated[
-            str | None, Field(max_length=64, description="e.g. gemm_benchmark, training")
-        ] = None,
+        kind: Annotated[str | None, Field(max_length=64, description="e.g. gemm_benchmark, training")] = None,
         state: JobState | None = None,
-        sweep_id: Annotated[
-            str | None, Field(pattern=SWEEP_ID, description="Only the runs of this sweep")
-        ] = None,
+        sweep_id: Annotated[str | None, Field(pattern=SWEEP_ID, description="Only the runs of this sweep")] = None,
         limit: Annotated[int, Field(ge=1, le=200)] = 20,
         offset: Annotated[int, Field(ge=0, le=1_000_000)] = 0,
     ) -> Annotated[CallToolResult, JobList]:
@@ -753,9 +749,7 @@ def register_job_tools(server: MCPServer, app: App) -> None:
         ] = None,
         since_step: Annotated[
             int | None,
-            Field(
-                ge=-1, description="Rows after this step; pass last_step to read on"
-            ),
+            Field(ge=-1, description="Rows after this step; pass last_step to read on"),
         ] = None,
         limit: Annotated[int, Field(ge=1, le=5000)] = 500,
     ) -> Annotated[CallToolResult, MetricsPage]:
