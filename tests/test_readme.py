@@ -32,9 +32,11 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     commands = [
         line for line in ci if line.strip() and not line.startswith("#") and not line.startswith(("set ", "cd "))
     ]
-    # Before it, CI only installs the system packages the cluster tests need (Slurm: they skip elsewhere).
+    # Before it, CI only installs the system packages the cluster tests need (Slurm: they skip elsewhere) and the
+    # pinned npm tools of the conformance tests (npm ci from tests/conformance/package-lock.json).
     assert commands[-1] == test_command
-    assert all(line.startswith(("apt-get ", "export ", "DEBIAN_FRONTEND=")) for line in commands[:-1]), commands
+    installs = ("apt-get ", "export ", "DEBIAN_FRONTEND=", "npm ci ")
+    assert all(line.startswith(installs) for line in commands[:-1]), commands
 
 
 def _section(begin: str, end: str) -> str:
