@@ -208,3 +208,22 @@ def test_scaling_laws_numbers() -> None:
     for factor in (0.8, 1.25):
         n = opt.params * factor
         assert laws.chinchilla(n, c / (6 * n), **laws.CHINCHILLA_PUBLISHED) > opt.loss
+
+
+@pytest.mark.anyio
+async def test_a_wrong_prompt_or_prompt_argument_is_invalid_params_in_both_eras(app: App, mode: str) -> None:
+    from mcp.shared.exceptions import MCPError
+    from mcp.types import INVALID_PARAMS
+
+    from servers.suite import create_server
+
+    async with Client(create_server(app), mode=mode) as client:
+        for name, args, expected in [
+            ("no_such_prompt", None, "unknown prompt 'no_such_prompt'; prompts: "),
+            ("triage-gpu-node", {"node": "n1", "bogus": "1"}, "bogus: unknown argument"),
+            ("triage-gpu-node", {}, "node: required argument missing"),
+        ]:
+            with pytest.raises(MCPError) as caught:
+                await client.get_prompt(name, args)
+            assert caught.value.code == INVALID_PARAMS and expected in caught.value.message, caught.value.message
+        assert (await client.get_prompt("triage-gpu-node", {"node": "n1", "symptom": "x"})).messages

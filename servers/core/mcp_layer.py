@@ -26,7 +26,8 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.server.mcpserver.tools.base import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata, func_metadata
-from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent, ToolAnnotations
+from mcp.shared.exceptions import MCPError
+from mcp.types import INVALID_PARAMS, CallToolResult, ContentBlock, ImageContent, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 
 from servers import __version__
@@ -113,6 +114,28 @@ class App:
             log.info("tracking %d job(s) still active: %s", len(active), ", ".join(r.id for r in active))
 
 
+class _Server(MCPServer):
+    """The SDK's MCPServer, but prompts/get with an unknown prompt or wrong arguments answers -32602 (invalid
+    params) with the reason, as the spec asks, in both protocol eras (the SDK turns both into a bare ValueError,
+    which one era reports as code 0 and the other as an internal error)."""
+
+    async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None, context: Any = None) -> Any:
+        prompt = self._prompt_manager.get_prompt(name)
+        if prompt is None:
+            known = ", ".join(p.name for p in self._prompt_manager.list_prompts())
+            raise MCPError(code=INVALID_PARAMS, message=f"unknown prompt {name!r}; prompts: {known}")
+        declared = {a.name: a for a in prompt.arguments or []}
+        given = set(arguments or {})
+        problems = [f"{key}: unknown argument" for key in sorted(given - set(declared))]
+        problems += [
+            f"{key}: required argument missing" for key, a in declared.items() if a.required and key not in given
+        ]
+        if problems:
+            accepted = ", ".join(declared) or "no arguments"
+            raise MCPError(code=INVALID_PARAMS, message=f"{'; '.join(problems)}; accepted: {accepted}")
+        return await super().get_prompt(name, arguments, context)
+
+
 def new_server(name: str, instructions: str, app: App) -> MCPServer:
     """An MCPServer that reconciles the job table when it starts."""
 
@@ -124,7 +147,7 @@ def new_server(name: str, instructions: str, app: App) -> MCPServer:
             log.exception("reconciling the jobs at start failed; the server serves on")
         yield {}
 
-    return MCPServer(f"llm-infra-{name}", version=__version__, instructions=instructions, lifespan=lifespan)
+    return _Server(f"llm-infra-{name}", version=__version__, instructions=instructions, lifespan=lifespan)
 
 
 def png_content(png: bytes) -> ImageContent:
