@@ -6,12 +6,14 @@ method of one pattern in a single run.
 """
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from servers.core.errors import InputError
 from servers.overlap.collectives import _expected, busbw_factor, plan_size, run_collective_benchmark
 from servers.overlap.distributed import RankInfo, max_world_size, run_ranks
 from servers.overlap.overlap_bench import (
@@ -164,6 +166,8 @@ def test_input_errors_are_reported_before_any_rank_starts(ctx: FakeContext) -> N
         run_overlap_benchmark({**SMALL, **big, "pattern": "ag_gemm", "dtype": "fp32"}, ctx)
     with pytest.raises(ValueError, match="fp8 needs"):
         run_overlap_benchmark({**SMALL, "pattern": "ag_gemm", "dtype": "fp8"}, ctx)
+    with pytest.raises(ValueError, match=r"tf32 needs NVIDIA GPUs with TF32 tensor cores .* use fp32 on CPU"):
+        run_overlap_benchmark({**SMALL, "pattern": "ag_gemm", "dtype": "tf32"}, ctx)
     limit = max_world_size("gloo")
     if limit < 64:  # the specs themselves allow up to 64 ranks
         with pytest.raises(
@@ -174,7 +178,7 @@ def test_input_errors_are_reported_before_any_rank_starts(ctx: FakeContext) -> N
             run_collective_benchmark({"op": "all_reduce", "world_size": limit + 1, "backend": "gloo"}, ctx)
     with pytest.raises(ValueError, match=r"all_gather of 68,719,476,736 bytes needs about .* per rank"):
         run_collective_benchmark({"op": "all_gather", "sizes": [2**36], "backend": "gloo"}, ctx)
-    assert "max|ref|" in TOLERANCE_RULE
+    assert "max|ref|" in TOLERANCE_RULE and "2.5e-3 for tf32" in TOLERANCE_RULE
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -240,6 +244,30 @@ def test_collective_bf16_is_checked_exactly(ctx: FakeContext) -> None:
     result = run_collective_benchmark({**spec, "world_size": 2, "backend": "gloo", "warmup": 0, "iters": 1}, ctx)
     assert [row["size"] for row in result["rows"]] == [8, 256, 8192]
     assert all(row["wrong"] == 0 and row["type"] == "bfloat16" for row in result["rows"])
+
+
+@pytest.mark.parametrize("op", ["all_gather", "all_to_all", "broadcast"])
+def test_collective_fp8_moves_bytes_and_is_checked_exactly(op: str, ctx: FakeContext) -> None:
+    """fp8 (e4m3) goes over the wire as raw bytes for the ops that do not reduce; its small integers are exact."""
+    spec = {"op": op, "sizes": [64, 4096], "dtype": "fp8", "world_size": 2, "backend": "gloo", "iters": 1}
+    result = run_collective_benchmark(spec, ctx)
+    assert [row["size"] for row in result["rows"]] == [64, 4096]
+    assert all(row["wrong"] == 0 and row["type"] == "f8e4m3" for row in result["rows"])
+    assert result["rows"][0]["count"] == (64 if op == "broadcast" else 32)  # one byte per element
+
+
+@pytest.mark.parametrize(
+    ("op", "dtype", "says"),
+    [
+        ("all_reduce", "fp8", "dtype: fp8 cannot be reduced (all_reduce)"),
+        ("reduce_scatter", "fp8", "torch's NCCL backend refuses fp8 reductions"),
+        ("all_gather", "tf32", "dtype: tf32 is fp32 data with TF32 matmul math"),
+    ],
+)
+def test_collective_dtypes_it_cannot_take_say_why(op: str, dtype: str, says: str, ctx: FakeContext) -> None:
+    with pytest.raises(InputError, match=re.escape(says)):
+        run_collective_benchmark({"op": op, "dtype": dtype, "world_size": 2, "backend": "gloo"}, ctx)
+    assert not (ctx.root / "logs").exists()  # refused before any rank started
 
 
 # ---------------------------------------------------------------------------------------------------------------

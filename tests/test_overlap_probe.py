@@ -137,7 +137,7 @@ async def test_nccl_is_refused_alike_by_the_server_and_the_worker(
     gpus_without_cuda_torch: None, suite_client: Client, tmp_path: Path
 ) -> None:
     spec = {**SMALL, "backend": "nccl"}
-    said = await server_error(suite_client, "benchmark_overlap", {"spec": spec})
+    said = await server_error(suite_client, "benchmark_overlap", spec)
     assert said == worker_error(run_overlap_benchmark, spec, tmp_path)
     assert said.startswith("backend 'nccl' cannot run here: NVML sees 2 GPU(s) but this torch 2.13.0+cpu")
     collective = {"op": "all_reduce", "min_bytes": 1024, "max_bytes": 1024, "world_size": 2, "backend": "nccl"}
@@ -160,7 +160,7 @@ async def test_auto_resolves_to_gloo_on_both_sides(
 ) -> None:
     # fp8 shows which backend auto chose: refused as "needs ... the nccl backend", not sent to a worker to fail.
     spec = {**SMALL, "dtype": "fp8", "backend": "auto"}
-    said = await server_error(suite_client, "benchmark_overlap", {"spec": spec})
+    said = await server_error(suite_client, "benchmark_overlap", spec)
     assert said == worker_error(run_overlap_benchmark, spec, tmp_path)
     assert said.startswith("fp8 needs NVIDIA GPUs with FP8 tensor cores (sm_89 or newer) and the nccl backend")
     # The worker, in this process with the same fakes: auto runs on gloo and says why.
@@ -170,7 +170,7 @@ async def test_auto_resolves_to_gloo_on_both_sides(
     assert result["backend_decision"] == why
     # The server, with the same fakes: auto chose gloo for the same reason (its job then decides again for itself).
     job = await suite_client.call_tool(
-        "benchmark_overlap", {"spec": {**SMALL, "backend": "auto", "methods": ["sequential"]}, "wait_s": 45}
+        "benchmark_overlap", {**SMALL, "backend": "auto", "methods": ["sequential"], "wait_s": 45}
     )
     assert not job.is_error and why in job.content[0].text
     assert job.structured_content["state"] == "SUCCEEDED", job.structured_content["reason"]
@@ -181,15 +181,54 @@ async def test_limits_of_a_gpu_host_are_refused_alike(two_old_gpus: None, suite_
     """NVML sees two sm_80 GPUs with 1 GiB free and torch has CUDA: auto is nccl, and its limits are the GPUs'."""
     assert backend_decision("auto")[0] == "nccl"
     too_many = {**SMALL, "world_size": 4, "backend": "auto"}
-    said = await server_error(suite_client, "benchmark_overlap", {"spec": too_many})
+    said = await server_error(suite_client, "benchmark_overlap", too_many)
     assert said == worker_error(run_overlap_benchmark, too_many, tmp_path)
     assert said == "world_size 4 is more than this machine runs with nccl: at most 2 (GPUs CUDA can use)"
     fp8 = {**SMALL, "m": 128, "n": 64, "k": 64, "dtype": "fp8", "backend": "auto"}
-    said = await server_error(suite_client, "benchmark_overlap", {"spec": fp8})
+    said = await server_error(suite_client, "benchmark_overlap", fp8)
     assert said == worker_error(run_overlap_benchmark, fp8, tmp_path)
     assert said == "fp8 needs compute capability 8.9 or newer; these GPUs are sm_80"
     big = {**SMALL, "m": 16384, "n": 16384, "k": 16384, "backend": "auto"}
-    said = await server_error(suite_client, "benchmark_overlap", {"spec": big})
+    said = await server_error(suite_client, "benchmark_overlap", big)
     assert said == worker_error(run_overlap_benchmark, big, tmp_path)
     assert "per rank but only 1.0 GiB is available (free memory of the smallest of the 2 GPU(s) (NVML))" in said
     assert (await ok(suite_client, "list_jobs", {}))["total"] == 0
+
+
+def test_dtypes_that_need_tensor_cores_say_which() -> None:
+    """tf32 (fp32 data, TF32 math) needs sm_80+, fp8 sm_89+; fp32, bf16 and fp16 run anywhere."""
+    turing = MachineProbe(nvml_gpus=2, visible=(0, 1), torch=CUDA_TORCH, capabilities=((7, 5), (7, 5)))
+    ampere = MachineProbe(nvml_gpus=2, visible=(0, 1), torch=CUDA_TORCH, capabilities=((8, 0), (8, 0)))
+    with pytest.raises(InputError, match=r"^tf32 needs compute capability 8\.0 or newer; these GPUs are sm_75$"):
+        limits.check_dtype("tf32", "nccl", 2, turing)
+    limits.check_dtype("tf32", "cuda", 1, ampere)
+    with pytest.raises(InputError, match=r"^fp8 needs compute capability 8\.9 or newer; these GPUs are sm_80$"):
+        limits.check_dtype("fp8", "nccl", 2, ampere)
+    with pytest.raises(InputError, match=r"^tf32 needs .* \(sm_80 or newer\); tf32 is fp32 data .* use fp32 on CPU"):
+        limits.check_dtype("tf32", "cpu", 1, ampere)
+    for dtype in ("fp32", "bf16", "fp16"):
+        limits.check_dtype(dtype, "gloo", 2, turing)
+
+
+def test_one_nvml_session_shuts_down_and_says_why_it_cannot_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    from servers.core.machine import NvmlUnavailable, gpus_present, nvml_session
+
+    nvml = fake_nvml(1)
+    calls: list[str] = []
+    nvml.nvmlShutdown = lambda: calls.append("shutdown")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with pytest.raises(RuntimeError, match="inside"), nvml_session():
+        raise RuntimeError("inside")
+    assert calls == ["shutdown"]  # shut down even when the block fails
+
+    def no_driver() -> None:
+        raise nvml.NVMLError("Driver Not Loaded")  # type: ignore[attr-defined]
+
+    nvml.nvmlInit = no_driver  # type: ignore[attr-defined]
+    with pytest.raises(NvmlUnavailable, match=r"NVML could not start \(Driver Not Loaded\)"), nvml_session():
+        pass
+    assert gpus_present() == 0 and probe_machine().nvml_gpus == 0
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
+    with pytest.raises(NvmlUnavailable, match="nvidia-ml-py is not installed"), nvml_session():
+        pass
+    assert gpus_present() == 0

@@ -90,18 +90,16 @@ async def test_overlap_benchmark_and_tuning_with_gloo(suite_client: Client) -> N
         suite_client,
         "benchmark_overlap",
         {
-            "spec": {
-                "pattern": "gemm_rs",
-                "m": 64,
-                "n": 32,
-                "k": 32,
-                "world_size": 2,
-                "dtype": "fp32",
-                "chunks": [2],
-                "warmup": 1,
-                "iters": 2,
-                "backend": "gloo",
-            },
+            "pattern": "gemm_rs",
+            "m": 64,
+            "n": 32,
+            "k": 32,
+            "world_size": 2,
+            "dtype": "fp32",
+            "chunks": [2],
+            "warmup": 1,
+            "iters": 2,
+            "backend": "gloo",
             "wait_s": 45,
         },
     )
@@ -163,23 +161,34 @@ async def test_tune_overlap_puts_a_requested_prediction_next_to_the_measurement(
 
 async def test_overlap_bad_inputs_are_refused_before_any_job(suite_client: Client) -> None:
     small = {"pattern": "ag_gemm", "m": 64, "n": 32, "k": 32, "world_size": 2, "backend": "gloo"}
-    assert "divisible" in await error(suite_client, "benchmark_overlap", {"spec": {**small, "n": 33}})
-    assert "at most" in await error(suite_client, "benchmark_overlap", {"spec": {**small, "world_size": 64}})
-    assert "fp8" in await error(suite_client, "benchmark_overlap", {"spec": {**small, "dtype": "fp8"}})
+    assert "divisible" in await error(suite_client, "benchmark_overlap", {**small, "n": 33})
+    assert "at most" in await error(suite_client, "benchmark_overlap", {**small, "world_size": 64})
+    assert "fp8" in await error(suite_client, "benchmark_overlap", {**small, "dtype": "fp8"})
+    assert "tf32 is fp32 data with TF32 matmul math" in await error(
+        suite_client, "benchmark_overlap", {**small, "dtype": "tf32"}
+    )
     huge = {**small, "m": 131072, "n": 131072, "k": 131072, "dtype": "fp32"}
-    assert "available" in await error(suite_client, "benchmark_overlap", {"spec": huge})
+    assert "available" in await error(suite_client, "benchmark_overlap", huge)
     assert "needs" in await error(
         suite_client,
         "benchmark_gemm",
         {"spec": {"m": 131072, "n": 131072, "k": 131072, "dtype": "fp32", "device": "cpu"}},
     )
     shapeless = {"world_size": 2, "backend": "gloo"}
-    assert "no layer" in await error(
-        suite_client, "benchmark_overlap", {"spec": shapeless, "preset": "llama3-8b", "layer": "lm_head"}
+    no_layer = await error(suite_client, "benchmark_overlap", {**shapeless, "preset": "llama3-8b", "layer": "lm_head"})
+    assert "layer: preset llama3-8b has no layer 'lm_head'; accepted: " in no_layer
+    clash = await error(suite_client, "benchmark_overlap", {**small, "preset": "llama3-8b"})
+    assert clash.endswith(
+        "k, m, n, pattern: preset 'llama3-8b' gives the pattern and m/n/k; accepted: a preset (and its layer) or the "
+        "shape, not both"
     )
-    clash = await error(suite_client, "benchmark_overlap", {"spec": small, "preset": "llama3-8b"})
-    assert "spec.k, spec.m, spec.n, spec.pattern" in clash and "not both" in clash
-    assert "preset only" in await error(suite_client, "benchmark_overlap", {"spec": small, "seq_len": 2048})
+    one = await error(suite_client, "benchmark_overlap", {**small, "seq_len": 2048})
+    assert one.endswith("seq_len: is for a preset's layer (which one, how many tokens); accepted with preset only")
+    two = await error(suite_client, "benchmark_overlap", {**small, "layer": "qkv", "micro_batch": 2})
+    assert "layer, micro_batch: are for a preset's layer" in two
+    assert "tf32 is fp32 data" in await error(suite_client, "benchmark_collective", {"spec": {"dtype": "tf32"}})
+    fp8_sum = await error(suite_client, "benchmark_collective", {"spec": {"dtype": "fp8", "op": "reduce_scatter"}})
+    assert "dtype: fp8 cannot be reduced (reduce_scatter)" in fp8_sum and "all_gather" in fp8_sum
     assert "exactly one of preset or layers" in await error(suite_client, "tune_overlap", {})
     from servers.overlap.limits import gpus_present
 

@@ -22,14 +22,12 @@ from pydantic import (
     model_validator,
 )
 
+from servers.core.dtypes import DTYPES, Dtype
 from servers.core.errors import InputError
 from servers.core.paths import resources_dir
 
 CATALOG_FILE = "gpus.json"
 SCHEMA_VERSION = 1
-
-Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
-DTYPES: tuple[Dtype, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
 # Spellings a caller might use for a dtype, keyed by their normalised form (see _key).
 DTYPE_SYNONYMS: dict[str, Dtype] = {

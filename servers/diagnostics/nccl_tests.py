@@ -40,6 +40,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from servers.core.dtypes import NCCL_TYPE_BYTES
 from servers.core.errors import InputError
 from servers.diagnostics.bounds import MAX_LINE_TEXT, MAX_NOTES, cap_notes, clip, clip_str, fit, pick, safe_int, scaled
 
@@ -122,27 +123,6 @@ KNOWN_COLLECTIVES = (
     "scatter",
     "hypercube",
 )
-TYPE_BYTES = {
-    "int8": 1,
-    "uint8": 1,
-    "char": 1,
-    "f8e4m3": 1,
-    "f8e5m2": 1,
-    "fp8": 1,
-    "half": 2,
-    "bfloat16": 2,
-    "bf16": 2,
-    "fp16": 2,
-    "int32": 4,
-    "int": 4,
-    "uint32": 4,
-    "float": 4,
-    "float32": 4,
-    "int64": 8,
-    "uint64": 8,
-    "double": 8,
-    "float64": 8,
-}
 
 Status = Literal["PASS", "DEGRADED", "FAIL", "UNKNOWN"]
 JudgedOn = Literal["bandwidth", "small_messages", "data_corruption", "run_errors", "no_result_rows", "no_known_floor"]
@@ -459,7 +439,7 @@ def _guess_collective(rows: list[NcclRow], nranks: int | None) -> tuple[str | No
     size_ratios = []
     bw_ratios = []
     for row in rows:
-        width = TYPE_BYTES.get((row.type or "").lower())
+        width = NCCL_TYPE_BYTES.get((row.type or "").lower())
         if width and row.count > 0:
             size_ratios.append(row.size_bytes / (row.count * width))
         t = row.out_of_place

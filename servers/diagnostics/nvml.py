@@ -9,6 +9,7 @@ unset.
 import ctypes
 from typing import Any
 
+from servers.core.machine import NvmlUnavailable, nvml_session
 from servers.diagnostics.smi import decode_clock_events, normalise_bus_id
 from servers.diagnostics.snapshot import GpuSnapshot
 
@@ -222,29 +223,22 @@ def _snapshot(pynvml: Any, index: int, driver: str | None, cuda: str | None) -> 
 def read_snapshots() -> tuple[list[GpuSnapshot], str | None]:
     """Live snapshots of every GPU, and None; or ([], reason) where NVML cannot be used here."""
     try:
-        import pynvml
-    except ImportError:
-        return [], "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        return [], f"no usable NVIDIA driver on this host: NVML could not start ({_text(exc)})"
-    try:
-        cuda = _maybe(pynvml.nvmlSystemGetCudaDriverVersion)
-        driver = _maybe(lambda: _text(pynvml.nvmlSystemGetDriverVersion()))
-        cuda_text = f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-        except pynvml.NVMLError as exc:
-            return [], f"NVML started but could not count the GPUs ({_text(exc)})"
-        snapshots = []
-        for index in range(count):
+        with nvml_session() as pynvml:
+            cuda = _maybe(pynvml.nvmlSystemGetCudaDriverVersion)
+            driver = _maybe(lambda: _text(pynvml.nvmlSystemGetDriverVersion()))
+            cuda_text = f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None
             try:
-                snapshots.append(_snapshot(pynvml, index, driver, cuda_text))
-            except pynvml.NVMLError:  # the handle itself failed (GPU lost, fallen off the bus): all unknown
-                snapshots.append(
-                    GpuSnapshot(index=index, driver_version=driver, cuda_version=cuda_text, unreachable=True)
-                )
-        return snapshots, None
-    finally:
-        _maybe(pynvml.nvmlShutdown)
+                count = pynvml.nvmlDeviceGetCount()
+            except pynvml.NVMLError as exc:
+                return [], f"NVML started but could not count the GPUs ({_text(exc)})"
+            snapshots = []
+            for index in range(count):
+                try:
+                    snapshots.append(_snapshot(pynvml, index, driver, cuda_text))
+                except pynvml.NVMLError:  # the handle itself failed (GPU lost, fallen off the bus): all unknown
+                    snapshots.append(
+                        GpuSnapshot(index=index, driver_version=driver, cuda_version=cuda_text, unreachable=True)
+                    )
+            return snapshots, None
+    except NvmlUnavailable as exc:
+        return [], str(exc)

@@ -6,7 +6,9 @@ follow nccl-tests: `size` is the bytes of the whole array (the all-reduce/broadc
 all_gather, the input of reduce_scatter and all_to_all), algbw = size / time, busbw = algbw * factor with factor
 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and all_to_all, and 1 for broadcast. `wrong` counts
 output elements that differ from the expected values after a separate checked call: inputs are small integers that
-every dtype represents exactly (and sums of them stay exact), so the comparison is exact.
+every dtype represents exactly (and sums of them stay exact), so the comparison is exact. fp8 (e4m3, integers up to
+16 exact) goes over the wire as raw bytes, for the ops that do not reduce; tf32 is refused (it is a matmul mode, the
+data is fp32). See check_collective_dtype.
 
 On CPU the backend is gloo, and the timings check the plumbing only. `prepare_collective` decides what runs here; the
 server calls it before submitting and the work function again before starting any rank (the same probe and
@@ -19,16 +21,24 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from servers.overlap.distributed import RankInfo, describe_device, run_ranks, slowest_rank_median
+from servers.core.dtypes import ELEMENT_BYTES, NCCL_TYPE_NAMES, Dtype
+from servers.core.errors import InputError
+from servers.overlap.distributed import (
+    BackendChoice,
+    RankInfo,
+    RankTimeoutS,
+    WorldSize,
+    describe_device,
+    run_ranks,
+    slowest_rank_median,
+)
 from servers.overlap.limits import MachineProbe, backend_decision, check_memory, check_world_size, probe_machine
 
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
-CommDtype = Literal["fp32", "bf16", "fp16"]
 
 BUSBW_FACTOR_TEXT = "2(n-1)/n all_reduce; (n-1)/n all_gather, reduce_scatter, all_to_all; 1 broadcast"
-_TYPE_NAMES = {"fp32": "float", "bf16": "bfloat16", "fp16": "half"}
-_TYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 _SPLIT_OPS = ("all_gather", "reduce_scatter", "all_to_all")
+_REDUCING_OPS = ("all_reduce", "reduce_scatter")
 MAX_SIZES = 64
 
 
@@ -41,19 +51,15 @@ class CollectiveSpec(BaseModel):
         default=None,
         min_length=1,
         max_length=MAX_SIZES,
-        description="Explicit message sizes in bytes; when given, min_bytes/max_bytes/factor are ignored",
+        description="Explicit sizes in bytes; override min_bytes, max_bytes and factor",
     )
-    dtype: CommDtype = Field(default="fp32", description="Element type of the buffers")
-    world_size: int = Field(default=2, ge=1, le=64, description="Number of ranks (GPUs for nccl, processes for gloo)")
-    backend: Literal["auto", "gloo", "nccl"] = Field(
-        default="auto", description="auto: nccl when CUDA GPUs are present, else gloo (CPU)"
-    )
+    dtype: Dtype = Field(default="fp32", description="Buffer type; fp8 (e4m3) only for ops that do not reduce")
+    world_size: WorldSize = 2
+    backend: BackendChoice = "auto"
     warmup: int = Field(default=5, ge=0, le=1000, description="Untimed calls per size first")
     iters: int = Field(default=20, ge=1, le=10000, description="Timed calls per size")
     check: bool = Field(default=True, description="Verify every output element against the expected values")
-    rank_timeout_s: float = Field(
-        default=600, gt=0, le=3600, description="Kill the ranks and report a hang when they run longer than this"
-    )
+    rank_timeout_s: RankTimeoutS = 600
 
     @model_validator(mode="after")
     def _sizes_valid(self) -> CollectiveSpec:
@@ -93,7 +99,7 @@ def plan_size(op: str, size_bytes: int, dtype: str, n: int) -> dict[str, int]:
     peer), and `count` (the column nccl-tests prints) is the block; otherwise count = total. `size` is the bytes
     actually used after rounding down to whole elements (and blocks).
     """
-    elem = _TYPE_BYTES[dtype]
+    elem = ELEMENT_BYTES[dtype]
     total = max(1, size_bytes // elem)
     if op in _SPLIT_OPS:
         block = max(1, total // n)
@@ -146,9 +152,11 @@ def collective_rank(info: RankInfo, op: str, dtype: str, plans: list[dict[str, i
     import torch
     import torch.distributed as dist
 
+    from servers.core.dtypes import torch_dtype as storage_type
     from servers.overlap.distributed import rank_progress, time_iterations
 
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    torch_dtype = storage_type(dtype)
+    fp8 = dtype == "fp8"
     device = torch.device(info.device)
     cuda = device.type == "cuda"
     r, n = info.rank, info.world_size
@@ -158,6 +166,10 @@ def collective_rank(info: RankInfo, op: str, dtype: str, plans: list[dict[str, i
 
     def put(values: Any) -> Any:
         return values.to(dtype=torch_dtype)
+
+    def wire(t: Any) -> Any:
+        """What goes over the wire: fp8 travels as raw bytes (only ops that do not reduce take fp8)."""
+        return t.view(torch.uint8) if fp8 else t
 
     rows = []
     for index, plan in enumerate(plans):
@@ -192,13 +204,13 @@ def collective_rank(info: RankInfo, op: str, dtype: str, plans: list[dict[str, i
             if op == "all_reduce":
                 dist.all_reduce(out)
             elif op == "all_gather":
-                all_gather(out, src)
+                all_gather(wire(out), wire(src))
             elif op == "reduce_scatter":
                 reduce_scatter(out, src)
             elif op == "all_to_all":
-                dist.all_to_all_single(out, src)
+                dist.all_to_all_single(wire(out), wire(src))
             else:
-                dist.broadcast(out, src=0)
+                dist.broadcast(wire(out), src=0)
 
         times = time_iterations(call, warmup=int(spec["warmup"]), iters=int(spec["iters"]), cuda=cuda)
         wrong = -1
@@ -237,7 +249,7 @@ def table_rows(op: str, dtype: str, plans: list[dict[str, int]], rank_rows: list
             {
                 "size": plan["size"],
                 "count": plan["count"],
-                "type": _TYPE_NAMES[dtype],
+                "type": NCCL_TYPE_NAMES[dtype],
                 "redop": "sum" if op in ("all_reduce", "reduce_scatter") else "none",
                 "root": 0 if op == "broadcast" else -1,
                 "time_us": time_ms * 1e3,
@@ -267,11 +279,28 @@ def format_table(rows: list[dict[str, Any]], avg_busbw: float, header: str) -> s
     return "\n".join(lines)
 
 
+def check_collective_dtype(op: str, dtype: str) -> None:
+    """InputError for a dtype the collective cannot honestly take: tf32 is a matmul mode (the data is fp32), and fp8
+    is moved as raw bytes, never reduced."""
+    if dtype == "tf32":
+        raise InputError(
+            "dtype: tf32 is fp32 data with TF32 matmul math, and a collective only moves (and adds) the data; "
+            "accepted: fp32 (what tf32 training communicates), bf16, fp16, or fp8 for ops that do not reduce"
+        )
+    if dtype == "fp8" and op in _REDUCING_OPS:
+        raise InputError(
+            f"dtype: fp8 cannot be reduced ({op}): gloo has no fp8 sum, torch's NCCL backend refuses fp8 reductions "
+            "in many versions, and NCCL sums fp8 only on sm_90+ in recent releases; accepted for fp8: all_gather, "
+            f"all_to_all, broadcast (moved as bytes); for {op}: fp32, bf16, fp16"
+        )
+
+
 def prepare_collective(
     spec: CollectiveSpec, probe: MachineProbe | None = None
 ) -> tuple[str, str, list[dict[str, int]]]:
-    """(backend, why, the size plans) for a collective benchmark; InputError when it cannot run here (too many
-    ranks, nccl without usable GPUs, buffers larger than a rank's memory)."""
+    """(backend, why, the size plans) for a collective benchmark; InputError when it cannot run here (a dtype the op
+    cannot take, too many ranks, nccl without usable GPUs, buffers larger than a rank's memory)."""
+    check_collective_dtype(spec.op, spec.dtype)
     probe = probe or probe_machine()
     backend, why = backend_decision(spec.backend, probe)
     n = spec.world_size
@@ -279,7 +308,7 @@ def prepare_collective(
     plans = [plan_size(spec.op, s, spec.dtype, n) for s in spec.byte_sizes()]
     largest = max(p["size"] for p in plans)
     # Input and output buffers, plus the check's int64 indices and float32 copies (expected, output, a temporary).
-    check_bytes = (8 + 3 * 4) * (largest // _TYPE_BYTES[spec.dtype]) if spec.check else 0
+    check_bytes = (8 + 3 * 4) * (largest // ELEMENT_BYTES[spec.dtype]) if spec.check else 0
     check_memory(2 * largest + check_bytes, backend, n, f"{spec.op} of {largest:,} bytes", probe)
     return backend, why, plans
 

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from servers.core.dtypes import DTYPES, ELEMENT_BYTES, GEMM_OUTPUT_BYTES
 from servers.core.errors import InputError
 from servers.core.gpus import DTYPE_SYNONYMS, GpuSpec, find_gpu
 
@@ -48,10 +49,8 @@ MAX_CHUNKS = 1024
 # the project's reference note (benchmarks/overlap_predict.py) and kept inside their physically sensible range.
 # ---------------------------------------------------------------------------------------------------------------
 
-# Bytes per element of the GEMM inputs (and of the all-gathered A) and of the GEMM output / communicated partials.
-# fp8 GEMMs take e4m3 inputs and write bf16, so the partials that gemm_rs / gemm_ar communicate are 2 bytes.
-INPUT_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-OUTPUT_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+# Bytes per element of the GEMM inputs (and of the all-gathered A) and of the GEMM output / communicated partials
+# (servers/core/dtypes.py): fp8 GEMMs take e4m3 inputs and write bf16, so gemm_rs / gemm_ar communicate 2 bytes.
 
 # Large-shape GEMM efficiency before the tile / wave / short-K losses below (tunable, 0.7-0.85 is the sensible
 # range). Basis: torch GEMMs of M=4096 N=6144 K=12288 ran at 0.74 of peak on H800 and 0.81 on A800 (Flux report),
@@ -206,7 +205,7 @@ def normalize_dtype(dtype: str) -> str:
     key = dtype.strip().lower().replace("-", "").replace("_", "") if isinstance(dtype, str) else None
     canonical = DTYPE_SYNONYMS.get(key or "")
     if canonical is None:
-        raise InputError(f"unknown dtype {dtype!r}; accepted: {', '.join(INPUT_BYTES)}")
+        raise InputError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
     return canonical
 
 
@@ -360,7 +359,7 @@ def gemm_time(
     peak = spec.peak_tflops(dtype) * 1e12
     eff = _gemm_efficiency(m, n, k, sms, eta, whole_waves)
     t_compute = 2.0 * m * n * k / (eff * peak)
-    moved = (m * k + k * n) * INPUT_BYTES[dtype] + m * n * OUTPUT_BYTES[dtype]
+    moved = (m * k + k * n) * ELEMENT_BYTES[dtype] + m * n * GEMM_OUTPUT_BYTES[dtype]
     t_memory = moved / (spec.hbm_tb_s * 1e12 * HBM_FRACTION)
     bound = "compute" if t_compute >= t_memory else "memory"
     return max(t_compute, t_memory) + GEMM_FLOOR_US * 1e-6, bound, eff
@@ -448,11 +447,11 @@ def predict_overlap(
     if pattern == "ag_gemm":
         rows, cols, inner = m, n // ws, k
         collective: str = "all_gather"
-        size = m * k * INPUT_BYTES[dtype]
+        size = m * k * ELEMENT_BYTES[dtype]
     else:
         rows, cols, inner = m, n, k // ws
         collective = "reduce_scatter" if pattern == "gemm_rs" else "all_reduce"
-        size = m * n * OUTPUT_BYTES[dtype]
+        size = m * n * GEMM_OUTPUT_BYTES[dtype]
 
     t_gemm, bound, eff = gemm_time(rows, cols, inner, spec, dtype, eta)
     lat, bw, protocol = collective_parts(collective, size, ws, ic, intra, bus_gbps)

@@ -33,7 +33,9 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 # One probe and one set of decisions for the server and the worker: re-exported here for the work functions.
 from servers.overlap.limits import check_memory, check_world_size, confirm_cuda_runtime, max_world_size, resolve_backend
@@ -53,6 +55,12 @@ __all__ = [
 ]
 
 Backend = Literal["gloo", "nccl"]
+# What a benchmark that runs ranks takes (collective and overlap specs, benchmark_overlap / tune_overlap), typed once.
+BackendChoice = Annotated[
+    Literal["auto", "gloo", "nccl"], Field(description="auto: nccl when CUDA can use the GPUs here, else gloo")
+]
+WorldSize = Annotated[int, Field(ge=1, le=64, description="Ranks: GPUs (nccl) or processes (gloo)")]
+RankTimeoutS = Annotated[float, Field(gt=0, le=3600, description="s; ranks running longer are ended as hung")]
 _POLL_S = 0.05
 _GRACE_AFTER_FAILURE_S = 1.0  # time the other ranks get to report their own error after a first failure
 _BOOTSTRAP = (

@@ -12,23 +12,21 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from servers.core.dtypes import ELEMENT_BYTES, GEMM_OUTPUT_BYTES, Dtype, DtypeArg
 from servers.overlap.limits import MachineProbe, check_dtype, check_memory, probe_machine, resolve_device
-
-GemmDtype = Literal["fp32", "bf16", "fp16", "fp8"]
 
 
 class GemmBenchmarkSpec(BaseModel):
     m: int = Field(ge=1, le=131072, description="Rows of A and C")
     n: int = Field(ge=1, le=131072, description="Columns of B and C")
     k: int = Field(ge=1, le=131072, description="Inner dimension")
-    dtype: GemmDtype = Field(default="bf16", description="fp8 means e4m3 inputs with bf16 output (GPUs with sm_89+)")
+    dtype: DtypeArg = "bf16"
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto: cuda when present, else cpu")
     warmup: int = Field(default=5, ge=0, le=1000, description="Untimed iterations first")
     iters: int = Field(default=20, ge=1, le=10000, description="Timed iterations")
     flush_l2: bool = Field(
         default=False,
-        description="Overwrite a buffer larger than L2 before each iteration "
-        "(GPU only), so inputs come from HBM as in a real layer",
+        description="GPU: overwrite a buffer larger than L2 before each iteration (inputs from HBM)",
     )
 
 
@@ -36,7 +34,7 @@ class GemmBenchmarkResult(BaseModel):
     m: int
     n: int
     k: int
-    dtype: GemmDtype
+    dtype: Dtype
     device: str
     device_name: str
     iters: int
@@ -60,18 +58,15 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
 
 
-_ELEM = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-
-
 def prepare_gemm(spec: GemmBenchmarkSpec, probe: MachineProbe | None = None) -> str:
     """The device ('cuda' or 'cpu') the GEMM runs on here; InputError when it cannot run (cuda without a usable GPU,
-    fp8 without sm_89, A, B and C larger than the memory there). The server calls it before submitting the job, the
-    work function again before allocating (the same probe and messages)."""
+    fp8 without sm_89, tf32 without sm_80, A, B and C larger than the memory there). The server calls it before
+    submitting the job, the work function again before allocating (the same probe and messages)."""
     probe = probe or probe_machine()
     device = resolve_device(spec.device, probe)
     check_dtype(spec.dtype, device, 1, probe)
-    elem = _ELEM[spec.dtype]
-    need = (spec.m * spec.k + spec.k * spec.n) * elem + spec.m * spec.n * (2 if spec.dtype == "fp8" else elem)
+    elem, out = ELEMENT_BYTES[spec.dtype], GEMM_OUTPUT_BYTES[spec.dtype]
+    need = (spec.m * spec.k + spec.k * spec.n) * elem + spec.m * spec.n * out
     where = "GPU 0" if device == "cuda" else "host memory"
     check_memory(need, device, 1, f"a {spec.m}x{spec.n}x{spec.k} {spec.dtype} GEMM (A, B and C, on {where})", probe)
     return device
@@ -80,11 +75,14 @@ def prepare_gemm(spec: GemmBenchmarkSpec, probe: MachineProbe | None = None) -> 
 def run_gemm_benchmark(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
     import torch
 
-    from servers.overlap.limits import confirm_cuda_runtime
+    from servers.core.dtypes import set_matmul_math, torch_dtype
+    from servers.overlap.limits import confirm_cuda_runtime, confirm_dtype_runtime
 
     spec = GemmBenchmarkSpec.model_validate(spec_data)
     chosen = prepare_gemm(spec)
     confirm_cuda_runtime(chosen, 1)
+    confirm_dtype_runtime(spec.dtype)
+    set_matmul_math(spec.dtype)
     use_cuda = chosen == "cuda"
     device = torch.device(chosen)
     device_name = torch.cuda.get_device_name(device) if use_cuda else "cpu"
@@ -98,9 +96,8 @@ def run_gemm_benchmark(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
         def gemm() -> Any:
             return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
     else:
-        torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[spec.dtype]
-        a = torch.randn(spec.m, spec.k, device=device, dtype=torch_dtype)
-        b = torch.randn(spec.k, spec.n, device=device, dtype=torch_dtype)
+        a = torch.randn(spec.m, spec.k, device=device, dtype=torch_dtype(spec.dtype))
+        b = torch.randn(spec.k, spec.n, device=device, dtype=torch_dtype(spec.dtype))
 
         def gemm() -> Any:
             return torch.matmul(a, b)

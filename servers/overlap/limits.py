@@ -7,7 +7,7 @@ with the same message. The probe reads:
 - CUDA_VISIBLE_DEVICES: which of them a CUDA process of this environment would see;
 - torch's build, from torch/version.py read as text (torch.version.cuda is None in a CPU-only build): no
   `import torch`, so no CUDA initialisation and no heavy import in the server;
-- /proc/meminfo for host memory.
+- /proc/meminfo for host memory (servers/core/machine.py reads both).
 
 A GPU counts for the nccl backend only when NVML sees it AND torch is built with CUDA: on a host with GPUs and a
 CPU-only torch, auto resolves to gloo and nccl is refused, on both sides. What only a CUDA initialisation can tell
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servers.core.errors import InputError
-from servers.core.machine import gpus_present
+from servers.core.machine import NvmlUnavailable, gpus_present, host_memory_available, nvml_session
 
 __all__ = [
     "MachineProbe",
@@ -37,6 +37,7 @@ __all__ = [
     "check_memory",
     "check_world_size",
     "confirm_cuda_runtime",
+    "confirm_dtype_runtime",
     "fmt_bytes",
     "gpu_memory_free",
     "gpus_present",
@@ -50,6 +51,16 @@ __all__ = [
 
 BACKENDS = ("auto", "gloo", "nccl")
 FP8_MIN_CAPABILITY = (8, 9)
+TF32_MIN_CAPABILITY = (8, 0)
+# dtype -> (lowest compute capability, the hardware it needs, what to use on CPU instead)
+GPU_DTYPES: dict[str, tuple[tuple[int, int], str, str]] = {
+    "fp8": (FP8_MIN_CAPABILITY, "NVIDIA GPUs with FP8 tensor cores (sm_89 or newer)", "use fp32, bf16 or fp16 on CPU"),
+    "tf32": (
+        TF32_MIN_CAPABILITY,
+        "NVIDIA GPUs with TF32 tensor cores (sm_80 or newer)",
+        "tf32 is fp32 data with TF32 matmul math: use fp32 on CPU (the same data, full fp32 math)",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -162,50 +173,31 @@ FreeBytes = tuple[int | None, ...]
 
 def _nvml_snapshot(visible_env: str | None) -> tuple[int, tuple[int, ...], Capabilities, FreeBytes]:
     """(count, visible indices, capability and free bytes of each visible GPU) from one NVML session."""
-    count = gpus_present()
-    visible = visible_indices(count, visible_env)
-    if not visible:
-        return count, visible, (), ()
-    capabilities: list[tuple[int, int] | None] = []
-    free: list[int | None] = []
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return count, visible, (None,) * len(visible), (None,) * len(visible)
-    try:
-        for index in visible:
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            except Exception:
-                capabilities.append(None)
-                free.append(None)
-                continue
-            try:
-                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-                capabilities.append((int(major), int(minor)))
-            except Exception:
-                capabilities.append(None)
-            try:
-                free.append(int(pynvml.nvmlDeviceGetMemoryInfo(handle).free))
-            except Exception:
-                free.append(None)
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
-    return count, visible, tuple(capabilities), tuple(free)
-
-
-def host_memory_available() -> int | None:
-    """MemAvailable from /proc/meminfo, in bytes; None where it cannot be read."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+        with nvml_session() as pynvml:
+            count = int(pynvml.nvmlDeviceGetCount())
+            visible = visible_indices(count, visible_env)
+            capabilities: list[tuple[int, int] | None] = []
+            free: list[int | None] = []
+            for index in visible:
+                try:
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                except Exception:
+                    capabilities.append(None)
+                    free.append(None)
+                    continue
+                try:
+                    major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+                    capabilities.append((int(major), int(minor)))
+                except Exception:
+                    capabilities.append(None)
+                try:
+                    free.append(int(pynvml.nvmlDeviceGetMemoryInfo(handle).free))
+                except Exception:
+                    free.append(None)
+            return count, visible, tuple(capabilities), tuple(free)
+    except NvmlUnavailable:
+        return 0, (), (), ()
 
 
 def gpu_memory_free(index: int = 0) -> int | None:
@@ -289,20 +281,38 @@ def check_world_size(world_size: int, backend: str, probe: MachineProbe | None =
 
 
 def check_dtype(dtype: str, backend: str, world_size: int, probe: MachineProbe | None = None) -> None:
-    """fp8 needs NVIDIA GPUs of compute capability 8.9 or newer (NVML's figure): the nccl backend for ranks, the
-    cuda device for a single GEMM (`backend` is either a backend or a device)."""
-    if dtype != "fp8":
+    """The GEMM dtypes that need tensor-core hardware (NVML's compute capability): fp8 needs sm_89+, tf32 (fp32
+    storage, TF32 math) sm_80+, and for ranks the nccl backend; `backend` is a backend, or a device for a single
+    GEMM. InputError naming what is missing; fp32, bf16 and fp16 run anywhere."""
+    need = GPU_DTYPES.get(dtype)
+    if need is None:
         return
+    floor, hardware, on_cpu = need
     if backend not in ("nccl", "cuda"):
         with_what = " and the nccl backend" if backend == "gloo" else ""
-        raise InputError(
-            f"fp8 needs NVIDIA GPUs with FP8 tensor cores (sm_89 or newer){with_what}; use fp32, bf16 or fp16 on CPU"
-        )
+        raise InputError(f"{dtype} needs {hardware}{with_what}; {on_cpu}")
     probe = probe or probe_machine()
     known = [c for c in probe.capabilities[:world_size] if c is not None]
-    if known and min(known) < FP8_MIN_CAPABILITY:
+    if known and min(known) < floor:
         low = min(known)
-        raise InputError(f"fp8 needs compute capability 8.9 or newer; these GPUs are sm_{low[0]}{low[1]}")
+        raise InputError(
+            f"{dtype} needs compute capability {floor[0]}.{floor[1]} or newer; these GPUs are sm_{low[0]}{low[1]}"
+        )
+
+
+def confirm_dtype_runtime(dtype: str) -> None:
+    """In the worker, after torch is imported: what an fp8 GEMM needs of torch itself (torch._scaled_mm and the e4m3
+    type), refused with the reason where this torch lacks it."""
+    if dtype != "fp8":
+        return
+    import torch
+
+    missing = [name for name in ("_scaled_mm", "float8_e4m3fn") if not hasattr(torch, name)]
+    if missing:
+        raise RuntimeError(
+            f"fp8 GEMMs need torch.{' and torch.'.join(missing)}, which this torch ({torch.__version__}) lacks; "
+            "use bf16, or a newer torch"
+        )
 
 
 def available_memory(backend: str, world_size: int, probe: MachineProbe | None = None) -> tuple[int | None, str]:

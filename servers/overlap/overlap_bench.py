@@ -25,14 +25,20 @@ torch is imported inside functions.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from servers.core.dtypes import ELEMENT_BYTES, GEMM_OUTPUT_BYTES, DtypeArg
 from servers.core.errors import InputError
 from servers.overlap import validity
 from servers.overlap.distributed import (
+    BackendChoice,
     RankInfo,
+    RankTimeoutS,
+    WorldSize,
     describe_device,
     rank_progress,
     run_ranks,
@@ -45,24 +51,24 @@ from servers.overlap.limits import (
     check_dtype,
     check_memory,
     check_world_size,
+    confirm_dtype_runtime,
     fmt_bytes,
     probe_machine,
 )
 
 Pattern = Literal["ag_gemm", "gemm_rs", "gemm_ar"]
 Method = Literal["sequential", "chunked", "ring", "symm_mem"]
-OverlapDtype = Literal["fp32", "bf16", "fp16", "fp8"]
 ALL_METHODS: tuple[Method, ...] = ("sequential", "chunked", "ring", "symm_mem")
 
 # Relative tolerance of a method's output against the sequential result, by input dtype (fp8 GEMMs output bf16).
-RTOL = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-2, "fp8": 2e-2}
+# tf32 rounds the inputs to a 10-bit mantissa (2^-11), and a method's smaller GEMMs may run another cuBLAS kernel
+# than the reference's: its bound scales the bf16 one (2^-8 -> 2e-2) by the mantissa, 2.5e-3.
+RTOL = {"fp32": 1e-4, "tf32": 2.5e-3, "bf16": 2e-2, "fp16": 2e-2, "fp8": 2e-2}
 TOLERANCE_RULE = (
     "passed when max|out - ref| <= rtol * max|ref| on every rank, where ref is the sequential result on that rank; "
-    "rtol = 1e-4 for fp32, 2e-2 for bf16, fp16 and fp8 (bf16 output)"
+    "rtol = 1e-4 for fp32, 2.5e-3 for tf32, 2e-2 for bf16, fp16 and fp8 (bf16 output)"
 )
 CPU_NOTE = "timings on CPU (gloo) check plumbing and correctness, not performance"
-_ELEM = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-_OUT_ELEM = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 _RUNTIME_OVERHEAD = {"gloo": 256 * 2**20, "nccl": 2**30}  # torch, its allocator and NCCL buffers, per rank
 # Raw timings a result keeps per method (a result must stay small enough for a client to read: 64 ranks x 10000
 # iterations x 11 methods would be tens of MiB): the first RAW_RANKS ranks, the first RAW_ITERS iterations each.
@@ -73,30 +79,27 @@ RAW_ITERS = 32
 Dim = Annotated[int, Field(ge=1, le=131072)]
 ChunkCount = Annotated[int, Field(ge=2, le=64)]
 
+# The run options, typed and described once: the job specs below and the benchmark_overlap / tune_overlap tools
+# (servers/overlap/server.py) take them alike.
+Methods = Annotated[
+    list[Method], Field(min_length=1, max_length=4, description="Methods to run; sequential is always measured")
+]
+Chunks = Annotated[list[ChunkCount], Field(min_length=1, max_length=8, description="Chunk counts for chunked")]
+Warmup = Annotated[int, Field(ge=0, le=1000, description="Untimed calls before each measurement")]
+Iters = Annotated[int, Field(ge=1, le=10000, description="Timed calls per measurement")]
+Seed = Annotated[int, Field(ge=0, le=2**31 - 1, description="Input seed (each rank adds its rank)")]
+
 
 class _RunOptions(BaseModel):
-    world_size: int = Field(default=2, ge=1, le=64, description="Tensor-parallel size: GPUs (nccl) or processes (gloo)")
-    dtype: OverlapDtype = Field(
-        default="bf16", description="Input dtype; fp8 = e4m3 inputs with bf16 output, CUDA sm_89+ only"
-    )
-    methods: list[Method] = Field(
-        default=list(ALL_METHODS),
-        min_length=1,
-        max_length=4,
-        description="Methods to run besides the sequential reference (which is always measured)",
-    )
-    chunks: list[ChunkCount] = Field(
-        default=[2, 4], min_length=1, max_length=8, description="Chunk counts for the chunked method"
-    )
-    backend: Literal["auto", "gloo", "nccl"] = Field(
-        default="auto", description="auto: nccl when CUDA GPUs are present, else gloo (CPU)"
-    )
-    warmup: int = Field(default=3, ge=0, le=1000, description="Untimed calls of each measured function first")
-    iters: int = Field(default=10, ge=1, le=10000, description="Timed calls of each measured function")
-    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the inputs (each rank adds its rank)")
-    rank_timeout_s: float = Field(
-        default=900, gt=0, le=3600, description="Kill the ranks and report a hang when they run longer than this"
-    )
+    world_size: WorldSize = 2
+    dtype: DtypeArg = "bf16"
+    methods: Methods = list(ALL_METHODS)
+    chunks: Chunks = [2, 4]
+    backend: BackendChoice = "auto"
+    warmup: Warmup = 3
+    iters: Iters = 10
+    seed: Seed = 0
+    rank_timeout_s: RankTimeoutS = 900
 
 
 class OverlapSpec(_RunOptions):
@@ -151,7 +154,7 @@ def shape_problems(
 
 def estimate_bytes_per_rank(pattern: str, m: int, n: int, k: int, world_size: int, dtype: str) -> int:
     """Bytes one rank allocates at most: inputs, the reference, the largest method's buffers, the check's copies."""
-    p, e, o = world_size, _ELEM[dtype], _OUT_ELEM[dtype]
+    p, e, o = world_size, ELEMENT_BYTES[dtype], GEMM_OUTPUT_BYTES[dtype]
     if pattern == "ag_gemm":
         out = m * n // p
         inputs = (m // p) * k * e + k * (n // p) * e
@@ -167,8 +170,9 @@ def estimate_bytes_per_rank(pattern: str, m: int, n: int, k: int, world_size: in
 
 
 def validate_overlap_spec(spec: OverlapSpec, backend: str, probe: MachineProbe | None = None) -> None:
-    """InputError for what cannot run here: too many ranks, fp8 without sm_89 GPUs, shapes that do not split, more
-    memory than a rank has. The server calls it before submitting, the work function before starting any rank."""
+    """InputError for what cannot run here: too many ranks, fp8 without sm_89 GPUs (tf32 without sm_80), shapes that
+    do not split, more memory than a rank has. The server calls it before submitting, the work function before
+    starting any rank."""
     probe = probe or probe_machine()
     p = spec.world_size
     check_world_size(p, backend, probe)
@@ -321,26 +325,26 @@ def _nvlink_reason(info: RankInfo) -> str | None:
 
     import torch
 
-    try:
-        import pynvml
+    from servers.core.machine import nvml_session
 
-        pynvml.nvmlInit()
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        index = info.rank
-        if visible:
-            ids = [v.strip() for v in visible.split(",")]
-            if not ids[info.rank].isdigit():
-                raise ValueError("CUDA_VISIBLE_DEVICES uses UUIDs")
-            index = int(ids[info.rank])
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
-            try:
-                if pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED:
-                    return None
-            except pynvml.NVMLError:
-                break
-        return "no active NVLink on this GPU (NVML); symmetric memory needs NVLink peers"
-    except Exception:
+    try:
+        with nvml_session() as pynvml:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            index = info.rank
+            if visible:
+                ids = [v.strip() for v in visible.split(",")]
+                if not ids[info.rank].isdigit():
+                    raise ValueError("CUDA_VISIBLE_DEVICES uses UUIDs")
+                index = int(ids[info.rank])
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+                try:
+                    if pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED:
+                        return None
+                except pynvml.NVMLError:
+                    break
+            return "no active NVLink on this GPU (NVML); symmetric memory needs NVLink peers"
+    except Exception:  # no NVML, or UUIDs in CUDA_VISIBLE_DEVICES: ask CUDA instead
         pass
     for other in range(info.world_size):
         if other != info.rank and not torch.cuda.can_device_access_peer(info.rank, other):
@@ -348,116 +352,108 @@ def _nvlink_reason(info: RankInfo) -> str | None:
     return None
 
 
-def _overlap_rank(info: RankInfo, cfg: dict[str, Any]) -> dict[str, Any]:
-    import torch
-    import torch.distributed as dist
+class _Rank:
+    """What every pattern shares on one rank: torch, the dtypes, the communication stream, the seeded generator, and
+    the GEMM / buffer / point-to-point helpers."""
 
-    r, p = info.rank, info.world_size
-    pattern, m, n, k, dtype = cfg["pattern"], cfg["m"], cfg["n"], cfg["k"], cfg["dtype"]
-    device = torch.device(info.device)
-    cuda = device.type == "cuda"
-    fp8 = dtype == "fp8"
-    in_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float8_e4m3fn)
-    out_dtype = torch.bfloat16 if fp8 else in_dtype
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    comm = _Comm(cuda)
-    gen = torch.Generator(device=device)
-    gen.manual_seed(int(cfg["seed"]) * 65537 + r)
+    def __init__(self, info: RankInfo, cfg: dict[str, Any]) -> None:
+        import torch
+        import torch.distributed as dist
 
-    def randn(*shape: int, scale: float = 1.0) -> Any:
-        return (torch.randn(*shape, generator=gen, device=device) * scale).to(in_dtype)
+        from servers.core.dtypes import gemm_output_torch_dtype, set_matmul_math, torch_dtype
 
-    def wire(t: Any) -> Any:
+        self.torch, self.dist = torch, dist
+        self.r, self.p = info.rank, info.world_size
+        self.dtype: str = cfg["dtype"]
+        self.device = torch.device(info.device)
+        self.cuda = self.device.type == "cuda"
+        self.fp8 = self.dtype == "fp8"
+        self.in_dtype = torch_dtype(self.dtype)
+        self.out_dtype = gemm_output_torch_dtype(self.dtype)
+        set_matmul_math(self.dtype)  # tf32: TF32 tensor-core math on fp32 data
+        self.all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self.reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        self.comm = _Comm(self.cuda)
+        self.gen = torch.Generator(device=self.device)
+        self.gen.manual_seed(int(cfg["seed"]) * 65537 + self.r)
+        self.one = torch.ones((), device=self.device)
+
+    def randn(self, *shape: int, scale: float = 1.0) -> Any:
+        torch = self.torch
+        return (torch.randn(*shape, generator=self.gen, device=self.device) * scale).to(self.in_dtype)
+
+    def weight(self, rows: int, cols: int, scale: float) -> Any:
+        """A [rows, cols] weight; for fp8 stored column-major, as _scaled_mm needs its second operand."""
+        return self.randn(cols, rows, scale=scale).t() if self.fp8 else self.randn(rows, cols, scale=scale)
+
+    def wire(self, t: Any) -> Any:
         """What goes over the wire: fp8 travels as raw bytes (no backend reduces or even knows fp8)."""
-        return t.view(torch.uint8) if fp8 else t
+        return t.view(self.torch.uint8) if self.fp8 else t
 
-    one = torch.ones((), device=device)
-
-    def gemm(a: Any, b: Any, out: Any) -> None:
-        if not fp8:
+    def gemm(self, a: Any, b: Any, out: Any) -> None:
+        torch = self.torch
+        if not self.fp8:
             torch.matmul(a, b, out=out)
             return
         a2 = a.reshape(-1, a.shape[-1])  # _scaled_mm takes 2-D row-major A and column-major B
-        out.copy_(torch._scaled_mm(a2, b, scale_a=one, scale_b=one, out_dtype=out_dtype).view(out.shape))
+        out.copy_(torch._scaled_mm(a2, b, scale_a=self.one, scale_b=self.one, out_dtype=self.out_dtype).view(out.shape))
 
-    def empty(*shape: int, dt: Any = None) -> Any:
-        return torch.empty(*shape, dtype=dt or out_dtype, device=device)
+    def empty(self, *shape: int, dt: Any = None) -> Any:
+        return self.torch.empty(*shape, dtype=dt or self.out_dtype, device=self.device)
 
-    def exchange(send: Any, recv: Any) -> list[Any]:
-        ops = [dist.P2POp(dist.isend, wire(send), (r + 1) % p), dist.P2POp(dist.irecv, wire(recv), (r - 1) % p)]
+    def exchange(self, send: Any, recv: Any) -> list[Any]:
+        """Send to rank r+1 and receive from rank r-1, asynchronously."""
+        dist, r, p = self.dist, self.r, self.p
+        ops = [
+            dist.P2POp(dist.isend, self.wire(send), (r + 1) % p),
+            dist.P2POp(dist.irecv, self.wire(recv), (r - 1) % p),
+        ]
         return dist.batch_isend_irecv(ops)
 
-    # Inputs (deterministic per rank) and the sequential reference.
-    if pattern == "ag_gemm":
-        a_local = randn(m // p, k)
-        # W [K, N/TP]; for fp8 stored column-major, as _scaled_mm needs its second operand.
-        w = randn(n // p, k, scale=k**-0.5).t() if fp8 else randn(k, n // p, scale=k**-0.5)
-        a_full = empty(m, k, dt=in_dtype)
-        seq_out = empty(m, n // p)
 
-        def gemm_alone() -> None:
-            gemm(a_full, w, seq_out)
+Run = Callable[[], None]
 
-        def comm_alone() -> None:
-            all_gather(wire(a_full), wire(a_local))
 
-        def sequential() -> None:
-            comm_alone()
-            gemm(a_full, w, seq_out)
+@dataclass
+class _Case:
+    """One pattern on one rank: its inputs, the sequential schedule (and its GEMM and collective alone), the bytes the
+    collective moves, and `build(method, chunks)` -> (function, output) for the chunked and ring methods."""
 
-        weight = w
-        comm_bytes = m * k * _ELEM[dtype]
-    else:
-        a_local = randn(m, k // p)
-        b_local = randn(n, k // p, scale=k**-0.5).t() if fp8 else randn(k // p, n, scale=k**-0.5)
-        partial = empty(m, n)
-        seq_out = empty(m // p, n) if pattern == "gemm_rs" else partial
+    a_local: Any
+    weight: Any
+    out: Any  # the sequential schedule's output
+    gemm_alone: Run
+    comm_alone: Run
+    sequential: Run
+    comm_bytes: int
+    build: Callable[[str, int], tuple[Run, Any]]
 
-        def gemm_alone() -> None:
-            gemm(a_local, b_local, partial)
 
-        if pattern == "gemm_rs":
+def _ag_gemm(rk: _Rank, m: int, n: int, k: int) -> _Case:
+    """AllGather + GEMM: rank r holds rows [M/TP, K] of A and W [K, N/TP]; it gathers A and computes [M, N/TP]."""
+    p, r, comm = rk.p, rk.r, rk.comm
+    a_local = rk.randn(m // p, k)
+    w = rk.weight(k, n // p, k**-0.5)
+    a_full = rk.empty(m, k, dt=rk.in_dtype)
+    seq_out = rk.empty(m, n // p)
 
-            def comm_alone() -> None:
-                reduce_scatter(seq_out, partial)
-        else:
+    def gemm_alone() -> None:
+        rk.gemm(a_full, w, seq_out)
 
-            def comm_alone() -> None:
-                dist.all_reduce(partial)
+    def comm_alone() -> None:
+        rk.all_gather(rk.wire(a_full), rk.wire(a_local))
 
-        def sequential() -> None:
-            gemm(a_local, b_local, partial)
-            comm_alone()
+    def sequential() -> None:
+        comm_alone()
+        rk.gemm(a_full, w, seq_out)
 
-        weight = b_local
-        comm_bytes = m * n * _OUT_ELEM[dtype]
-
-    sequential()
-    if cuda:
-        torch.cuda.synchronize()
-    reference = seq_out.clone()
-    warmup, iters = int(cfg["warmup"]), int(cfg["iters"])
-    t_gemm = time_iterations(gemm_alone, warmup=warmup, iters=iters, cuda=cuda)
-    t_comm = time_iterations(comm_alone, warmup=warmup, iters=iters, cuda=cuda)
-
-    def build(method: str, chunks: int) -> tuple[Any, Any]:
-        """(function, output tensor) of one method; raises _Unavailable with the reason."""
-        if method == "sequential":
-            return sequential, seq_out
-        if method == "symm_mem":
-            return _build_symm_mem(pattern, a_local, weight)
-        if pattern == "ag_gemm":
-            return _build_ag(method, chunks)
-        return _build_rs_ar(method, chunks)
-
-    def _build_ag(method: str, chunks: int) -> tuple[Any, Any]:
-        out = empty(m, n // p)
+    def build(method: str, chunks: int) -> tuple[Run, Any]:
+        out = rk.empty(m, n // p)
         rows = m // p
         if method == "chunked":
             mc = rows // chunks
-            gathered = [empty(p * mc, k, dt=in_dtype) for _ in range(chunks)]
-            results = [empty(p, mc, n // p) for _ in range(chunks)]
+            gathered = [rk.empty(p * mc, k, dt=rk.in_dtype) for _ in range(chunks)]
+            results = [rk.empty(p, mc, n // p) for _ in range(chunks)]
             out4 = out.view(p, chunks, mc, n // p)  # rank q's rows, split in chunks
 
             def run() -> None:
@@ -466,7 +462,9 @@ def _overlap_rank(info: RankInfo, cfg: dict[str, Any]) -> dict[str, Any]:
 
                 def issue(c: int) -> Any:
                     return comm.start(
-                        lambda: [all_gather(wire(gathered[c]), wire(a_local[c * mc : (c + 1) * mc]), async_op=True)]
+                        lambda: [
+                            rk.all_gather(rk.wire(gathered[c]), rk.wire(a_local[c * mc : (c + 1) * mc]), async_op=True)
+                        ]
                     )
 
                 handles[0] = issue(0)
@@ -474,14 +472,14 @@ def _overlap_rank(info: RankInfo, cfg: dict[str, Any]) -> dict[str, Any]:
                     comm.finish(handles[c])
                     if c + 1 < chunks:
                         handles[c + 1] = issue(c + 1)
-                    gemm(gathered[c].view(p, mc, k), w, results[c])
+                    rk.gemm(gathered[c].view(p, mc, k), w, results[c])
                     out4[:, c].copy_(results[c])
 
             return run, out
         # ring: the block in hand goes to r+1 while its GEMM runs; the next comes from r-1
-        buffers = [empty(rows, k, dt=in_dtype) for _ in range(2)]
+        buffers = [rk.empty(rows, k, dt=rk.in_dtype) for _ in range(2)]
 
-        def run() -> None:
+        def run_ring() -> None:
             comm.begin()
             current = a_local
             for step in range(p):
@@ -489,93 +487,197 @@ def _overlap_rank(info: RankInfo, cfg: dict[str, Any]) -> dict[str, Any]:
                 handle = None
                 if step < p - 1:
                     incoming = buffers[step % 2]
-                    handle = comm.start(lambda cur=current, inc=incoming: exchange(cur, inc), after_compute=True)
-                gemm(current, w, out[source * rows : (source + 1) * rows])
+                    handle = comm.start(lambda cur=current, inc=incoming: rk.exchange(cur, inc), after_compute=True)
+                rk.gemm(current, w, out[source * rows : (source + 1) * rows])
                 if handle is not None:
                     comm.finish(handle)
                     current = incoming
 
-        return run, out
+        return run_ring, out
 
-    def _build_rs_ar(method: str, chunks: int) -> tuple[Any, Any]:
+    comm_bytes = m * k * ELEMENT_BYTES[rk.dtype]
+    return _Case(a_local, w, seq_out, gemm_alone, comm_alone, sequential, comm_bytes, build)
+
+
+def _partial_inputs(rk: _Rank, m: int, n: int, k: int) -> tuple[Any, Any, Any]:
+    """gemm_rs and gemm_ar: A [M, K/TP], B [K/TP, N] and the buffer of the partial product [M, N]."""
+    p = rk.p
+    a_local = rk.randn(m, k // p)
+    b_local = rk.weight(k // p, n, k**-0.5)
+    return a_local, b_local, rk.empty(m, n)
+
+
+def _ring_reduce_scatter(rk: _Rank, a_local: Any, b_local: Any, m: int, n: int, then_gather: bool) -> tuple[Run, Any]:
+    """The ring method of gemm_rs (and, with then_gather, of gemm_ar: followed by an all-gather): block d's partial
+    sum starts at rank d+1, gains each rank's term and ends, complete, at rank d."""
+    p, r, comm = rk.p, rk.r, rk.comm
+    rows = m // p
+    parts = [rk.empty(rows, n) for _ in range(2)]
+    incoming = rk.empty(rows, n)
+    gathered = rk.empty(m, n) if then_gather else None
+
+    def run() -> None:
+        comm.begin()
+        handle = None
+        for step in range(p):
+            d = (r - 1 - step) % p
+            part = parts[step % 2]
+            rk.gemm(a_local[d * rows : (d + 1) * rows], b_local, part)  # overlaps the exchange in flight
+            if handle is not None:
+                comm.finish(handle)
+                part += incoming
+            if step < p - 1:
+                handle = comm.start(lambda s=part: rk.exchange(s, incoming), after_compute=True)
+        if gathered is not None:
+            comm.finish(
+                comm.start(lambda: [rk.all_gather(gathered, parts[(p - 1) % 2], async_op=True)], after_compute=True)
+            )
+
+    return run, (gathered if gathered is not None else parts[(p - 1) % 2])
+
+
+def _gemm_rs(rk: _Rank, m: int, n: int, k: int) -> _Case:
+    """GEMM + ReduceScatter: the partial product [M, N] is reduce-scattered over rows; rank r keeps [M/TP, N]."""
+    p, comm = rk.p, rk.comm
+    a_local, b_local, partial = _partial_inputs(rk, m, n, k)
+    seq_out = rk.empty(m // p, n)
+
+    def gemm_alone() -> None:
+        rk.gemm(a_local, b_local, partial)
+
+    def comm_alone() -> None:
+        rk.reduce_scatter(seq_out, partial)
+
+    def sequential() -> None:
+        rk.gemm(a_local, b_local, partial)
+        comm_alone()
+
+    def build(method: str, chunks: int) -> tuple[Run, Any]:
+        if method != "chunked":
+            return _ring_reduce_scatter(rk, a_local, b_local, m, n, then_gather=False)
         rows = m // p
-        if method == "chunked":
-            full = empty(m, n)  # gemm_ar: reduced in place; gemm_rs: the partial products, chunk by chunk
-            if pattern == "gemm_rs":
-                out = empty(rows, n)
-                mc = rows // chunks
-                a4 = a_local.view(p, chunks, mc, k // p)
-                parts = full.view(chunks, p, mc, n)
-                out3 = out.view(chunks, mc, n)
-
-                def run() -> None:
-                    comm.begin()
-                    handles = []
-                    for c in range(chunks):
-                        gemm(a4[:, c], b_local, parts[c])
-                        handles.append(
-                            comm.start(
-                                lambda c=c: [reduce_scatter(out3[c], parts[c].view(p * mc, n), async_op=True)],
-                                after_compute=True,
-                            )
-                        )
-                    for handle in handles:
-                        comm.finish(handle)
-
-                return run, out
-            mc = m // chunks
-
-            def run_ar() -> None:
-                comm.begin()
-                handles = []
-                for c in range(chunks):
-                    block = full[c * mc : (c + 1) * mc]
-                    gemm(a_local[c * mc : (c + 1) * mc], b_local, block)
-                    handles.append(comm.start(lambda b=block: [dist.all_reduce(b, async_op=True)], after_compute=True))
-                for handle in handles:
-                    comm.finish(handle)
-
-            return run_ar, full
-        # ring: block d's partial sum starts at rank d+1, gains each rank's term and ends, complete, at rank d.
-        parts = [empty(rows, n) for _ in range(2)]
-        incoming = empty(rows, n)
-        gathered = empty(m, n) if pattern == "gemm_ar" else None
+        full = rk.empty(m, n)  # the partial products, chunk by chunk
+        out = rk.empty(rows, n)
+        mc = rows // chunks
+        a4 = a_local.view(p, chunks, mc, k // p)
+        parts = full.view(chunks, p, mc, n)
+        out3 = out.view(chunks, mc, n)
 
         def run() -> None:
             comm.begin()
-            handle = None
-            for step in range(p):
-                d = (r - 1 - step) % p
-                part = parts[step % 2]
-                gemm(a_local[d * rows : (d + 1) * rows], b_local, part)  # overlaps the exchange in flight
-                if handle is not None:
-                    comm.finish(handle)
-                    part += incoming
-                if step < p - 1:
-                    handle = comm.start(lambda s=part: exchange(s, incoming), after_compute=True)
-            if gathered is not None:
-                comm.finish(
-                    comm.start(lambda: [all_gather(gathered, parts[(p - 1) % 2], async_op=True)], after_compute=True)
+            handles = []
+            for c in range(chunks):
+                rk.gemm(a4[:, c], b_local, parts[c])
+                handles.append(
+                    comm.start(
+                        lambda c=c: [rk.reduce_scatter(out3[c], parts[c].view(p * mc, n), async_op=True)],
+                        after_compute=True,
+                    )
                 )
+            for handle in handles:
+                comm.finish(handle)
 
-        return run, (gathered if gathered is not None else parts[(p - 1) % 2])
+        return run, out
 
-    entries = []
+    comm_bytes = m * n * GEMM_OUTPUT_BYTES[rk.dtype]
+    return _Case(a_local, b_local, seq_out, gemm_alone, comm_alone, sequential, comm_bytes, build)
+
+
+def _gemm_ar(rk: _Rank, m: int, n: int, k: int) -> _Case:
+    """GEMM + AllReduce: the partial product [M, N], all-reduced in place; every rank ends with the whole of it."""
+    comm = rk.comm
+    a_local, b_local, partial = _partial_inputs(rk, m, n, k)
+
+    def gemm_alone() -> None:
+        rk.gemm(a_local, b_local, partial)
+
+    def comm_alone() -> None:
+        rk.dist.all_reduce(partial)
+
+    def sequential() -> None:
+        rk.gemm(a_local, b_local, partial)
+        comm_alone()
+
+    def build(method: str, chunks: int) -> tuple[Run, Any]:
+        if method != "chunked":
+            return _ring_reduce_scatter(rk, a_local, b_local, m, n, then_gather=True)
+        full = rk.empty(m, n)  # reduced in place, chunk by chunk
+        mc = m // chunks
+
+        def run() -> None:
+            comm.begin()
+            handles = []
+            for c in range(chunks):
+                block = full[c * mc : (c + 1) * mc]
+                rk.gemm(a_local[c * mc : (c + 1) * mc], b_local, block)
+                handles.append(comm.start(lambda b=block: [rk.dist.all_reduce(b, async_op=True)], after_compute=True))
+            for handle in handles:
+                comm.finish(handle)
+
+        return run, full
+
+    comm_bytes = m * n * GEMM_OUTPUT_BYTES[rk.dtype]
+    return _Case(a_local, b_local, partial, gemm_alone, comm_alone, sequential, comm_bytes, build)
+
+
+_PATTERN_CASES: dict[str, Callable[[_Rank, int, int, int], _Case]] = {
+    "ag_gemm": _ag_gemm,
+    "gemm_rs": _gemm_rs,
+    "gemm_ar": _gemm_ar,
+}
+
+
+def _method_plan(cfg: dict[str, Any]) -> list[tuple[str, int]]:
+    """(method, chunks) in the order they run: sequential first, then one chunked row per chunk count."""
     plan: list[tuple[str, int]] = [("sequential", 0)]
     for method in cfg["methods"]:
         if method == "chunked":
             plan += [("chunked", c) for c in cfg["chunks"]]
         elif method != "sequential":
             plan.append((method, 0))
+    return plan
+
+
+def _symm_mem_agreed(info: RankInfo, rk: _Rank, pattern: str) -> str | None:
+    """_symm_mem_reason, agreed by every rank (or some would wait in a collective the others skip)."""
+    torch, dist = rk.torch, rk.dist
+    reason = _symm_mem_reason(info, pattern, rk.dtype)
+    flag = torch.tensor([0 if reason else 1], dtype=torch.int32, device=rk.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    if reason is None and int(flag.item()) == 0:
+        reason = "another rank cannot use symmetric memory"
+    return reason
+
+
+def _overlap_rank(info: RankInfo, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Rank side of one measurement: the pattern's inputs and sequential reference, the GEMM and the collective
+    alone, then every planned method, timed and compared with the reference."""
+    rk = _Rank(info, cfg)
+    torch, cuda = rk.torch, rk.cuda
+    pattern = cfg["pattern"]
+    case = _PATTERN_CASES[pattern](rk, cfg["m"], cfg["n"], cfg["k"])
+
+    case.sequential()
+    if cuda:
+        torch.cuda.synchronize()
+    reference = case.out.clone()
+    warmup, iters = int(cfg["warmup"]), int(cfg["iters"])
+    t_gemm = time_iterations(case.gemm_alone, warmup=warmup, iters=iters, cuda=cuda)
+    t_comm = time_iterations(case.comm_alone, warmup=warmup, iters=iters, cuda=cuda)
+
+    def build(method: str, chunks: int) -> tuple[Run, Any]:
+        """(function, output tensor) of one method; raises _Unavailable with the reason."""
+        if method == "sequential":
+            return case.sequential, case.out
+        if method == "symm_mem":
+            return _build_symm_mem(pattern, case.a_local, case.weight)
+        return case.build(method, chunks)
+
+    entries = []
+    plan = _method_plan(cfg)
     for index, (method, chunks) in enumerate(plan):
         entry: dict[str, Any] = {"method": method, "chunks": chunks or None}
-        reason = _symm_mem_reason(info, pattern, dtype) if method == "symm_mem" else None
-        if method == "symm_mem":
-            # Every rank must agree, or some would wait in a collective the others skip.
-            flag = torch.tensor([0 if reason else 1], dtype=torch.int32, device=device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-            if reason is None and int(flag.item()) == 0:
-                reason = "another rank cannot use symmetric memory"
+        reason = _symm_mem_agreed(info, rk, pattern) if method == "symm_mem" else None
         fn = out = None
         if reason is None:
             try:
@@ -599,13 +701,13 @@ def _overlap_rank(info: RankInfo, cfg: dict[str, Any]) -> dict[str, Any]:
         )
         del got, ref
         entries.append(entry)
-        if r == 0:
+        if rk.r == 0:
             rank_progress(index + 1, len(plan), f"{pattern}: {method}{f' C={chunks}' if chunks else ''} done")
-    result = {"t_gemm_ms": t_gemm, "t_comm_ms": t_comm, "entries": entries, "comm_bytes": comm_bytes}
+    result = {"t_gemm_ms": t_gemm, "t_comm_ms": t_comm, "entries": entries, "comm_bytes": case.comm_bytes}
     if cfg.get("return_tensors"):  # for tests: the inputs and the reference, to check them independently
         result["tensors"] = {
-            "a": a_local.float().cpu(),
-            "weight": weight.float().cpu(),
+            "a": case.a_local.float().cpu(),
+            "weight": case.weight.float().cpu(),
             "reference": reference.float().cpu(),
         }
     return result
@@ -898,6 +1000,7 @@ def _measure(spec: OverlapSpec, backend: str, log_dir: Any, on_progress: Any) ->
 def run_overlap_benchmark(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
     spec = OverlapSpec.model_validate(spec_data)
     backend, why = prepare_overlap(spec)
+    confirm_dtype_runtime(spec.dtype)
     ctx.progress(0, None, f"starting {spec.world_size} ranks ({backend})")
     result = finite(_measure(spec, backend, ctx.log_path("rank0").parent, ctx.progress))
     result["backend_decision"] = why
@@ -1058,6 +1161,7 @@ def format_tune_table(results: list[dict[str, Any]], backend: str, prediction_no
 def run_overlap_tune(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
     spec = OverlapTuneSpec.model_validate(spec_data)
     backend, why, layer_specs, skipped = prepare_tune(spec)
+    confirm_dtype_runtime(spec.dtype)
     device = describe_device(backend)
     gpu, prediction_note = prediction_target(spec, device)
     results = []

@@ -9,6 +9,7 @@ from mcp.types import CallToolResult
 from pydantic import BaseModel, Field
 
 from servers.core.assemble import ServerPart, build_server
+from servers.core.dtypes import DtypeArg
 from servers.core.errors import InputError
 from servers.core.jobfiles import JobFiles, read_json
 from servers.core.jobs import JobKind
@@ -17,8 +18,19 @@ from servers.core.jobview import JobView
 from servers.core.mcp_layer import App, WaitS, agent_tool, in_thread, run_job, summarize_job, tool_result
 from servers.overlap.collectives import CollectiveSpec
 from servers.overlap.cost_model import OverlapPrediction
+from servers.overlap.distributed import BackendChoice, RankTimeoutS, WorldSize
 from servers.overlap.gemm import GemmBenchmarkSpec
-from servers.overlap.overlap_bench import OverlapLayer, OverlapSpec
+from servers.overlap.overlap_bench import (
+    ALL_METHODS,
+    Chunks,
+    Iters,
+    Methods,
+    OverlapLayer,
+    OverlapSpec,
+    Pattern,
+    Seed,
+    Warmup,
+)
 from servers.overlap.presets import PRESET_NAMES, ShapePreset
 
 NAME = "overlap"
@@ -58,21 +70,28 @@ JOB_KINDS = [
 ]
 
 
+# Arguments that several tools take, typed and described once (the run options come from overlap_bench, where the
+# job specs use them: benchmark_overlap and tune_overlap take the same).
+PatternArg = Annotated[
+    Pattern, Field(description="ag_gemm (AllGather+GEMM), gemm_rs (GEMM+ReduceScatter), gemm_ar (GEMM+AllReduce)")
+]
+SeqLen = Annotated[int, Field(ge=1, le=1 << 20, description="Preset sequence length")]
+MicroBatch = Annotated[int, Field(ge=1, le=4096, description="Preset micro-batch")]
+
+
 def register(server: MCPServer, app: App) -> None:
     @agent_tool(
         server, title="Benchmark a GEMM", read_only=False, destructive=False, idempotent=False, open_world=False
     )
     async def benchmark_gemm(
         ctx: Context,
-        spec: Annotated[GemmBenchmarkSpec, Field(description="The GEMM shape, dtype, device and iteration counts")],
+        spec: Annotated[GemmBenchmarkSpec, Field(description="Shape, dtype, device, iteration counts")],
         wait_s: WaitS = 20,
-        max_wall_s: Annotated[float, Field(gt=0, le=3600, description="Wall-time limit of the job")] = 600,
+        max_wall_s: Annotated[float, Field(gt=0, le=3600, description="Wall-time limit of the job, s")] = 600,
     ) -> Annotated[CallToolResult, JobView]:
-        """Time one GEMM (C = A @ B with A m x k, B k x n) with torch in a separate process: median, min, max and
-        percentiles over iters iterations after warm-up, TFLOP/s, and on a GPU the fraction of the catalog's
-        dense peak (CUDA events; optional L2 flush). Runs as a job: the result comes back if it ends within
-        wait_s, else the job handle (follow with wait_for_job). A few seconds for moderate shapes; on CPU the
-        timings check plumbing, not GPU performance."""
+        """Time one GEMM (A m x k @ B k x n) with torch: median/min/max/p10/p90 ms, TFLOP/s and, on a GPU, the
+        fraction of the catalog's dense peak. Use to measure a layer's GEMM or to calibrate predict_overlap. A job;
+        seconds for moderate shapes. On CPU the timings check plumbing, not GPU speed."""
         from servers.overlap.gemm import prepare_gemm
 
         await in_thread(prepare_gemm, spec)  # the same decision and messages as the job's own
@@ -124,31 +143,22 @@ def stored_results(app: App, kind: str, limit: int = 200) -> list[dict]:
 def register_model_tools(server: MCPServer, app: App) -> None:
     @agent_tool(server, title="Predict overlap", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def predict_overlap(
-        pattern: Annotated[
-            Literal["ag_gemm", "gemm_rs", "gemm_ar"],
-            Field(
-                description="ag_gemm: AllGather then "
-                "GEMM (QKV, MLP up); gemm_rs: GEMM then ReduceScatter (attention out, MLP down); "
-                "gemm_ar: GEMM then AllReduce"
-            ),
-        ],
+        pattern: PatternArg,
         m: Annotated[int, Field(ge=1, le=1 << 24, description="Global rows (tokens)")],
         n: Annotated[int, Field(ge=1, le=1 << 24, description="Global output columns")],
         k: Annotated[int, Field(ge=1, le=1 << 24, description="Global inner dimension")],
         world_size: Annotated[int, Field(ge=1, le=1024, description="Tensor-parallel degree")],
-        gpu: Annotated[str, Field(max_length=64, description="GPU name from the catalog, e.g. H100-SXM")] = "H100-SXM",
-        dtype: Annotated[Literal["fp32", "tf32", "bf16", "fp16", "fp8"], Field(description="GEMM input type")] = "bf16",
+        gpu: Annotated[str, Field(max_length=64, description="Catalog GPU name, e.g. H100-SXM")] = "H100-SXM",
+        dtype: DtypeArg = "bf16",
         interconnect: Annotated[
             Literal["nvlink", "pcie", "infiniband"] | None,
-            Field(description="Default: the GPU's own (NVLink or PCIe), InfiniBand beyond one NVLink domain"),
+            Field(description="Default: the GPU's own; infiniband beyond one NVLink domain"),
         ] = None,
         max_chunks: Annotated[int, Field(ge=1, le=256, description="Largest chunk count to consider")] = 16,
     ) -> Annotated[CallToolResult, PredictionResult]:
-        """Predict, without a GPU, one tensor-parallel GEMM with its collective: T_gemm (roofline from the GPU
-        catalog), T_comm (alpha-beta model with NCCL's ring constants), the sequential time, the best pipelined
-        overlap over chunk counts (by_chunks lists each), overlap efficiency E and speedup, and whether overlap is
-        worth it. When GEMM or collective benchmarks for the same GPU are stored, also a calibrated prediction;
-        otherwise uncalibrated_reason says what is stored and what would calibrate it."""
+        """Predict one TP GEMM with its collective, no GPU needed: T_gemm (roofline), T_comm (alpha-beta, NCCL
+        ring), sequential vs the best chunked overlap, efficiency E, speedup, worth_it; calibrated too when GEMM or
+        collective benchmarks of this GPU are stored (else uncalibrated_reason). Use before measuring. Instant."""
         from servers.overlap.cost_model import calibration_from_measurements, why_uncalibrated
         from servers.overlap.cost_model import predict_overlap as predict
 
@@ -202,19 +212,18 @@ def register_model_tools(server: MCPServer, app: App) -> None:
     )
     async def list_shape_presets(
         name: Annotated[
-            str | None, Field(max_length=64, description=f"One preset ({', '.join(PRESET_NAMES)}); default: all")
+            str | None, Field(max_length=64, description="One preset, e.g. llama3-8b; default: all of them")
         ] = None,
         seq_len: Annotated[int, Field(ge=1, le=1 << 20, description="Sequence length")] = 4096,
         micro_batch: Annotated[int, Field(ge=1, le=4096, description="Micro-batch size")] = 1,
         world_size: Annotated[
-            int | None,
-            Field(ge=1, le=1024, description="If given, list layers that do not split evenly across this TP degree"),
+            int | None, Field(ge=1, le=1024, description="List the layers that do not split across this TP degree")
         ] = None,
     ) -> Annotated[CallToolResult, PresetList]:
-        """Tensor-parallel GEMM shapes (QKV, attention output, MLP up/gate, MLP down; expert MLPs for MoE models) of
-        common models (Llama 3 8B/70B, Llama 3.1 405B, Qwen2.5 72B, Mixtral 8x7B, DeepSeek-V3) at seq_len x
-        micro_batch tokens, derived from their published configurations (each preset names its source), in the
-        Flux convention with the pattern of each layer. Instant."""
+        """TP GEMM shapes (QKV, attention out, MLP up/gate and down; MoE expert MLPs) of common models (Llama 3
+        8B/70B, 3.1 405B, Qwen2.5 72B, Mixtral 8x7B, DeepSeek-V3) at seq_len x micro_batch tokens, each layer with
+        its pattern, each preset with its source. Use to get shapes for predict_overlap, benchmark_overlap or
+        tune_overlap. Instant."""
         from servers.overlap.presets import get_preset, list_presets
 
         presets = [get_preset(name, seq_len, micro_batch)] if name else list_presets(seq_len, micro_batch)
@@ -233,14 +242,14 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
     )
     async def benchmark_collective(
         ctx: Context,
-        spec: Annotated[CollectiveSpec, Field(description="The collective, the size sweep, world size and backend")],
+        spec: Annotated[CollectiveSpec, Field(description="The collective, size sweep, dtype, ranks, backend")],
         wait_s: WaitS = 20,
-        max_wall_s: Annotated[float, Field(gt=0, le=4 * 3600, description="Wall-time limit of the job")] = 1800,
+        max_wall_s: Annotated[float, Field(gt=0, le=4 * 3600, description="Wall-time limit of the job, s")] = 1800,
     ) -> Annotated[CallToolResult, JobView]:
         """Time a collective (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast) over a size sweep on
-        world_size ranks (one process per GPU with nccl; processes with gloo on CPU), and return an
-        nccl-tests-compatible table: size, count, type, time, algbw, busbw (nccl-tests factors) and #wrong from a
-        real check of every element. Runs as a job (result within wait_s, else the handle). Seconds to minutes."""
+        world_size ranks (nccl on GPUs, gloo on CPU): an nccl-tests table (size, count, type, time, algbw, busbw,
+        #wrong from checking every element). Use to measure bus bandwidth or to calibrate predict_overlap. A job;
+        seconds to minutes."""
         from servers.overlap.collectives import prepare_collective
 
         # The job decides again with the same probe (servers/overlap/limits.py): the same backend, the same refusals.
@@ -261,49 +270,75 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
     )
     async def benchmark_overlap(
         ctx: Context,
-        spec: Annotated[
-            OverlapSpec,
-            Field(description="Pattern, global m/n/k (Flux convention), world size, dtype, methods and chunk counts"),
-        ],
-        preset: Annotated[
-            str | None,
-            Field(
-                max_length=64,
-                description="Take pattern and m/n/k from this preset (list_shape_presets) instead of spec",
-            ),
+        pattern: Annotated[
+            Pattern | None, Field(description="ag_gemm (AllGather+GEMM), gemm_rs, gemm_ar; default ag_gemm")
         ] = None,
-        layer: Annotated[str | None, Field(max_length=64, description="The preset's layer, e.g. mlp_up_gate")] = None,
-        seq_len: Annotated[int, Field(ge=1, le=1 << 20, description="Preset sequence length")] = 4096,
-        micro_batch: Annotated[int, Field(ge=1, le=4096, description="Preset micro-batch")] = 1,
+        m: Annotated[int | None, Field(ge=1, le=131072, description="Global M (Flux convention); default 4096")] = None,
+        n: Annotated[int | None, Field(ge=1, le=131072, description="Global N; default 4096")] = None,
+        k: Annotated[int | None, Field(ge=1, le=131072, description="Global K; default 4096")] = None,
+        preset: Annotated[
+            str | None, Field(max_length=64, description="Or the shape of a preset's layer (list_shape_presets)")
+        ] = None,
+        layer: Annotated[
+            str | None, Field(max_length=64, description="The preset's layer, e.g. mlp_up_gate; default its first")
+        ] = None,
+        seq_len: SeqLen = 4096,
+        micro_batch: MicroBatch = 1,
+        world_size: WorldSize = 2,
+        dtype: DtypeArg = "bf16",
+        methods: Methods = ALL_METHODS,  # a tuple: no shared mutable default
+        chunks: Chunks = (2, 4),
+        warmup: Warmup = 3,
+        iters: Iters = 10,
+        seed: Seed = 0,
+        backend: BackendChoice = "auto",
+        rank_timeout_s: RankTimeoutS = 900,
         wait_s: WaitS = 20,
-        max_wall_s: Annotated[float, Field(gt=0, le=4 * 3600, description="Wall-time limit of the job")] = 1800,
+        max_wall_s: Annotated[float, Field(gt=0, le=4 * 3600, description="Wall-time limit of the job, s")] = 1800,
     ) -> Annotated[CallToolResult, JobView]:
-        """Measure one tensor-parallel GEMM with its collective (ag_gemm, gemm_rs, gemm_ar): the sequential
-        baseline against chunked, ring and symm_mem overlap (symm_mem only on NVLink GPUs; otherwise it says so):
-        T_gemm, T_comm, T_sequential, T_overlap, exposed communication, efficiency E, speedup, TFLOP/s, busbw, and
-        each method's maximum difference from the sequential result; every row carries validity checks (rows whose
-        timings cannot be true are flagged with the reason and not scored) and the best valid, correct row is named
-        (or why there is none). Runs as a job. On CPU the timings check plumbing and correctness, not performance."""
-        if preset is None and (layer is not None or seq_len != 4096 or micro_batch != 1):
-            raise InputError("layer, seq_len and micro_batch shape a preset's layer; accepted with preset only")
-        if preset is not None:
+        """Measure one TP GEMM with its collective: sequential vs chunked, ring and symm_mem (NVLink only)
+        overlap. Returns T_gemm, T_comm, T_overlap, exposed comm, E, speedup, busbw, each method's error vs
+        sequential, validity checks and the best valid row. Shape: pattern/m/n/k or a preset's layer. A job; on CPU
+        it checks correctness, not speed."""
+        shape = {"pattern": pattern, "m": m, "n": n, "k": k}
+        if preset is None:
+            preset_only = {"layer": (layer, None), "seq_len": (seq_len, 4096), "micro_batch": (micro_batch, 1)}
+            given = [name for name, (value, default) in preset_only.items() if value != default]
+            if given:
+                raise InputError(
+                    f"{', '.join(given)}: {'is' if len(given) == 1 else 'are'} for a preset's layer (which one, how "
+                    "many tokens); accepted with preset only"
+                )
+            shape = {name: value for name, value in shape.items() if value is not None}  # OverlapSpec's defaults
+        else:
             from servers.overlap.presets import get_preset
 
-            clash = sorted({"pattern", "m", "n", "k"} & spec.model_fields_set)
+            clash = sorted(name for name, value in shape.items() if value is not None)
             if clash:
                 raise InputError(
-                    f"spec.{', spec.'.join(clash)}: a preset gives the pattern and m/n/k; accepted: a preset (and "
-                    "its layer) or the shape in spec, not both"
+                    f"{', '.join(clash)}: preset {preset!r} gives the pattern and m/n/k; accepted: a preset (and its "
+                    "layer) or the shape, not both"
                 )
             chosen = get_preset(preset, seq_len, micro_batch)
-            names = [shape.layer for shape in chosen.layers]
-            match = [shape for shape in chosen.layers if shape.layer == (layer or names[0])]
+            names = [s.layer for s in chosen.layers]
+            match = [s for s in chosen.layers if s.layer == (layer or names[0])]
             if not match:
-                raise InputError(f"preset {chosen.name} has no layer {layer!r}; its layers: {', '.join(names)}")
-            shape = match[0]
-            spec = spec.model_copy(update={"pattern": shape.pattern, "m": shape.m, "n": shape.n, "k": shape.k})
+                raise InputError(f"layer: preset {chosen.name} has no layer {layer!r}; accepted: {', '.join(names)}")
+            shape = {"pattern": match[0].pattern, "m": match[0].m, "n": match[0].n, "k": match[0].k}
         from servers.overlap.overlap_bench import prepare_overlap
 
+        spec = OverlapSpec(
+            **shape,
+            world_size=world_size,
+            dtype=dtype,
+            methods=list(methods),
+            chunks=list(chunks),
+            warmup=warmup,
+            iters=iters,
+            seed=seed,
+            backend=backend,
+            rank_timeout_s=rank_timeout_s,
+        )
         # The job decides again with the same probe (servers/overlap/limits.py): the same backend, the same refusals.
         _, why = await in_thread(prepare_overlap, spec)
         data = spec.model_dump(mode="json")
@@ -320,44 +355,32 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
         layers: Annotated[
             list[OverlapLayer] | None, Field(max_length=32, description="Or these layers (1 to 32)")
         ] = None,
-        seq_len: Annotated[int, Field(ge=1, le=1 << 20, description="Preset sequence length")] = 4096,
-        micro_batch: Annotated[int, Field(ge=1, le=4096, description="Preset micro-batch")] = 1,
-        world_size: Annotated[int, Field(ge=1, le=64, description="Tensor-parallel degree")] = 2,
-        dtype: Annotated[Literal["fp32", "bf16", "fp16", "fp8"], Field(description="Input dtype")] = "bf16",
-        methods: Annotated[
-            list[Literal["sequential", "chunked", "ring", "symm_mem"]],
-            Field(min_length=1, max_length=4, description="Methods to try"),
-        ] = ("sequential", "chunked", "ring", "symm_mem"),  # a tuple: no shared mutable default
-        chunks: Annotated[
-            list[Annotated[int, Field(ge=2, le=64)]],
-            Field(min_length=1, max_length=8, description="Chunk counts to try for the chunked method"),
-        ] = (2, 4, 8),
-        iters: Annotated[int, Field(ge=1, le=1000, description="Timed iterations per measurement")] = 10,
-        backend: Annotated[
-            Literal["auto", "gloo", "nccl"],
-            Field(description="auto: nccl when CUDA can use this machine's GPUs, else gloo"),
-        ] = "auto",
+        seq_len: SeqLen = 4096,
+        micro_batch: MicroBatch = 1,
+        world_size: WorldSize = 2,
+        dtype: DtypeArg = "bf16",
+        methods: Methods = ALL_METHODS,  # a tuple: no shared mutable default
+        chunks: Chunks = (2, 4, 8),
+        warmup: Warmup = 3,
+        iters: Iters = 10,
+        seed: Seed = 0,
+        backend: BackendChoice = "auto",
+        rank_timeout_s: RankTimeoutS = 900,
         predict_for_gpu: Annotated[
             str | None,
-            Field(
-                max_length=64,
-                description="Catalog GPU (e.g. H100-SXM) whose predict_overlap figures go next to the measurement. "
-                "Default: the measured GPU when the catalog has it; on CPU or an uncatalogued GPU, none (and why)",
-            ),
+            Field(max_length=64, description="Catalog GPU to predict for; default: the measured one, if catalogued"),
         ] = None,
         wait_s: WaitS = 20,
-        max_wall_s: Annotated[float, Field(gt=0, le=12 * 3600, description="Wall-time limit of the job")] = 3 * 3600,
+        max_wall_s: Annotated[float, Field(gt=0, le=12 * 3600, description="Wall-time limit of the job, s")] = 3 * 3600,
     ) -> Annotated[CallToolResult, JobView]:
-        """Sweep methods and chunk counts for each layer (a preset's TP layers or given ones) and return, per layer,
-        the best configuration (the fastest method whose output matches the sequential result and whose timings
-        pass the validity checks; none, with the reason, when no row is valid), the measured gain over sequential
-        next to predict_overlap's gain (for the measured GPU, or predict_for_gpu; otherwise the reason there is
-        none), a verdict, and a table. Rows with impossible timings are flagged and never scored. A job: long
-        sweeps return the handle; follow with wait_for_job."""
+        """Sweep methods x chunk counts for each layer (a preset's TP layers, or given ones): per layer the best
+        valid, correct configuration, its gain over sequential next to predict_overlap's (or why none), a verdict,
+        and a table. Use to decide overlap layer by layer. A job; minutes to hours (one benchmark_overlap run per
+        layer)."""
         from servers.overlap.overlap_bench import OverlapTuneSpec
 
         if (preset is None) == (layers is None):
-            raise InputError("give exactly one of preset or layers")
+            raise InputError("preset, layers: give exactly one of preset or layers")
         if layers is not None and not layers:
             raise InputError(
                 "layers: the list is empty; accepted: 1 to 32 layers, each {layer, pattern, m, n, k}, or a preset "
@@ -375,10 +398,13 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
             layers=layers,
             world_size=world_size,
             dtype=dtype,
-            methods=methods,
-            chunks=chunks,
+            methods=list(methods),
+            chunks=list(chunks),
+            warmup=warmup,
             iters=iters,
+            seed=seed,
             backend=backend,
+            rank_timeout_s=rank_timeout_s,
             predict_for_gpu=predict_for_gpu,
         )
         # The job decides again with the same probe (servers/overlap/limits.py): the same backend, the same refusals.
