@@ -1,8 +1,10 @@
 """A short smoke test for one NVIDIA GPU: GEMM timing, the project's timing loop, fp8, GEMM/copy overlap, NVML.
 
 Self-contained on purpose: it needs torch and nvidia-ml-py only (numpy and scipy are not used; mcp and pydantic are
-not needed), so it runs on a bare GPU machine without installing this project. It does not import the project's
-gemm benchmark (that module needs pydantic); section (b) copies its timing loop instead.
+not needed), so it runs from the checkout on a bare GPU machine without installing this project. Of the project it
+imports only servers/core/machine.py (standard library only), for NVML through nvml_session as every reader of NVML
+does; it does not import the project's gemm benchmark (that module needs pydantic): section (b) copies its timing
+loop instead.
 
 Sections, each reported in the JSON printed at the end:
   a) bare bf16 GEMM, 8192^3 by default: CUDA events around a batch of back-to-back torch.matmul calls, plus a
@@ -35,6 +37,9 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))  # servers.core.machine from the checkout, not an installed copy
 
 RTOL_BF16 = 2e-2  # max|out - ref| <= RTOL * max|ref| for bf16/fp8 GEMMs against a float32 product
 
@@ -251,9 +256,9 @@ def gemm_copy_overlap(torch: Any, size: int, copy_mib: int, reps: int) -> dict[s
     }
 
 
-# The validity rules of servers/overlap/validity.py, copied (this script imports nothing of the project): keep them
-# in step. Overlap hides the shorter part inside the longer one, never more; E above 1.05 is impossible; a spread
-# (p90 - p10) / median above 0.25 over the samples makes the median meaningless.
+# The validity rules of servers/overlap/validity.py, copied (of the project this script imports machine.py only):
+# keep them in step. Overlap hides the shorter part inside the longer one, never more; E above 1.05 is impossible; a
+# spread (p90 - p10) / median above 0.25 over the samples makes the median meaningless.
 REL_NOISE = 0.05
 ABS_NOISE_MS = 0.005
 E_MAX = 1.05
@@ -363,10 +368,11 @@ def nvml_read(pynvml: Any, handle: Any) -> dict[str, Any]:
 
 
 def nvml_section(torch: Any, size: int) -> dict[str, Any]:
-    import pynvml
+    # Standard library only (tests/test_startup_imports.py checks it imports without pydantic and mcp). Where NVML
+    # cannot start, NvmlUnavailable says why and the section reports it as its error.
+    from servers.core.machine import nvml_session
 
-    pynvml.nvmlInit()
-    try:
+    with nvml_session() as pynvml:
         handle = nvml_handle(pynvml, torch)
         idle = nvml_read(pynvml, handle)
         a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
@@ -388,8 +394,6 @@ def nvml_section(torch: Any, size: int) -> dict[str, Any]:
             "under_load": load,
             "passed": isinstance(idle["name"], str) and not idle["name"].startswith("unavailable"),
         }
-    finally:
-        pynvml.nvmlShutdown()
 
 
 # ---------------------------------------------------------------------------------------------------------------

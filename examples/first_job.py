@@ -56,9 +56,9 @@ async def main(args: argparse.Namespace) -> int:
         show("prompts", "\n".join(f"- {p.name}: {p.description}" for p in prompts))
 
         await call(client, "list_backends", {})
-        spec = {"m": args.m, "n": args.n, "k": args.k, "dtype": args.dtype, "iters": args.iters, "warmup": 3}
+        gemm = {"m": args.m, "n": args.n, "k": args.k, "dtype": args.dtype, "iters": args.iters, "warmup": 3}
         # wait_s=0: take the job handle at once and follow the job, as an agent does with long work
-        job = await call(client, "benchmark_gemm", {"spec": spec, "wait_s": 0})
+        job = await call(client, "benchmark_gemm", {**gemm, "wait_s": 0})
         job_id = job["job_id"]
 
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:

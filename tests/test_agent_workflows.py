@@ -5,7 +5,8 @@ tools/list alone: every name it uses must be listed there (nested ones too, and 
 object as <tool>'s <name>" against that tool's schema), every required one given, and the values must validate.
 Then the server must answer without an argument error. The workflows: node triage, a training job followed to its
 end with its logs, metrics and stragglers, a sweep, a scaling study, fleet network probes and the bandwidth check,
-and overlap prediction and tuning (README: "Training jobs", "Clusters", "Fleet health", "The experiment loop").
+and overlap prediction, GEMM and collective benchmarks and tuning (README: "Training jobs", "Clusters", "Fleet
+health", "The experiment loop"; the tune-tp-overlap prompt).
 """
 
 import math
@@ -195,6 +196,14 @@ async def test_fleet_and_overlap_workflows(agent: ScriptedAgent) -> None:
         "predict_overlap",
         {"pattern": "ag_gemm", "m": 8192, "n": 4096, "k": 4096, "world_size": 8, "gpu": "H100-SXM"},
     )
+    # The measurements of the tune-tp-overlap prompt, flat arguments as tools/list gives them, then the tuning.
+    gemm = await agent.call("benchmark_gemm", {"m": 64, "n": 64, "k": 64, "dtype": "fp32", "iters": 2, "wait_s": 0})
+    collective = await agent.call(
+        "benchmark_collective",
+        {"op": "all_gather", "sizes": [4096, 65536], "world_size": 2, "iters": 2, "warmup": 1, "wait_s": 0},
+    )
+    for job in (gemm, collective):
+        assert (await agent.finish(job["job_id"]))["job"]["state"] == "SUCCEEDED"
     tuned = await agent.call(
         "tune_overlap",
         {

@@ -116,7 +116,7 @@ async def test_gemm_benchmark_runs_as_a_job_on_cpu(suite_client: Client) -> None
     job = await call(
         suite_client,
         "benchmark_gemm",
-        {"spec": {"m": 64, "n": 32, "k": 16, "dtype": "fp32", "iters": 3, "warmup": 1}, "wait_s": 45},
+        {"m": 64, "n": 32, "k": 16, "dtype": "fp32", "iters": 3, "warmup": 1, "wait_s": 45},
     )
     assert job["state"] == "SUCCEEDED", job["reason"]
     result = job["result"]
@@ -134,9 +134,7 @@ async def test_gemm_benchmark_asking_for_cuda_here_fails_clearly(suite_client: C
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     # Refused before any job starts, with the same words the worker would use (one probe of the machine).
-    result = await suite_client.call_tool(
-        "benchmark_gemm", {"spec": {"m": 8, "n": 8, "k": 8, "device": "cuda"}, "wait_s": 45}
-    )
+    result = await suite_client.call_tool("benchmark_gemm", {"m": 8, "n": 8, "k": 8, "device": "cuda", "wait_s": 45})
     assert result.is_error and "device 'cuda' cannot run here" in result.content[0].text
     assert (await call(suite_client, "list_jobs", {}))["total"] == 0
 

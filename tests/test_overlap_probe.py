@@ -141,11 +141,11 @@ async def test_nccl_is_refused_alike_by_the_server_and_the_worker(
     assert said == worker_error(run_overlap_benchmark, spec, tmp_path)
     assert said.startswith("backend 'nccl' cannot run here: NVML sees 2 GPU(s) but this torch 2.13.0+cpu")
     collective = {"op": "all_reduce", "min_bytes": 1024, "max_bytes": 1024, "world_size": 2, "backend": "nccl"}
-    assert await server_error(suite_client, "benchmark_collective", {"spec": collective}) == worker_error(
+    assert await server_error(suite_client, "benchmark_collective", collective) == worker_error(
         run_collective_benchmark, collective, tmp_path
     )
     gemm = {"m": 64, "n": 64, "k": 64, "dtype": "fp32", "device": "cuda"}
-    said = await server_error(suite_client, "benchmark_gemm", {"spec": gemm})
+    said = await server_error(suite_client, "benchmark_gemm", gemm)
     assert said == worker_error(run_gemm_benchmark, gemm, tmp_path)
     assert said.startswith("device 'cuda' cannot run here: NVML sees 2 GPU(s)")
     tune = {"layers": [{"layer": "up", **{k: SMALL[k] for k in ("pattern", "m", "n", "k")}}], "backend": "nccl"}

@@ -3,7 +3,12 @@ real multi-process collective, overlap and tuning jobs with gloo on CPU; bad inp
 
 import pytest
 from mcp import Client
+from pydantic import BaseModel
 
+from servers.core.mcp_layer import App, StrictArguments
+from servers.overlap.collectives import CollectiveSpec
+from servers.overlap.gemm import GemmBenchmarkSpec
+from servers.overlap.server import create_server
 from tests.helpers import call_error as error
 from tests.helpers import call_ok as ok
 
@@ -67,15 +72,13 @@ async def test_collective_benchmark_with_gloo(suite_client: Client) -> None:
         suite_client,
         "benchmark_collective",
         {
-            "spec": {
-                "op": "all_reduce",
-                "min_bytes": 1024,
-                "max_bytes": 4096,
-                "world_size": 2,
-                "backend": "gloo",
-                "warmup": 1,
-                "iters": 2,
-            },
+            "op": "all_reduce",
+            "min_bytes": 1024,
+            "max_bytes": 4096,
+            "world_size": 2,
+            "backend": "gloo",
+            "warmup": 1,
+            "iters": 2,
             "wait_s": 45,
         },
     )
@@ -172,7 +175,7 @@ async def test_overlap_bad_inputs_are_refused_before_any_job(suite_client: Clien
     assert "needs" in await error(
         suite_client,
         "benchmark_gemm",
-        {"spec": {"m": 131072, "n": 131072, "k": 131072, "dtype": "fp32", "device": "cpu"}},
+        {"m": 131072, "n": 131072, "k": 131072, "dtype": "fp32", "device": "cpu"},
     )
     shapeless = {"world_size": 2, "backend": "gloo"}
     no_layer = await error(suite_client, "benchmark_overlap", {**shapeless, "preset": "llama3-8b", "layer": "lm_head"})
@@ -186,13 +189,40 @@ async def test_overlap_bad_inputs_are_refused_before_any_job(suite_client: Clien
     assert one.endswith("seq_len: is for a preset's layer (which one, how many tokens); accepted with preset only")
     two = await error(suite_client, "benchmark_overlap", {**small, "layer": "qkv", "micro_batch": 2})
     assert "layer, micro_batch: are for a preset's layer" in two
-    assert "tf32 is fp32 data" in await error(suite_client, "benchmark_collective", {"spec": {"dtype": "tf32"}})
-    fp8_sum = await error(suite_client, "benchmark_collective", {"spec": {"dtype": "fp8", "op": "reduce_scatter"}})
+    assert "tf32 is fp32 data" in await error(suite_client, "benchmark_collective", {"dtype": "tf32"})
+    fp8_sum = await error(suite_client, "benchmark_collective", {"dtype": "fp8", "op": "reduce_scatter"})
     assert "dtype: fp8 cannot be reduced (reduce_scatter)" in fp8_sum and "all_gather" in fp8_sum
+    sweep = await error(suite_client, "benchmark_collective", {"min_bytes": 4096, "max_bytes": 1024})
+    assert sweep.endswith(
+        "min_bytes, max_bytes: min_bytes 4096 is larger than max_bytes 1024; accepted: min_bytes <= max_bytes, or "
+        "sizes instead"
+    )
+    assert "m: required argument missing" in await error(suite_client, "benchmark_gemm", {"n": 8, "k": 8})
     assert "exactly one of preset or layers" in await error(suite_client, "tune_overlap", {})
     from servers.overlap.limits import gpus_present
 
     if gpus_present() == 0:
-        assert "no" in await error(suite_client, "benchmark_collective", {"spec": {"backend": "nccl"}})
+        assert "no" in await error(suite_client, "benchmark_collective", {"backend": "nccl"})
     jobs = await ok(suite_client, "list_jobs", {})
     assert jobs["total"] == 0  # nothing was started
+
+
+@pytest.mark.parametrize(
+    ("tool", "model"), [("benchmark_gemm", GemmBenchmarkSpec), ("benchmark_collective", CollectiveSpec)]
+)
+async def test_flat_benchmark_arguments_are_the_job_specs_fields(app: App, tool: str, model: type[BaseModel]) -> None:
+    """The job's stored spec stays the model; the tool takes its fields flat: the same names, types, bounds,
+    descriptions and defaults."""
+    found = create_server(app)._tool_manager.get_tool(tool)
+    assert found is not None and isinstance(found.fn_metadata, StrictArguments)
+    found.fn_metadata.ensure_built()
+    arguments = found.fn_metadata.arg_model.model_fields
+    assert [name for name in arguments if name not in ("wait_s", "max_wall_s")] == list(model.model_fields)
+    for name, field in model.model_fields.items():
+        argument = arguments[name]
+        assert (argument.annotation, argument.metadata, argument.description) == (
+            field.annotation,
+            field.metadata,
+            field.description,
+        ), name
+        assert (argument.is_required(), argument.default) == (field.is_required(), field.default), name

@@ -81,3 +81,20 @@ def test_cli_import_does_not_import_mcp(tmp_path: Path) -> None:
     )
     loaded = run_python(code, home=tmp_path / "state")
     assert not loaded, f"importing servers.cli imported {loaded}; --version should not pay for the MCP SDK"
+
+
+@pytest.mark.timeout(120)
+def test_gpu_smoke_reaches_nvml_without_pydantic_or_mcp(tmp_path: Path) -> None:
+    """benchmarks/gpu_smoke.py runs on a GPU machine that has torch and nvidia-ml-py but not mcp or pydantic, and
+    opens NVML with servers.core.machine.nvml_session: that module must import with neither installed."""
+    code = (
+        "import json, sys\n"
+        "for name in ('pydantic', 'pydantic_core', 'mcp'):\n"
+        "    sys.modules[name] = None  # as if not installed: importing them raises ImportError\n"
+        "sys.path.insert(0, 'benchmarks')\n"
+        "import gpu_smoke\n"
+        "from servers.core.machine import NvmlUnavailable, nvml_session\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('servers'))))"
+    )
+    loaded = run_python(code, home=tmp_path / "state")
+    assert "servers.core.machine" in loaded

@@ -42,29 +42,51 @@ _REDUCING_OPS = ("all_reduce", "reduce_scatter")
 MAX_SIZES = 64
 
 
-class CollectiveSpec(BaseModel):
-    op: CollectiveOp = Field(default="all_reduce", description="The collective to time")
-    min_bytes: int = Field(default=1024, ge=1, le=2**36, description="Smallest message in bytes (nccl-tests -b)")
-    max_bytes: int = Field(default=16 * 2**20, ge=1, le=2**36, description="Largest message in bytes (nccl-tests -e)")
-    factor: int = Field(default=2, ge=2, le=1024, description="Multiply the size by this between rows (nccl-tests -f)")
-    sizes: list[Annotated[int, Field(ge=1, le=2**36)]] | None = Field(
-        default=None,
+# The fields of the job's spec, typed and described once: benchmark_collective takes them as flat arguments.
+OpArg = Annotated[CollectiveOp, Field(description="The collective to time")]
+MinBytes = Annotated[int, Field(ge=1, le=2**36, description="Smallest message in bytes (nccl-tests -b)")]
+MaxBytes = Annotated[int, Field(ge=1, le=2**36, description="Largest message in bytes (nccl-tests -e)")]
+SizeFactor = Annotated[int, Field(ge=2, le=1024, description="Multiply the size by this between rows (nccl-tests -f)")]
+Sizes = Annotated[
+    list[Annotated[int, Field(ge=1, le=2**36)]] | None,
+    Field(
         min_length=1,
         max_length=MAX_SIZES,
         description="Explicit sizes in bytes; override min_bytes, max_bytes and factor",
-    )
-    dtype: Dtype = Field(default="fp32", description="Buffer type; fp8 (e4m3) only for ops that do not reduce")
+    ),
+]
+BufferDtype = Annotated[Dtype, Field(description="Buffer type; fp8 (e4m3) only for ops that do not reduce")]
+CollectiveWarmup = Annotated[int, Field(ge=0, le=1000, description="Untimed calls per size first")]
+CollectiveIters = Annotated[int, Field(ge=1, le=10000, description="Timed calls per size")]
+Check = Annotated[bool, Field(description="Verify every output element against the expected values")]
+
+
+def sizes_problem(min_bytes: int, max_bytes: int, sizes: list[int] | None) -> str | None:
+    """What is wrong with a size sweep that each field alone allows (the spec and benchmark_collective say it)."""
+    if sizes is None and min_bytes > max_bytes:
+        return f"min_bytes {min_bytes} is larger than max_bytes {max_bytes}"
+    return None
+
+
+class CollectiveSpec(BaseModel):
+    op: OpArg = "all_reduce"
+    min_bytes: MinBytes = 1024
+    max_bytes: MaxBytes = 16 * 2**20
+    factor: SizeFactor = 2
+    sizes: Sizes = None
+    dtype: BufferDtype = "fp32"
     world_size: WorldSize = 2
     backend: BackendChoice = "auto"
-    warmup: int = Field(default=5, ge=0, le=1000, description="Untimed calls per size first")
-    iters: int = Field(default=20, ge=1, le=10000, description="Timed calls per size")
-    check: bool = Field(default=True, description="Verify every output element against the expected values")
+    warmup: CollectiveWarmup = 5
+    iters: CollectiveIters = 20
+    check: Check = True
     rank_timeout_s: RankTimeoutS = 600
 
     @model_validator(mode="after")
     def _sizes_valid(self) -> CollectiveSpec:
-        if self.sizes is None and self.min_bytes > self.max_bytes:
-            raise ValueError(f"min_bytes {self.min_bytes} is larger than max_bytes {self.max_bytes}")
+        problem = sizes_problem(self.min_bytes, self.max_bytes, self.sizes)
+        if problem:
+            raise ValueError(problem)
         return self
 
     def byte_sizes(self) -> list[int]:

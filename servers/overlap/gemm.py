@@ -8,26 +8,34 @@ such timings check the plumbing, not GPU performance.
 
 import statistics
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
 from servers.core.dtypes import ELEMENT_BYTES, GEMM_OUTPUT_BYTES, Dtype, DtypeArg
 from servers.overlap.limits import MachineProbe, check_dtype, check_memory, probe_machine, resolve_device
 
+# The fields of the job's spec, typed and described once: benchmark_gemm takes them as flat arguments.
+GemmM = Annotated[int, Field(ge=1, le=131072, description="Rows of A and C")]
+GemmN = Annotated[int, Field(ge=1, le=131072, description="Columns of B and C")]
+GemmK = Annotated[int, Field(ge=1, le=131072, description="Inner dimension")]
+GemmDevice = Annotated[Literal["auto", "cpu", "cuda"], Field(description="auto: cuda when present, else cpu")]
+GemmWarmup = Annotated[int, Field(ge=0, le=1000, description="Untimed iterations first")]
+GemmIters = Annotated[int, Field(ge=1, le=10000, description="Timed iterations")]
+FlushL2 = Annotated[
+    bool, Field(description="GPU: overwrite a buffer larger than L2 before each iteration (inputs from HBM)")
+]
+
 
 class GemmBenchmarkSpec(BaseModel):
-    m: int = Field(ge=1, le=131072, description="Rows of A and C")
-    n: int = Field(ge=1, le=131072, description="Columns of B and C")
-    k: int = Field(ge=1, le=131072, description="Inner dimension")
+    m: GemmM
+    n: GemmN
+    k: GemmK
     dtype: DtypeArg = "bf16"
-    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto: cuda when present, else cpu")
-    warmup: int = Field(default=5, ge=0, le=1000, description="Untimed iterations first")
-    iters: int = Field(default=20, ge=1, le=10000, description="Timed iterations")
-    flush_l2: bool = Field(
-        default=False,
-        description="GPU: overwrite a buffer larger than L2 before each iteration (inputs from HBM)",
-    )
+    device: GemmDevice = "auto"
+    warmup: GemmWarmup = 5
+    iters: GemmIters = 20
+    flush_l2: FlushL2 = False
 
 
 class GemmBenchmarkResult(BaseModel):

@@ -16,10 +16,22 @@ from servers.core.jobs import JobKind
 from servers.core.jobstore import JobState
 from servers.core.jobview import JobView
 from servers.core.mcp_layer import App, WaitS, agent_tool, in_thread, run_job, summarize_job, tool_result
-from servers.overlap.collectives import CollectiveSpec
+from servers.overlap.collectives import (
+    BufferDtype,
+    Check,
+    CollectiveIters,
+    CollectiveSpec,
+    CollectiveWarmup,
+    MaxBytes,
+    MinBytes,
+    OpArg,
+    SizeFactor,
+    Sizes,
+    sizes_problem,
+)
 from servers.overlap.cost_model import OverlapPrediction
 from servers.overlap.distributed import BackendChoice, RankTimeoutS, WorldSize
-from servers.overlap.gemm import GemmBenchmarkSpec
+from servers.overlap.gemm import FlushL2, GemmBenchmarkSpec, GemmDevice, GemmIters, GemmK, GemmM, GemmN, GemmWarmup
 from servers.overlap.overlap_bench import (
     ALL_METHODS,
     Chunks,
@@ -85,7 +97,14 @@ def register(server: MCPServer, app: App) -> None:
     )
     async def benchmark_gemm(
         ctx: Context,
-        spec: Annotated[GemmBenchmarkSpec, Field(description="Shape, dtype, device, iteration counts")],
+        m: GemmM,
+        n: GemmN,
+        k: GemmK,
+        dtype: DtypeArg = "bf16",
+        device: GemmDevice = "auto",
+        warmup: GemmWarmup = 5,
+        iters: GemmIters = 20,
+        flush_l2: FlushL2 = False,
         wait_s: WaitS = 20,
         max_wall_s: Annotated[float, Field(gt=0, le=3600, description="Wall-time limit of the job, s")] = 600,
     ) -> Annotated[CallToolResult, JobView]:
@@ -94,6 +113,9 @@ def register(server: MCPServer, app: App) -> None:
         seconds for moderate shapes. On CPU the timings check plumbing, not GPU speed."""
         from servers.overlap.gemm import prepare_gemm
 
+        spec = GemmBenchmarkSpec(
+            m=m, n=n, k=k, dtype=dtype, device=device, warmup=warmup, iters=iters, flush_l2=flush_l2
+        )  # the job's spec: the same fields, stored as today
         await in_thread(prepare_gemm, spec)  # the same decision and messages as the job's own
         view = await run_job(
             app, "gemm_benchmark", spec.model_dump(mode="json"), wait_s=wait_s, ctx=ctx, timeout_s=max_wall_s
@@ -242,7 +264,18 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
     )
     async def benchmark_collective(
         ctx: Context,
-        spec: Annotated[CollectiveSpec, Field(description="The collective, size sweep, dtype, ranks, backend")],
+        op: OpArg = "all_reduce",
+        min_bytes: MinBytes = 1024,
+        max_bytes: MaxBytes = 16 * 2**20,
+        factor: SizeFactor = 2,
+        sizes: Sizes = None,
+        dtype: BufferDtype = "fp32",
+        world_size: WorldSize = 2,
+        backend: BackendChoice = "auto",
+        warmup: CollectiveWarmup = 5,
+        iters: CollectiveIters = 20,
+        check: Check = True,
+        rank_timeout_s: RankTimeoutS = 600,
         wait_s: WaitS = 20,
         max_wall_s: Annotated[float, Field(gt=0, le=4 * 3600, description="Wall-time limit of the job, s")] = 1800,
     ) -> Annotated[CallToolResult, JobView]:
@@ -252,6 +285,23 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
         seconds to minutes."""
         from servers.overlap.collectives import prepare_collective
 
+        problem = sizes_problem(min_bytes, max_bytes, sizes)
+        if problem:
+            raise InputError(f"min_bytes, max_bytes: {problem}; accepted: min_bytes <= max_bytes, or sizes instead")
+        spec = CollectiveSpec(
+            op=op,
+            min_bytes=min_bytes,
+            max_bytes=max_bytes,
+            factor=factor,
+            sizes=sizes,
+            dtype=dtype,
+            world_size=world_size,
+            backend=backend,
+            warmup=warmup,
+            iters=iters,
+            check=check,
+            rank_timeout_s=rank_timeout_s,
+        )  # the job's spec: the same fields, stored as today
         # The job decides again with the same probe (servers/overlap/limits.py): the same backend, the same refusals.
         backend, why, _ = await in_thread(prepare_collective, spec)
         data = spec.model_dump(mode="json")
