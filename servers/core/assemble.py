@@ -31,7 +31,7 @@ class ServerPart:
 def build_server(name: str, instructions: str, parts: Sequence[ServerPart], app: App | None = None) -> MCPServer:
     """One MCPServer carrying `parts`, the job tools once if any part starts jobs, the resources and prompts."""
     app = app or App(owner=name)
-    server = new_server(name, instructions, app)
+    server = new_server(name, instructions, app, serves_jobs=any(part.starts_jobs for part in parts))
     cache = toolcache.attach(server, app.settings.home / "cache")
     for part in parts:
         for kind in part.job_kinds:

@@ -136,8 +136,15 @@ class _Server(MCPServer):
         return await super().get_prompt(name, arguments, context)
 
 
-def new_server(name: str, instructions: str, app: App) -> MCPServer:
-    """An MCPServer that reconciles the job table when it starts."""
+def new_server(name: str, instructions: str, app: App, *, serves_jobs: bool = False) -> MCPServer:
+    """An MCPServer that reconciles the job table when it starts. One that `serves_jobs` also offers the MCP tasks
+    extension and subscriptions to its jobs' resources (servers.core.tasks): a client that declares neither sees
+    no difference."""
+    features = None
+    if serves_jobs:
+        from servers.core.tasks import JobFeatures
+
+        features = JobFeatures(app)
 
     @asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncIterator[dict[str, Any]]:
@@ -145,9 +152,23 @@ def new_server(name: str, instructions: str, app: App) -> MCPServer:
             await anyio.to_thread.run_sync(app.reconcile)
         except Exception:  # never let the job table keep the server (and its tools that need no jobs) down
             log.exception("reconciling the jobs at start failed; the server serves on")
-        yield {}
+        if features is None:
+            yield {}
+            return
+        async with features.running():
+            yield {}
 
-    return _Server(f"llm-infra-{name}", version=__version__, instructions=instructions, lifespan=lifespan)
+    server = _Server(
+        f"llm-infra-{name}",
+        version=__version__,
+        instructions=instructions,
+        lifespan=lifespan,
+        extensions=[features.extension] if features else None,
+        subscriptions=features.bus if features else None,
+    )
+    if features is not None:
+        features.install(server)
+    return server
 
 
 def png_content(png: bytes) -> ImageContent:
