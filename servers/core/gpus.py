@@ -13,7 +13,6 @@ from functools import lru_cache
 from typing import Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     PositiveFloat,
@@ -24,6 +23,7 @@ from pydantic import (
 
 from servers.core.dtypes import DTYPES, Dtype
 from servers.core.errors import InputError
+from servers.core.models import Model
 from servers.core.paths import resources_dir
 
 CATALOG_FILE = "gpus.json"
@@ -53,7 +53,7 @@ _SEPARATORS = re.compile(r"[\s\-_]+")
 _MODEL_TOKEN = re.compile(r"[a-z]*\d+")
 
 
-class GpuSource(BaseModel):
+class GpuSource(Model):
     """Where one figure (or group of figures) in an entry comes from."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -62,7 +62,7 @@ class GpuSource(BaseModel):
     source: str = Field(min_length=1, description="datasheet name and URL, or the project reference note")
 
 
-class GpuSpec(BaseModel):
+class GpuSpec(Model):
     """One GPU's peak figures. Tensor throughputs are dense (no 2:4 sparsity), in TFLOP/s; None means no such peak."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -115,7 +115,7 @@ class GpuSpec(BaseModel):
         return [d for d in DTYPES if getattr(self, f"{d}_tflops") is not None]
 
 
-class GpuCatalog(BaseModel):
+class GpuCatalog(Model):
     """The whole gpus.json document."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -41,6 +40,7 @@ from servers.core.db import notices, record_event
 from servers.core.errors import InputError, NotFoundError, QuotaError
 from servers.core.jobfiles import BadJobFileError, JobFiles, atomic_write_json, load_json, worker_error
 from servers.core.jobstore import ACTIVE_STATES, JobPage, JobRecord, JobState, JobStore
+from servers.core.models import Model
 from servers.core.procs import ProcessIdentity, boot_id, process_start_time, terminate_group
 from servers.core.settings import Settings
 from servers.core.supervisor import child_command
@@ -85,7 +85,7 @@ Number = Annotated[float, BeforeValidator(_number)]
 Text = Annotated[StrictStr, BeforeValidator(lambda v: v[:4000] if isinstance(v, str) else v)]
 
 
-class ExitRecord(BaseModel):
+class ExitRecord(Model):
     """exit.json, as the supervisor writes it; anything else in its place is not believed."""
 
     model_config = ConfigDict(extra="ignore")
@@ -103,7 +103,7 @@ class ExitRecord(BaseModel):
         return state
 
 
-class Descriptor(BaseModel):
+class Descriptor(Model):
     """job.json, read back when a job's row has to be rebuilt from its folder."""
 
     model_config = ConfigDict(extra="ignore")
@@ -116,7 +116,7 @@ class Descriptor(BaseModel):
     owner: StrictStr = "unknown"
 
 
-class Identity(BaseModel):
+class Identity(Model):
     """supervisor.json: the supervisor's own pid and start time, and its worker's."""
 
     model_config = ConfigDict(extra="ignore")

@@ -18,9 +18,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from servers.core.db import BUSY_TIMEOUT_S, SCHEMA_VERSION, as_state_error, connect, initialise
+from servers.core.models import Model
 
 
 class JobState(str, Enum):
@@ -67,7 +68,7 @@ CREATE INDEX IF NOT EXISTS jobs_kind_created ON jobs(kind, created_at);
 """
 
 
-class JobRecord(BaseModel):
+class JobRecord(Model):
     """One row of the job table."""
 
     id: str
@@ -106,7 +107,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-class JobPage(BaseModel):
+class JobPage(Model):
     jobs: list[JobRecord]
     total: int = Field(description="Jobs matching the filter, all pages together")
 

@@ -13,11 +13,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
 
 from servers.core.errors import InputError, NotFoundError
 from servers.core.jobfiles import MAIN_PROCESS, BadJobFileError, JobFiles, load_json, open_regular
 from servers.core.jobstore import JobRecord, JobState
+from servers.core.models import Model
 
 RESULT_INLINE_LIMIT = 256 * 1024  # bytes of result.json shown inline; larger results are read as a resource
 _PROGRESS_LIMIT = 64 * 1024
@@ -28,19 +29,19 @@ def iso(ts: float | None) -> str | None:
     return None if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds")
 
 
-class Progress(BaseModel):
+class Progress(Model):
     done: float = Field(description="Work done so far, in the unit of total")
     total: float | None = Field(default=None, description="Work in all, when known")
     message: str | None = None
     updated_at: str | None = Field(default=None, description="When the job last reported progress (UTC)")
 
 
-class LogInfo(BaseModel):
+class LogInfo(Model):
     process: str = Field(description="Name to pass to read_job_logs")
     size_bytes: int
 
 
-class JobView(BaseModel):
+class JobView(Model):
     """A job as the tools show it."""
 
     job_id: str
@@ -83,7 +84,7 @@ def _short_text(value: Any) -> Any:
     return value
 
 
-class _ProgressFile(BaseModel):
+class _ProgressFile(Model):
     """progress.json as JobContext.progress writes it."""
 
     model_config = ConfigDict(extra="ignore")
@@ -203,7 +204,7 @@ def job_view(record: JobRecord) -> JobView:
     )
 
 
-class LogChunk(BaseModel):
+class LogChunk(Model):
     job_id: str
     process: str
     offset: int = Field(description="Byte offset this chunk starts at")
@@ -273,7 +274,7 @@ def _trim_partial_utf8(data: bytes) -> bytes:
     return data
 
 
-class MetricsPage(BaseModel):
+class MetricsPage(Model):
     job_id: str
     rows: list[dict[str, Any]] = Field(description="One dict per metrics line: step, time and the values")
     last_step: int | None = Field(description="Largest step among the rows returned; pass as since_step to read on")

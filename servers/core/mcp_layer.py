@@ -46,6 +46,7 @@ from servers.core.errors import (
 from servers.core.jobs import JOB_ID_PATTERN, Admit, JobEngine, JobKind
 from servers.core.jobstore import JobState
 from servers.core.jobview import JobView, LogChunk, MetricsPage, job_view, read_log_chunk, read_metrics
+from servers.core.models import Model
 from servers.core.schemas import description_text, published_input, published_output
 from servers.core.settings import Settings
 
@@ -539,7 +540,7 @@ WaitS = Annotated[
 ]
 
 
-class JobList(BaseModel):
+class JobList(Model):
     jobs: list[JobView]
     total: int = Field(description="Jobs matching the filter, all pages together")
     next_offset: int | None = Field(description="Offset of the next page, or null on the last page")
@@ -553,7 +554,7 @@ class JobList(BaseModel):
 SWEEP_ID = r"^sweep-[0-9a-f]{16}$"
 
 
-class SweepRunState(BaseModel):
+class SweepRunState(Model):
     job_id: str
     index: int | None
     state: JobState
@@ -561,7 +562,7 @@ class SweepRunState(BaseModel):
     elapsed_s: float | None = None
 
 
-class SweepStatus(BaseModel):
+class SweepStatus(Model):
     sweep_id: str
     runs: int = Field(description="Jobs of the sweep")
     finished: int = Field(description="Runs that have ended (any final state)")
@@ -569,7 +570,7 @@ class SweepStatus(BaseModel):
     jobs: list[SweepRunState] = Field(description="Each run, in run order")
 
 
-class JobWait(BaseModel):
+class JobWait(Model):
     job: JobView | None = Field(default=None, description="The job waited for (absent when a sweep was)")
     sweep: SweepStatus | None = Field(default=None, description="The sweep waited for, when job_id named one")
     waited_s: float

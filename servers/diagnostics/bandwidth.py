@@ -33,9 +33,10 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
 from servers.core.errors import InputError
+from servers.core.models import Model
 
 PROBE_SCRIPT = Path(__file__).resolve().with_name("bandwidth_probe.py")
 MAX_NODES = 64
@@ -49,7 +50,7 @@ NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 Status = Literal["PASS", "DEGRADED", "FAIL", "UNKNOWN"]
 
 
-class BandwidthCheckSpec(BaseModel):
+class BandwidthCheckSpec(Model):
     mode: Literal["node", "pairwise", "all"] = Field(default="node", description="What each probe spans")
     backend: Literal["local", "slurm"] = Field(default="local", description="local: this node; slurm: the cluster")
     nodes: list[str] | None = Field(
@@ -99,7 +100,7 @@ class BandwidthCheckSpec(BaseModel):
         return self
 
 
-class ProbeResult(BaseModel):
+class ProbeResult(Model):
     nodes: list[str] = Field(description="The nodes the probe spanned (one: a node check; two: a pair)")
     state: str = Field(description="SUCCEEDED, or how the probe's job ended")
     busbw_gbps: float | None = Field(default=None, description="The best bus bandwidth over the probe's rows")
@@ -114,7 +115,7 @@ class ProbeResult(BaseModel):
     reason: str | None = Field(default=None, description="Why the probe has no measurement")
 
 
-class BandwidthReport(BaseModel):
+class BandwidthReport(Model):
     mode: str
     backend: str
     op: str

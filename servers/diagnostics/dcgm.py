@@ -25,9 +25,10 @@ import subprocess
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from servers.core.errors import InputError
+from servers.core.models import Model
 from servers.diagnostics.bounds import MAX_LINE_TEXT, MAX_NOTES, cap_notes, clip, clip_str, fit, pick, safe_int, scaled
 
 Status = Literal["pass", "fail", "warn", "skip"]
@@ -155,7 +156,7 @@ ERROR_NAMES = {
 }
 
 
-class DcgmWarning(BaseModel):
+class DcgmWarning(Model):
     text: str
     error_id: int | None = Field(default=None, description="DCGM_FR_* code")
     error_name: str | None = Field(default=None, description="DCGM_FR_* name, where known")
@@ -165,7 +166,7 @@ class DcgmWarning(BaseModel):
     error_severity_name: str | None = None
 
 
-class DcgmResult(BaseModel):
+class DcgmResult(Model):
     """One result of one test: for one GPU (or, for 3.x software tests, for several GPUs at once)."""
 
     category: str | None = None
@@ -180,7 +181,7 @@ class DcgmResult(BaseModel):
     info_omitted: int = 0
 
 
-class DcgmTest(BaseModel):
+class DcgmTest(Model):
     category: str | None = None
     name: str
     status: Status = Field(description="worst of the test's results (and of its summary, in 4.x)")
@@ -189,7 +190,7 @@ class DcgmTest(BaseModel):
     results: int = Field(description="number of results")
 
 
-class DcgmGpuSummary(BaseModel):
+class DcgmGpuSummary(Model):
     gpu_id: int
     status: Status
     failed_tests: list[str] = Field(default_factory=list)
@@ -199,7 +200,7 @@ class DcgmGpuSummary(BaseModel):
     serial: str | None = None
 
 
-class DcgmDiagReport(BaseModel):
+class DcgmDiagReport(Model):
     layout: Literal["3.x", "4.x"]
     dcgm_version: str | None = None
     driver_version: str | None = None

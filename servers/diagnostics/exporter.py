@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import anyio
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from servers.core.errors import InputError
+from servers.core.models import Model
 from servers.core.settings import ENV_PREFIX
 from servers.diagnostics.bounds import MAX_NOTES, MAX_STR, cap_notes, clip, clip_str, fit, pick, scaled
 from servers.diagnostics.health import evaluate
@@ -35,7 +36,7 @@ MAX_METRIC_NAME = 128
 PROMETHEUS_TYPES = ("text/plain", "application/openmetrics-text")
 
 
-class Sample(BaseModel):
+class Sample(Model):
     name: str
     labels: dict[str, str] = Field(default_factory=dict)
     value: float = Field(description="NaN and +/-Inf are kept as floats")
@@ -181,7 +182,7 @@ def parse_prometheus_text(text: str) -> SampleList:
 # DCGM summary
 
 
-class ExporterGpu(BaseModel):
+class ExporterGpu(Model):
     hostname: str | None = None
     gpu: str | None = Field(default=None, description="The exporter's gpu label (the GPU index on that host)")
     uuid: str | None = None
@@ -197,7 +198,7 @@ class ExporterGpu(BaseModel):
     health: GpuHealth
 
 
-class ExporterSummary(BaseModel):
+class ExporterSummary(Model):
     samples: int = Field(description="Samples read")
     dcgm_samples: int = Field(description="Samples of DCGM_FI_* metrics")
     skipped_lines: int = Field(default=0, description="Lines that were not valid Prometheus text")

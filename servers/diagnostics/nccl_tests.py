@@ -38,10 +38,11 @@ import statistics
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
 from servers.core.dtypes import NCCL_TYPE_BYTES
 from servers.core.errors import InputError
+from servers.core.models import Model
 from servers.diagnostics.bounds import MAX_LINE_TEXT, MAX_NOTES, cap_notes, clip, clip_str, fit, pick, safe_int, scaled
 
 NvlsState = Literal["on", "off", "unknown"]
@@ -129,7 +130,7 @@ JudgedOn = Literal["bandwidth", "small_messages", "data_corruption", "run_errors
 Severity = Literal["info", "warning", "critical"]
 
 
-class NcclTiming(BaseModel):
+class NcclTiming(Model):
     """One half (out-of-place or in-place) of a result row; None where the output printed N/A or nothing."""
 
     time_us: float | None = None
@@ -139,7 +140,7 @@ class NcclTiming(BaseModel):
     max_error: float | None = Field(default=None, description="old builds' 'error' column (max deviation)")
 
 
-class NcclRow(BaseModel):
+class NcclRow(Model):
     size_bytes: int
     count: int
     type: str | None = None
@@ -149,7 +150,7 @@ class NcclRow(BaseModel):
     in_place: NcclTiming | None = None
 
 
-class NcclDevice(BaseModel):
+class NcclDevice(Model):
     rank: int
     group: int | None = None
     pid: int | None = None
@@ -159,7 +160,7 @@ class NcclDevice(BaseModel):
     name: str
 
 
-class BandwidthFloor(BaseModel):
+class BandwidthFloor(Model):
     """One bus bandwidth floor, the assumption it rests on, and whether this output shows that assumption holds."""
 
     gbps: float
@@ -179,7 +180,7 @@ class BandwidthFloor(BaseModel):
         return f"{'~' if self.approximate else ''}{self.gbps:g} GB/s {what[self.assumes]}"
 
 
-class NcclVerdict(BaseModel):
+class NcclVerdict(Model):
     status: Status = Field(
         description="PASS: at or above the floor that applies; DEGRADED: below it but at or above another floor of "
         "the same GPU (e.g. NVLS on, ring-level bandwidth); FAIL: below every floor, or corruption / run failures"
@@ -246,7 +247,7 @@ class NcclVerdict(BaseModel):
         return self
 
 
-class NcclTestsReport(BaseModel):
+class NcclTestsReport(Model):
     collective: str | None = Field(default=None, description="e.g. all_reduce; None when it cannot be told")
     collective_source: str = Field(description="where the collective name came from")
     nccl_tests_version: str | None = None

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from servers.core.models import Model
 
 MAX_NODES = 16_384
 MAX_NICS_PER_NODE = 32
@@ -60,20 +62,20 @@ def link_name(leaf: str, spine: str) -> str:
 # ---- input models ------------------------------------------------------------------------------------------------
 
 
-class NicSpec(BaseModel):
+class NicSpec(Model):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=MAX_NAME, description="Unique across the topology")
     rail: int = Field(ge=0, le=MAX_RAIL, description="NIC i of a node is on rail i")
     leaf: str = Field(min_length=1, max_length=MAX_NAME, description="The leaf switch it is cabled to")
 
 
-class NodeSpec(BaseModel):
+class NodeSpec(Model):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=MAX_NAME, description="Unique")
     nics: list[NicSpec] = Field(min_length=1, max_length=MAX_NICS_PER_NODE)
 
 
-class SwitchSpec(BaseModel):
+class SwitchSpec(Model):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=MAX_NAME, description="Unique")
     tier: Literal["leaf", "spine"] = Field(description="leaf (NICs cable to it) or spine (leaves uplink to it)")
@@ -82,13 +84,13 @@ class SwitchSpec(BaseModel):
     )
 
 
-class Topology(BaseModel):
+class Topology(Model):
     model_config = ConfigDict(extra="forbid")
     nodes: list[NodeSpec] = Field(min_length=1, max_length=MAX_NODES)
     switches: list[SwitchSpec] = Field(min_length=1, max_length=MAX_SWITCHES)
 
 
-class ProbeRow(BaseModel):
+class ProbeRow(Model):
     model_config = ConfigDict(extra="forbid")
     src_nic: str = Field(min_length=1, max_length=MAX_NAME, description="Sending NIC")
     dst_nic: str = Field(min_length=1, max_length=MAX_NAME, description="Receiving NIC")
@@ -99,7 +101,7 @@ class ProbeRow(BaseModel):
     spine: str | None = Field(default=None, max_length=MAX_NAME, description="The spine crossed, when known")
 
 
-class Thresholds(BaseModel):
+class Thresholds(Model):
     model_config = ConfigDict(extra="forbid")
     loss_threshold: float = Field(
         default=DEFAULT_LOSS_THRESHOLD, ge=0, lt=1, description="A probe is bad when its loss_rate is above this"
@@ -131,21 +133,21 @@ class Thresholds(BaseModel):
 # ---- output models -----------------------------------------------------------------------------------------------
 
 
-class ProbePair(BaseModel):
+class ProbePair(Model):
     src_nic: str
     dst_nic: str
     via_spine: str | None = Field(description="Pin the probe to this spine (cross-leaf pairs); null on one leaf")
     reason: PairReason
 
 
-class CoverageCount(BaseModel):
+class CoverageCount(Model):
     total: int
     covered: int
     not_covered: int
     not_covered_names: list[str] = Field(description=f"At most {MAX_NAMES_LISTED}")
 
 
-class Coverage(BaseModel):
+class Coverage(Model):
     complete: bool = Field(description="Every NIC, node, leaf, spine and leaf-spine link is crossed by some probe")
     nic: CoverageCount
     node: CoverageCount
@@ -154,20 +156,20 @@ class Coverage(BaseModel):
     leaf_spine_link: CoverageCount
 
 
-class Layout(BaseModel):
+class Layout(Model):
     tp: int
     pp: int
     dp: int
     given: bool = Field(description="False when the default (tp = NICs per node, pp = 1, dp = nodes) was used")
 
 
-class ProbesPerNic(BaseModel):
+class ProbesPerNic(Model):
     min: int
     median: float
     max: int
 
 
-class ProbePlan(BaseModel):
+class ProbePlan(Model):
     mode: Mode
     count: int = Field(description="Pairs in this plan (one probe each per round)")
     full_mesh_count: int = Field(description="Pairs a full mesh would probe, for comparison")
@@ -183,7 +185,7 @@ class ProbePlan(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
-class ProbeRef(BaseModel):
+class ProbeRef(Model):
     src_nic: str
     dst_nic: str
     loss_rate: float
@@ -192,13 +194,13 @@ class ProbeRef(BaseModel):
     spine: str | None
 
 
-class LayerEvidence(BaseModel):
+class LayerEvidence(Model):
     failed: int
     passed: int
     faulty: bool
 
 
-class Evidence(BaseModel):
+class Evidence(Model):
     failed: int = Field(description="Bad probes whose path surely crosses it")
     passed: int = Field(description="Good probes whose path surely crosses it")
     failed_ambiguous: int = Field(description="Bad cross-leaf probes that may have crossed it (ECMP, no route)")
@@ -212,7 +214,7 @@ class Evidence(BaseModel):
     examples: list[ProbeRef] = Field(description="Up to 3 bad probes through it")
 
 
-class Suspect(BaseModel):
+class Suspect(Model):
     kind: ComponentKind
     name: str
     faulty: bool
@@ -227,7 +229,7 @@ class Suspect(BaseModel):
     evidence: Evidence
 
 
-class ClassBaseline(BaseModel):
+class ClassBaseline(Model):
     layer: str
     path_class: Literal["same_leaf", "cross_leaf"]
     probes: int
@@ -235,7 +237,7 @@ class ClassBaseline(BaseModel):
     bandwidth_gbps: float | None
 
 
-class ProbeSummary(BaseModel):
+class ProbeSummary(Model):
     total: int
     bad: int
     bad_by: dict[str, int]
@@ -246,13 +248,13 @@ class ProbeSummary(BaseModel):
     ecmp_ambiguous: int = Field(description="Cross-leaf probes without a spine (ambiguous path)")
 
 
-class NotCovered(BaseModel):
+class NotCovered(Model):
     counts: dict[str, int] = Field(description="Components per kind that no probe crosses (cannot be judged)")
     ecmp_only: dict[str, int] = Field(description="Spines and links crossed only by probes without a route")
     names: list[str] = Field(description=f"At most {MAX_NAMES_LISTED} of the not covered")
 
 
-class Localization(BaseModel):
+class Localization(Model):
     faulty_count: int
     suspects: list[Suspect] = Field(description="Faulty first (highest score first), then the nearest misses")
     suspects_total: int

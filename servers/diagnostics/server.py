@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.types import CallToolResult
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from servers.core.assemble import ServerPart, build_server
 from servers.core.errors import InputError
@@ -26,6 +26,7 @@ from servers.core.mcp_layer import (
     summarize_job,
     tool_result,
 )
+from servers.core.models import Model
 from servers.core.paths import resolve_inside_roots
 from servers.diagnostics.bounds import MAX_NOTES, cap_notes, fit, omitted_note, pick, scaled
 from servers.diagnostics.snapshot import GpuHealth, GpuSnapshot
@@ -89,7 +90,7 @@ def read_text_input(app: App, text: str, path: str | None, what: str) -> tuple[s
     return data.decode("utf-8", errors="replace"), f"file:{resolved}"
 
 
-class Inventory(BaseModel):
+class Inventory(Model):
     source: str = Field(description="nvml (live) or where the captured text came from")
     available: bool = Field(description="False when nothing could be read; reason says why")
     reason: str | None = None
@@ -102,7 +103,7 @@ class Inventory(BaseModel):
     warnings: list[str] = Field(default_factory=list)
 
 
-class NodeHealth(BaseModel):
+class NodeHealth(Model):
     source: str
     available: bool
     reason: str | None = None

@@ -6,8 +6,9 @@ Every field is optional: None means "unknown" (not reported, [N/A], deprecated, 
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 
+from servers.core.models import Model
 from servers.diagnostics.bounds import MAX_STR, clip_str
 
 MAX_LINKS_LISTED = 64  # NVLink link numbers kept per GPU (GPUs have at most 18)
@@ -17,7 +18,7 @@ Severity = Literal["info", "warning", "critical"]
 Status = Literal["healthy", "degraded", "unhealthy", "unknown"]
 
 
-class GpuSnapshot(BaseModel):
+class GpuSnapshot(Model):
     # identity
     index: int | None = None
     name: str | None = None
@@ -120,7 +121,7 @@ class GpuSnapshot(BaseModel):
         return {clip_str(k, 64): v for k, v in list(value.items())[:MAX_CLOCK_EVENTS]}
 
 
-class Finding(BaseModel):
+class Finding(Model):
     check: str = Field(description="Short name of the rule, e.g. ecc_uncorrectable_volatile")
     what: str = Field(description="What was found, in a sentence")
     severity: Severity
@@ -128,7 +129,7 @@ class Finding(BaseModel):
     action: str = Field(description="What to do about it")
 
 
-class GpuHealth(BaseModel):
+class GpuHealth(Model):
     gpu: GpuSnapshot
     status: Status
     findings: list[Finding]

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from servers.core.errors import InputError, given, validation_problems
+from servers.core.models import Model
 from servers.diagnostics.bounds import MAX_NOTES, MAX_STR, cap_notes, clip_str, fit, pick, scaled
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ M = TypeVar("M", bound=BaseModel)
 # inputs
 
 
-class StepRow(BaseModel):
+class StepRow(Model):
     """One rank's time for one step."""
 
     rank: int = Field(ge=0, lt=MAX_RANKS)
@@ -111,7 +112,7 @@ class StepRow(BaseModel):
     comm_s: float | None = Field(default=None, ge=0, le=MAX_SECONDS, description="its time in communication")
 
 
-class StragglerParams(BaseModel):
+class StragglerParams(Model):
     """The thresholds, with their defaults; every report states the ones it used."""
 
     model_config = ConfigDict(extra="forbid")
@@ -137,7 +138,7 @@ class StragglerParams(BaseModel):
         return self
 
 
-class Layout(BaseModel):
+class Layout(Model):
     """How ranks map to parallel groups: sizes and the order of the dimensions, fastest-varying first."""
 
     model_config = ConfigDict(extra="forbid")
@@ -167,7 +168,7 @@ class Layout(BaseModel):
 # outputs
 
 
-class ChangePoint(BaseModel):
+class ChangePoint(Model):
     since_step: int = Field(description="the first iteration of the first slow observation")
     until_step: int = Field(description="the last step of the slow run")
     iterations: int = Field(description="iterations the slow run covers")
@@ -177,7 +178,7 @@ class ChangePoint(BaseModel):
     ongoing: bool = Field(description="the run reaches the last observation")
 
 
-class RankEvidence(BaseModel):
+class RankEvidence(Model):
     rank: int
     node: str | None = None
     verdict: Verdict
@@ -201,7 +202,7 @@ class RankEvidence(BaseModel):
     action: str
 
 
-class NodeAggregate(BaseModel):
+class NodeAggregate(Model):
     node: str
     ranks: int
     ranks_judged: int = Field(description="ranks with enough steps for a verdict")
@@ -212,7 +213,7 @@ class NodeAggregate(BaseModel):
     action: str
 
 
-class GroupAggregate(BaseModel):
+class GroupAggregate(Model):
     kind: Literal["tp", "dp", "pp"] = Field(description="tp: a tensor-parallel group, dp, pp likewise")
     label: str = Field(description="the coordinates it shares, e.g. 'tp group (dp=1, pp=0)'")
     ranks: list[int] = Field(description=f"its ranks, at most {MAX_MEMBERS_LISTED}")
@@ -223,7 +224,7 @@ class GroupAggregate(BaseModel):
     note: str
 
 
-class StageAggregate(BaseModel):
+class StageAggregate(Model):
     stage: int
     ranks: int
     ratio: float | None = Field(description="the stage's median over the fleet's median (per step, then median)")
@@ -232,7 +233,7 @@ class StageAggregate(BaseModel):
     note: str
 
 
-class StragglerReport(BaseModel):
+class StragglerReport(Model):
     verdict: Literal["stragglers", "no_stragglers", "not_enough_steps"]
     summary: str
     first_action: str

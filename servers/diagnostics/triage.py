@@ -28,9 +28,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
 from servers.core.errors import InputError
+from servers.core.models import Model
 from servers.diagnostics.bounds import MAX_LINE_TEXT, MAX_NOTES, cap_notes, clip, clip_str, fit, pick, scaled
 from servers.diagnostics.dcgm import DcgmDiagReport
 from servers.diagnostics.kmsg import KernelLogScan
@@ -94,14 +95,14 @@ def bus_number(value: str | None) -> int | None:
 # result
 
 
-class TriageEvidence(BaseModel):
+class TriageEvidence(Model):
     source: Source
     severity: Severity
     what: str = Field(description="what the source says, with its numbers")
     action: str | None = Field(default=None, description="what the source's rules advise")
 
 
-class GpuTriage(BaseModel):
+class GpuTriage(Model):
     bus_id: str | None = Field(description="normalised dddd:bb:dd; None for a GPU known only by another id")
     label: str = Field(description="how the text names it: the bus id, else 'DCGM GPU 3', 'nvidia-smi index 2', ...")
     index: int | None = Field(default=None, description="nvidia-smi / NVML index")
@@ -121,14 +122,14 @@ class GpuTriage(BaseModel):
     action: str
 
 
-class SourceSummary(BaseModel):
+class SourceSummary(Model):
     source: Source
     given: bool
     gpus: int = Field(default=0, description="GPUs this source mentions")
     summary: str
 
 
-class NodeTriage(BaseModel):
+class NodeTriage(Model):
     node: str | None = None
     verdict: Status = Field(description="the worst GPU verdict, or worse when a node-level finding says so")
     first_action: str

@@ -22,9 +22,10 @@ import re
 from functools import lru_cache
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from servers.core.errors import InputError
+from servers.core.models import Model
 from servers.core.paths import resources_dir
 
 CATALOG_FILE = "xid-catalog.json"
@@ -34,7 +35,7 @@ Severity = Literal["info", "warning", "critical"]
 FindingSeverity = Literal["info", "warning", "critical", "unknown"]
 
 
-class _Frozen(BaseModel):
+class _Frozen(Model):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -276,12 +277,12 @@ def _entry_problems(entry: XidEntry, vocabulary: ActionVocabulary) -> list[str]:
     return problems
 
 
-class ExplainedConsensus(BaseModel):
+class ExplainedConsensus(Model):
     severity: FindingSeverity = Field(description="info, warning or critical; unknown for an uncatalogued code")
     action: str
 
 
-class XidExplanation(BaseModel):
+class XidExplanation(Model):
     """Everything the catalog says about one Xid, or a clear 'not catalogued' answer (known=False)."""
 
     code: int

@@ -23,9 +23,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from servers.core.jobstore import JobState
+from servers.core.models import Model
 from servers.core.settings import Settings
 
 # The placeholder a plan made before its job folder exists uses for that folder; binding replaces it.
@@ -34,7 +35,7 @@ JOB_DIR_PLACEHOLDER = "$JOB_DIR"
 GPUS_PLACEHOLDER = "$ASSIGNED_GPUS"
 
 
-class BackendPlan(BaseModel):
+class BackendPlan(Model):
     """What a backend would run, exactly. Built without side effects; submit runs this and nothing else."""
 
     backend: str = Field(description="The backend that made the plan, e.g. 'local'")
@@ -73,7 +74,7 @@ class BackendPlan(BaseModel):
         )
 
 
-class SubmitRequest(BaseModel):
+class SubmitRequest(Model):
     """What submit needs besides the plan: the idempotency key, the spec to store, the wall-time limit."""
 
     key: str = Field(min_length=1, max_length=200, description="Idempotency key: same key, same job")
@@ -81,7 +82,7 @@ class SubmitRequest(BaseModel):
     timeout_s: float | None = Field(default=None, gt=0, description="Wall-time limit; None: the kind's default")
 
 
-class BackendHandle(BaseModel):
+class BackendHandle(Model):
     """How a backend finds a submitted job again (also after a server restart)."""
 
     backend: str
@@ -92,7 +93,7 @@ class BackendHandle(BaseModel):
     )
 
 
-class EngineStatus(BaseModel):
+class EngineStatus(Model):
     """What an engine says of a job, mapped onto the job engine's states, with what a person needs to know."""
 
     state: JobState

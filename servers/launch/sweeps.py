@@ -18,9 +18,10 @@ import re
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from servers.core.errors import InputError, QuotaError
+from servers.core.models import Model
 from servers.core.settings import Settings
 from servers.launch.training import TrainingJobSpec, TrainingPlan, sign, unsign
 
@@ -30,14 +31,14 @@ FLAG = re.compile(r"-{1,2}[A-Za-z][A-Za-z0-9_.-]{0,63}")
 Arg = Annotated[str, Field(max_length=4096)]
 
 
-class SweepRun(BaseModel):
+class SweepRun(Model):
     index: int
     args: list[str] = Field(description="The run's arguments: the base args with this run's values")
     idempotency_key: str = Field(description="The key the run is submitted with: <sweep id>-<index>")
     plan: TrainingPlan = Field(description="This run's plan, as plan_training_job shows it")
 
 
-class SweepPlan(BaseModel):
+class SweepPlan(Model):
     sweep_id: str = Field(description="Names the sweep in list_jobs(sweep_id) and wait_for_job(job_id)")
     sweep_token: str = Field(description="Pass to submit_sweep: it binds every run's plan")
     plan_id: str = Field(description="What the person names to approve the whole sweep: `llm-infra-mcp approve`")

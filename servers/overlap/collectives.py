@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
 from servers.core.dtypes import ELEMENT_BYTES, NCCL_TYPE_NAMES, Dtype
 from servers.core.errors import InputError
+from servers.core.models import Model
 from servers.overlap.distributed import (
     BackendChoice,
     RankInfo,
@@ -68,7 +69,7 @@ def sizes_problem(min_bytes: int, max_bytes: int, sizes: list[int] | None) -> st
     return None
 
 
-class CollectiveSpec(BaseModel):
+class CollectiveSpec(Model):
     op: OpArg = "all_reduce"
     min_bytes: MinBytes = 1024
     max_bytes: MaxBytes = 16 * 2**20

@@ -27,11 +27,12 @@ import math
 import statistics
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from servers.core.dtypes import DTYPES, ELEMENT_BYTES, GEMM_OUTPUT_BYTES
 from servers.core.errors import InputError
 from servers.core.gpus import DTYPE_SYNONYMS, GpuSpec, find_gpu
+from servers.core.models import Model
 
 Pattern = Literal["ag_gemm", "gemm_rs", "gemm_ar"]
 PATTERNS: tuple[str, ...] = ("ag_gemm", "gemm_rs", "gemm_ar")
@@ -135,7 +136,7 @@ WORTH_IT_SPEEDUP = 1.05
 _BUS_FACTOR_NOTE = "nccl-tests bus factor (n-1)/n for all_gather and reduce_scatter, 2(n-1)/n for all_reduce"
 
 
-class Calibration(BaseModel):
+class Calibration(Model):
     """Measured values that replace the model's two most uncertain constants."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -149,7 +150,7 @@ class Calibration(BaseModel):
     source: str = Field(default="user supplied", max_length=2000, description="where the measurements came from")
 
 
-class ChunkEstimate(BaseModel):
+class ChunkEstimate(Model):
     """The pipelined schedule with a given number of chunks."""
 
     chunks: int = Field(ge=1, description="pieces the row dimension is cut into")
@@ -163,7 +164,7 @@ class ChunkEstimate(BaseModel):
     speedup: float = Field(gt=0, description="(t_gemm + t_comm) / t_overlap")
 
 
-class OverlapPrediction(BaseModel):
+class OverlapPrediction(Model):
     """What the cost model predicts for one tensor-parallel GEMM and its collective."""
 
     pattern: Pattern

@@ -10,9 +10,10 @@ import statistics
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from servers.core.dtypes import ELEMENT_BYTES, GEMM_OUTPUT_BYTES, Dtype, DtypeArg
+from servers.core.models import Model
 from servers.overlap.limits import MachineProbe, check_dtype, check_memory, probe_machine, resolve_device
 
 # The fields of the job's spec, typed and described once: benchmark_gemm takes them as flat arguments.
@@ -27,7 +28,7 @@ FlushL2 = Annotated[
 ]
 
 
-class GemmBenchmarkSpec(BaseModel):
+class GemmBenchmarkSpec(Model):
     m: GemmM
     n: GemmN
     k: GemmK
@@ -38,7 +39,7 @@ class GemmBenchmarkSpec(BaseModel):
     flush_l2: FlushL2 = False
 
 
-class GemmBenchmarkResult(BaseModel):
+class GemmBenchmarkResult(Model):
     m: int
     n: int
     k: int

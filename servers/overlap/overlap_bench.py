@@ -29,10 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from servers.core.dtypes import ELEMENT_BYTES, GEMM_OUTPUT_BYTES, DtypeArg
 from servers.core.errors import InputError
+from servers.core.models import Model
 from servers.overlap import validity
 from servers.overlap.distributed import (
     BackendChoice,
@@ -90,11 +91,11 @@ Iters = Annotated[int, Field(ge=1, le=10000, description="Timed calls per measur
 Seed = Annotated[int, Field(ge=0, le=2**31 - 1, description="Input seed (each rank adds its rank)")]
 
 
-class _RunOptions(BaseModel):
+class _RunOptions(Model):
     world_size: WorldSize = 2
     dtype: DtypeArg = "bf16"
-    methods: Methods = list(ALL_METHODS)
-    chunks: Chunks = [2, 4]
+    methods: Methods = list(ALL_METHODS)  # noqa: RUF012 (a pydantic field: each instance gets a copy)
+    chunks: Chunks = [2, 4]  # noqa: RUF012
     backend: BackendChoice = "auto"
     warmup: Warmup = 3
     iters: Iters = 10
@@ -109,7 +110,7 @@ class OverlapSpec(_RunOptions):
     k: Dim = Field(default=4096, description="Global K (the inner dimension)")
 
 
-class OverlapLayer(BaseModel):
+class OverlapLayer(Model):
     layer: str = Field(min_length=1, max_length=64, description="A name for the layer, e.g. 'attn.qkv'")
     pattern: Pattern = Field(description="ag_gemm, gemm_rs or gemm_ar")
     m: Dim = Field(description="Global M")

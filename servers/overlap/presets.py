@@ -18,15 +18,16 @@ import math
 from collections.abc import Callable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from servers.core.errors import InputError
+from servers.core.models import Model
 from servers.overlap.cost_model import split_problems
 
 MAX_TOKENS = 2**24
 
 
-class LayerShape(BaseModel):
+class LayerShape(Model):
     """One tensor-parallel GEMM of a layer."""
 
     model_config = ConfigDict(frozen=True)
@@ -39,7 +40,7 @@ class LayerShape(BaseModel):
     note: str = Field(description="how the numbers follow from the configuration")
 
 
-class ShapePreset(BaseModel):
+class ShapePreset(Model):
     """A model's tensor-parallel GEMM shapes at one token count."""
 
     model_config = ConfigDict(frozen=True)

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.types import CallToolResult
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from servers.core.assemble import ServerPart, build_server
 from servers.core.dtypes import DtypeArg
@@ -16,6 +16,7 @@ from servers.core.jobs import JobKind
 from servers.core.jobstore import JobState
 from servers.core.jobview import JobView
 from servers.core.mcp_layer import App, WaitS, agent_tool, in_thread, run_job, summarize_job, tool_result
+from servers.core.models import Model
 from servers.overlap.collectives import (
     BufferDtype,
     Check,
@@ -133,7 +134,7 @@ def register(server: MCPServer, app: App) -> None:
         return tool_result(view, summary)
 
 
-class PredictionResult(BaseModel):
+class PredictionResult(Model):
     prediction: OverlapPrediction = Field(description="From the catalog's figures and the model's constants")
     calibrated: OverlapPrediction | None = Field(
         default=None,
@@ -146,7 +147,7 @@ class PredictionResult(BaseModel):
     )
 
 
-class PresetList(BaseModel):
+class PresetList(Model):
     presets: list[ShapePreset]
     not_divisible: dict[str, list[str]] = Field(
         default_factory=dict, description="Per preset, layers that do not split evenly across world_size"

@@ -13,9 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from servers.core.errors import InputError
+from servers.core.models import Model
 from servers.scaling.limits import MAX_FILE_BYTES, MAX_LINE_BYTES, MAX_ROWS
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -27,7 +28,7 @@ MAX_POINTS = MAX_ROWS  # inline points, file rows and metrics rows alike
 # One observation: compute, value (and run) for a curve; params, tokens and loss for chinchilla. (Comments, not
 # docstrings, on the input models: a docstring would be published in every tool schema that uses the model, and
 # the argument that takes them says it already.)
-class DataPoint(BaseModel):
+class DataPoint(Model):
     compute: Annotated[Finite, Field(gt=0, le=1e40)] | None = None
     value: Annotated[Finite, Field(ge=-1e12, le=1e12)] | None = None
     run: Annotated[str, Field(max_length=128)] | None = None
@@ -40,7 +41,7 @@ Column = Annotated[str, Field(max_length=128)]
 
 
 # Which column of a file (or key of a metrics row) holds each quantity.
-class Columns(BaseModel):
+class Columns(Model):
     compute: Column = "compute"
     value: Column = "value"
     run: Column | None = "run"
@@ -49,19 +50,19 @@ class Columns(BaseModel):
     loss: Column = "loss"
 
 
-class CurveData(BaseModel):
+class CurveData(Model):
     compute: list[float]
     value: list[float]
     run: list[str]
 
 
-class LossData(BaseModel):
+class LossData(Model):
     params: list[float]
     tokens: list[float]
     loss: list[float]
 
 
-class Excluded(BaseModel):
+class Excluded(Model):
     index: int
     reason: str
 

@@ -17,10 +17,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from servers.core.db import as_state_error, connect, initialise, notices
 from servers.core.errors import InputError, NotFoundError
+from servers.core.models import Model
 from servers.core.settings import Settings
 from servers.scaling.data import DataPoint, Excluded
 from servers.scaling.fitting import FitOutcome
@@ -44,7 +45,7 @@ CREATE INDEX IF NOT EXISTS fits_created ON fits(created_at);
 """
 
 
-class StoredFit(BaseModel):
+class StoredFit(Model):
     id: str
     label: str | None
     model: str

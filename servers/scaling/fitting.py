@@ -3,13 +3,15 @@ server can import it at start-up; the numerics live in fit_sigmoid.py and fit_ch
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
+
+from servers.core.models import Model
 
 SigmoidMethod = Literal["robust", "scalerl-grid", "curve_fit"]
 ChinchillaMethod = Literal["robust", "naive-grid"]
 
 
-class ParameterEstimate(BaseModel):
+class ParameterEstimate(Model):
     value: float
     ci_low: float | None = Field(
         default=None, description="Lower end of the bootstrap interval, at the fit's level (FitOutcome.level)"
@@ -40,7 +42,7 @@ def failure_warning(run: int, used: int, failed: dict[str, int]) -> str:
     return text + "."
 
 
-class FitOutcome(BaseModel):
+class FitOutcome(Model):
     """One fit: point estimates, bootstrap intervals and draws, quality, and what to be careful about.
 
     Its own checks (run whenever one is made or read back): every interval that does not contain its estimate
@@ -106,7 +108,7 @@ class FitOutcome(BaseModel):
 # ---- what predictions and comparisons return ------------------------------------------------------------
 
 
-class PredictedValue(BaseModel):
+class PredictedValue(Model):
     compute: float | None = None
     params: float | None = None
     tokens: float | None = None
@@ -121,7 +123,7 @@ class PredictedValue(BaseModel):
     extrapolated: bool = Field(description="True beyond the largest compute (or N, D) the fit used")
 
 
-class ComputeForTarget(BaseModel):
+class ComputeForTarget(Model):
     target: float
     verdict: Literal["reachable", "unreachable", "uncertain", "undefined"] = Field(
         description="reachable: the fitted curve gets there and at least `level` of the bootstrap draws do; "
@@ -149,7 +151,7 @@ class ComputeForTarget(BaseModel):
     statement: str
 
 
-class FitInComparison(BaseModel):
+class FitInComparison(Model):
     fit_id: str
     label: str | None
     model: str
@@ -159,7 +161,7 @@ class FitInComparison(BaseModel):
     b: float
 
 
-class LeadRegion(BaseModel):
+class LeadRegion(Model):
     """A stretch of compute over which one fit is clearly ahead of the other, or neither is."""
 
     low: float = Field(description="Where the stretch begins (compute)")
@@ -177,7 +179,7 @@ class LeadRegion(BaseModel):
     extrapolated: bool = Field(description="True beyond the compute either fit was fitted on")
 
 
-class PairVerdict(BaseModel):
+class PairVerdict(Model):
     first: str
     second: str
     p_first_higher_asymptote: float | None = Field(
@@ -197,7 +199,7 @@ class PairVerdict(BaseModel):
     verdict: str
 
 
-class Comparison(BaseModel):
+class Comparison(Model):
     compute_unit: str
     level: float = Field(description="Share of bootstrap draw pairs that must agree before a fit is called ahead")
     fits: list[FitInComparison]

@@ -10,9 +10,10 @@
 import math
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from servers.core.errors import InputError
+from servers.core.models import Model
 
 ModelName = Literal["scalerl", "power_law", "chinchilla"]
 
@@ -25,7 +26,7 @@ PARAMETERS: dict[str, tuple[str, ...]] = {
 CHINCHILLA_PUBLISHED = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
 
 
-class EvaluationPoint(BaseModel):
+class EvaluationPoint(Model):
     compute: float | None = Field(
         default=None, gt=0, le=1e40, allow_inf_nan=False, description="In the parameters' unit, e.g. GPU-hours"
     )
@@ -33,7 +34,7 @@ class EvaluationPoint(BaseModel):
     tokens: float | None = Field(default=None, gt=0, le=1e20, allow_inf_nan=False)
 
 
-class EvaluatedPoint(BaseModel):
+class EvaluatedPoint(Model):
     compute: float | None = None
     params: float | None = None
     tokens: float | None = None
@@ -109,7 +110,7 @@ def evaluate(model: ModelName, params: dict[str, float], points: list[Evaluation
     return out
 
 
-class ComputeOptimal(BaseModel):
+class ComputeOptimal(Model):
     compute_flops: float
     params: float = Field(description="Compute-optimal parameter count N_opt")
     tokens: float = Field(description="Compute-optimal training tokens D_opt")
@@ -171,7 +172,7 @@ def compute_optimal(compute_flops: float, params: dict[str, float]) -> ComputeOp
     )
 
 
-class Evaluation(BaseModel):
+class Evaluation(Model):
     model: ModelName
     parameters: dict[str, float] = Field(description="The parameters used (the published Chinchilla fit if none given)")
     points: list[EvaluatedPoint]

@@ -16,6 +16,7 @@ from servers.core.assemble import ServerPart, build_server
 from servers.core.errors import InputError
 from servers.core.jobs import JOB_ID_PATTERN
 from servers.core.mcp_layer import App, agent_tool, in_thread, png_content, tool_result
+from servers.core.models import Model
 from servers.core.paths import resolve_inside_roots
 from servers.scaling import laws, limits
 from servers.scaling.data import Columns, DataPoint, Excluded, ModelName, points_from_rows, read_rows
@@ -33,7 +34,7 @@ FitId = Annotated[str, Field(pattern=FIT_ID_PATTERN, max_length=40)]
 ComputeValue = Annotated[float, Field(gt=0, le=1e40, allow_inf_nan=False)]
 
 
-class DataSource(BaseModel):
+class DataSource(Model):
     """The data: exactly one of points, path, job_id."""
 
     points: list[DataPoint] | None = Field(
@@ -188,7 +189,7 @@ def default_compute_unit(compute_unit: str | None, loaded: LoadedData) -> str:
     return "flops" if loaded.compute_column == FLOPS_COLUMN else "gpu_hours"
 
 
-class FitReport(BaseModel):
+class FitReport(Model):
     fit_id: str
     label: str | None
     model: str
@@ -469,7 +470,7 @@ async def run_fit(
     )
 
 
-class Prediction(BaseModel):
+class Prediction(Model):
     fit_id: str
     model: str
     compute_unit: str
@@ -478,7 +479,7 @@ class Prediction(BaseModel):
     target: ComputeForTarget | None = Field(default=None, description="The compute needed to reach the target")
 
 
-class ModelCheck(BaseModel):
+class ModelCheck(Model):
     model: str
     fit_id: str
     parameters: dict[str, ParameterEstimate]
@@ -489,7 +490,7 @@ class ModelCheck(BaseModel):
     warnings: list[str]
 
 
-class ExtrapolationCheck(BaseModel):
+class ExtrapolationCheck(Model):
     split: float
     compute_unit: str
     fit_points: int
@@ -499,14 +500,14 @@ class ExtrapolationCheck(BaseModel):
     verdict: str
 
 
-class PlotInfo(BaseModel):
+class PlotInfo(Model):
     fit_ids: list[str]
     width: int
     height: int
     png_bytes: int
 
 
-class Allocation(BaseModel):
+class Allocation(Model):
     fit_id: str | None = Field(description="The chinchilla fit used, or null for Hoffmann et al.'s published fit")
     parameters: dict[str, float]
     allocations: list[laws.ComputeOptimal] = Field(description="One row per budget asked for")
@@ -516,7 +517,7 @@ class Allocation(BaseModel):
     )
 
 
-class FitList(BaseModel):
+class FitList(Model):
     fits: list[FitReport]
     total: int = Field(description="Stored fits that can be read (damaged rows are counted in `damaged`)")
     damaged: int = Field(default=0, description="Stored fits that are damaged and cannot be read")
@@ -528,7 +529,7 @@ class FitList(BaseModel):
     )
 
 
-class ComputeConversion(BaseModel):
+class ComputeConversion(Model):
     gpu: str
     dtype: str
     peak_tflops: float

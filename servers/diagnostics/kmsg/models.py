@@ -2,7 +2,9 @@
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
+
+from servers.core.models import Model
 
 EventKind = Literal["xid", "sxid", "nccl_segfault", "fallen_off_bus", "recovery_action"]
 
@@ -12,7 +14,7 @@ MAX_UNKNOWN_LISTED = 50
 MAX_GPUS_LISTED = 256
 
 
-class KernelEvent(BaseModel):
+class KernelEvent(Model):
     kind: EventKind
     code: int | None = Field(default=None, description="Xid or SXid number; None for kinds without one")
     pci_bus_id: str | None = Field(
@@ -42,7 +44,7 @@ class KernelEvent(BaseModel):
     recovery_action: str | None = Field(default=None, description="Xid 154: the recovery action the driver now asks")
 
 
-class EventSummary(BaseModel):
+class EventSummary(Model):
     kind: EventKind
     code: int | None = None
     pci_bus_id: str | None = Field(default=None, description="The device (DDDD:BB:DD, no function); None for NCCL")
@@ -68,21 +70,21 @@ class EventSummary(BaseModel):
     example: str = Field(description="The first line, without its timestamp prefix")
 
 
-class UnknownCode(BaseModel):
+class UnknownCode(Model):
     kind: EventKind
     code: int
     line_number: int
     line: str = Field(description="The raw first line with this code")
 
 
-class GpuIdentity(BaseModel):
+class GpuIdentity(Model):
     pci_bus_id: str
     uuid: str | None = None
     serial: str | None = None
     line_number: int
 
 
-class KernelLogScan(BaseModel):
+class KernelLogScan(Model):
     events: list[KernelEvent] = Field(default_factory=list, description="In log order, capped (see events_truncated)")
     summary: list[EventSummary] = Field(
         default_factory=list,

@@ -12,8 +12,9 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
+from servers.core.models import Model
 from servers.diagnostics.snapshot import GpuSnapshot
 
 SmiFormat = Literal["q", "xml", "csv"]
@@ -26,7 +27,7 @@ ACCEPTED = (
 )
 
 
-class SmiParse(BaseModel):
+class SmiParse(Model):
     format: SmiFormat = Field(description="q (nvidia-smi -q text), xml (nvidia-smi -q -x) or csv (--query-gpu)")
     driver_version: str | None = None
     cuda_version: str | None = None
