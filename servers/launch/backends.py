@@ -2,9 +2,7 @@
 
 import importlib.metadata
 import importlib.util
-import os
 import shutil
-from pathlib import Path
 
 from pydantic import BaseModel, Field
 
@@ -70,16 +68,25 @@ def detect_slurm() -> BackendStatus:
 
 
 def detect_kubernetes() -> BackendStatus:
+    """Kubernetes: the client, the kubeconfig (KUBECONFIG or ~/.kube/config, read only), and a pre-flight of its
+    cluster: the API answers, the TrainJob / PyTorchJob APIs are served, the runtime and the namespace exist."""
     if importlib.util.find_spec("kubernetes") is None:
-        detail, found = "the kubernetes Python client is not installed (pip install kubernetes)", False
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        detail, found = "running inside a cluster (service account)", True
-    else:
-        config = Path(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0]).expanduser()
-        found = config.is_file()
-        detail = f"kubeconfig {config}" if found else f"no kubeconfig at {config} and not inside a cluster"
+        return BackendStatus(
+            name="kubernetes",
+            detected=False,
+            detail="the kubernetes Python client is not installed (pip install 'llm-infra-mcp[kubernetes]')",
+            launch_supported=False,
+            launch_note="install the kubernetes extra and point KUBECONFIG at a cluster with Kubeflow Trainer",
+        )
+    from servers.launch.kubernetes import KubernetesBackend
+
+    found, detail = KubernetesBackend(connect_timeout_s=3.0, request_timeout_s=10.0).available()
     return BackendStatus(
-        name="kubernetes", detected=found, detail=detail, launch_supported=False, launch_note=LAUNCH_NOT_YET
+        name="kubernetes",
+        detected=found,
+        detail=detail,
+        launch_supported=found,
+        launch_note=None if found else "the kubeconfig's cluster must answer and serve TrainJob or PyTorchJob",
     )
 
 

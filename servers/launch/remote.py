@@ -1,4 +1,4 @@
-"""Training jobs on a cluster engine (Ray, Slurm), followed by the job engine like any other job.
+"""Training jobs on a cluster engine (Ray, Slurm, Kubernetes), followed by the job engine like any other job.
 
 The job engine runs `run_remote_job` in a worker process under a supervisor, as it runs torchrun locally: the worker
 submits the stored plan through the backend (idempotent: the submission is keyed, so a restarted worker finds the
@@ -26,7 +26,7 @@ POLL_S = 1.0  # the slowest a follower asks its engine, unless the backend says 
 FIRST_POLL_S = 0.1
 ARRAY_WAIT_S = 600.0  # how long a run of a sweep's job array waits for the server to submit the array
 ARRAY_POLL_S = 0.2
-REMOTE_BACKENDS = ("ray", "slurm")
+REMOTE_BACKENDS = ("ray", "slurm", "kubernetes")
 
 
 def make_backend(name: str, config: dict[str, Any]) -> Backend:
@@ -39,6 +39,10 @@ def make_backend(name: str, config: dict[str, Any]) -> Backend:
         from servers.launch.slurm import SlurmBackend
 
         return SlurmBackend(job_root=config.get("job_root") or None)
+    if name == "kubernetes":
+        from servers.launch.kubernetes import KubernetesBackend
+
+        return KubernetesBackend(kubeconfig=config.get("kubeconfig") or None)
     raise ValueError(f"backend: {name!r} is not a remote backend; accepted: {', '.join(REMOTE_BACKENDS)}")
 
 
@@ -47,6 +51,10 @@ def load_plan(name: str, data: dict[str, Any]) -> BackendPlan:
         from servers.launch.ray_backend import RayPlan
 
         return RayPlan.model_validate(data)
+    if name == "kubernetes":
+        from servers.launch.kubernetes import KubernetesPlan
+
+        return KubernetesPlan.model_validate(data)
     return BackendPlan.model_validate(data)
 
 
@@ -122,6 +130,8 @@ def follow(
     last = ""
     cancelled = False
     slowest = float(getattr(backend, "poll_s", POLL_S))
+    # A backend whose logs live on the engine (Kubernetes pods) copies them into the job folder as it is followed.
+    sync_logs = getattr(backend, "sync_logs", None)
     interval = FIRST_POLL_S  # quick at first and after each change (a job often moves on soon), then `slowest`
     while True:
         if stop.is_set() and not cancelled:
@@ -137,6 +147,8 @@ def follow(
                 last = note
             stop.wait(POLL_S * 5)
             continue
+        if sync_logs is not None:
+            sync_logs(handle, ctx.files.dir, final=status.state.terminal)
         if status.state.terminal:
             return status
         note = f"{backend.name} {status.native_state or status.state.value}" + (

@@ -203,7 +203,7 @@ def register(server: MCPServer, app: App) -> None:
         ] = None,
         wait_s: WaitS = 20,
     ) -> Annotated[CallToolResult, JobView]:
-        """Start a training job with torchrun, here or on Slurm or Ray (spec.backend); its logs, metrics and
+        """Start a training job with torchrun, here or on Slurm, Ray or Kubernetes (spec.backend); its logs, metrics and
         restarts survive server restarts. Above a GPU-hour threshold the person must approve first (a client that
         cannot ask them: submit with the plan_token; the error says how). Returns the job after wait_s, else its
         handle."""

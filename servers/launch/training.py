@@ -68,6 +68,11 @@ DENIED_ENV_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_")
 DENIED_ENV_SUFFIXES = ("_PLUGIN", "_PATH", "_LIB", "_LIBS", "_LIBRARY", "_HOME", "_DIR", "_PRELOAD")
 SLURM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+K8S_IMAGE = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$"
+K8S_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+K8S_RUNTIME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+K8S_FIELDS = ("image", "namespace", "queue", "runtime", "k8s_kind")
+MULTI_NODE_BACKENDS = ("slurm", "kubernetes")
 
 
 class TrainingJobSpec(BaseModel):
@@ -85,7 +90,7 @@ class TrainingJobSpec(BaseModel):
     nproc_per_node: int | None = Field(
         default=None, ge=1, le=64, description="Ranks per node; default: the GPUs present, else 1"
     )
-    nnodes: int = Field(default=1, ge=1, le=64, description="More than 1 on slurm only")
+    nnodes: int = Field(default=1, ge=1, le=64, description="More than 1 on slurm and kubernetes only")
     gpus_per_node: int | None = Field(
         default=None, ge=0, le=64, description="Default: one per rank if GPUs are present, else 0"
     )
@@ -107,8 +112,11 @@ class TrainingJobSpec(BaseModel):
     idempotency_key: Annotated[str, Field(pattern=KEY_PATTERN)] | None = Field(
         default=None, description="A retried submit with this key returns the first job"
     )
-    backend: Literal["local", "ray", "slurm"] = Field(
-        default="local", description="local: torchrun here; ray: LLM_INFRA_MCP_RAY_ADDRESS; slurm: sbatch"
+    backend: Literal["local", "ray", "slurm", "kubernetes"] = Field(
+        default="local",
+        description=(
+            "local: torchrun here; ray: LLM_INFRA_MCP_RAY_ADDRESS; slurm: sbatch; kubernetes: the kubeconfig's cluster"
+        ),
     )
     partition: Annotated[str, Field(pattern=SLURM_NAME)] | None = Field(default=None, description="Slurm partition")
     account: Annotated[str, Field(pattern=SLURM_NAME)] | None = Field(default=None, description="Slurm account")
@@ -121,6 +129,17 @@ class TrainingJobSpec(BaseModel):
     dependency: Annotated[str, Field(pattern=r"^[0-9]{1,12}$")] | None = Field(
         default=None, description="A Slurm job ID that must succeed first (afterok)"
     )
+    image: Annotated[str, Field(pattern=K8S_IMAGE)] | None = Field(
+        default=None, description="Kubernetes: the pods' image, with torch (and llm-infra-mcp for a recipe); required"
+    )
+    namespace: Annotated[str, Field(pattern=K8S_LABEL)] | None = Field(
+        default=None, description="Kubernetes namespace; default: the kubeconfig context's"
+    )
+    queue: Annotated[str, Field(pattern=K8S_LABEL)] | None = Field(default=None, description="Kueue LocalQueue")
+    runtime: Annotated[str, Field(pattern=K8S_RUNTIME)] | None = Field(
+        default=None, description="Kubeflow ClusterTrainingRuntime; default: torch-distributed"
+    )
+    k8s_kind: Literal["TrainJob", "PyTorchJob"] | None = Field(default=None, description="Default: TrainJob")
 
 
 class TrainingPlan(BaseModel):
@@ -460,8 +479,10 @@ def plan(
     """Check everything and describe exactly what would run. No side effects beyond the signing key file."""
     script, recipe, expected = resolve_script(settings, spec)
     check_env(spec.env)
-    if spec.nnodes > 1 and spec.backend != "slurm":
-        raise InputError(f"nnodes: {spec.nnodes} nodes; accepted: 1 on the {spec.backend} backend (more on slurm)")
+    if spec.nnodes > 1 and spec.backend not in MULTI_NODE_BACKENDS:
+        raise InputError(
+            f"nnodes: {spec.nnodes} nodes; accepted: 1 on the {spec.backend} backend (more on slurm and kubernetes)"
+        )
     slurm_only = [
         f
         for f in ("partition", "account", "qos", "constraint", "exclude", "nodelist", "dependency")
@@ -469,6 +490,9 @@ def plan(
     ]
     if slurm_only and spec.backend != "slurm":
         raise InputError(f"{', '.join(slurm_only)}: Slurm options; accepted with backend 'slurm' only")
+    k8s_only = [f for f in K8S_FIELDS if getattr(spec, f)]
+    if k8s_only and spec.backend != "kubernetes":
+        raise InputError(f"{', '.join(k8s_only)}: Kubernetes options; accepted with backend 'kubernetes' only")
     warnings: list[str] = []
     remote = spec.backend != "local"
     if remote:  # the cluster's machines, not this one: the engine places and limits the ranks
@@ -482,7 +506,9 @@ def plan(
             raise InputError(f"nproc_per_node {nproc} is more than the {gpus} GPU(s) asked for: one rank per GPU")
     elif gpus > gpus_present:
         raise InputError(f"the job asks for {gpus} GPU(s) but this machine has {gpus_present}")
-    if gpus_present == 0:
+    if spec.backend == "kubernetes":
+        pass  # the cluster's nodes, never this machine: its GPUs and cores say nothing of them
+    elif gpus_present == 0:
         cap = max(2, os.cpu_count() or 1)
         if nproc > cap:
             raise InputError(
@@ -553,6 +579,7 @@ def plan(
             f: getattr(spec, f)
             for f in ("partition", "account", "qos", "constraint", "exclude", "nodelist", "dependency")
         },
+        **{f: getattr(spec, f) for f in K8S_FIELDS},
         "recipe": recipe,
         "name": spec.name,
         "tags": list(spec.tags),
