@@ -17,6 +17,13 @@ from servers.core.mcp_layer import App
 from servers.core.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# CI runs the SkyPilot tests against the real SkyPilot, installed in an environment of its own (.ci/skypilot-site:
+# it pins older uvicorn and click than ours); its site-packages come after ours on the path.
+SKYPILOT_SITE = os.environ.get("LLM_INFRA_MCP_TEST_SKYPILOT_SITE")
+if SKYPILOT_SITE is not None:  # set but empty: its installation failed, which must not pass as "not installed"
+    if not (Path(SKYPILOT_SITE) / "sky").is_dir():
+        raise RuntimeError(f"LLM_INFRA_MCP_TEST_SKYPILOT_SITE={SKYPILOT_SITE!r} holds no SkyPilot")
+    sys.path.append(SKYPILOT_SITE)
 # Children (supervisor, worker) import the test job kinds from tests/, so they need the checkout on their path.
 CHILD_ENV = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
 

@@ -293,7 +293,7 @@ def test_training_plan_checks_the_kubernetes_fields(tmp_path: Path, monkeypatch:
         plan()
     with pytest.raises(InputError, match="Slurm options"):
         plan(image="i:1", partition="gpu")
-    with pytest.raises(InputError, match="Kubernetes options"):
+    with pytest.raises(InputError, match="image: accepted with backend kubernetes or skypilot only"):
         training.plan(
             settings,
             TrainingJobSpec.model_validate({"recipe": "tiny-gpt", "image": "i:1"}),

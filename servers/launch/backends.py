@@ -4,12 +4,12 @@ import importlib.metadata
 import importlib.util
 import shutil
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-LAUNCH_NOT_YET = "this version of the launch server does not launch on it yet"
+from servers.core.models import Model
 
 
-class BackendStatus(BaseModel):
+class BackendStatus(Model):
     name: str
     detected: bool = Field(description="Whether what this engine needs is present on this machine")
     detail: str = Field(description="What was found, or what is missing")
@@ -91,17 +91,18 @@ def detect_kubernetes() -> BackendStatus:
 
 
 def detect_skypilot() -> BackendStatus:
-    version = _version("skypilot")
-    if version is None:
-        return BackendStatus(
-            name="skypilot",
-            detected=False,
-            detail="skypilot is not installed (pip install skypilot)",
-            launch_supported=False,
-            launch_note=LAUNCH_NOT_YET,
-        )
+    from servers.launch.skypilot import SkyPilotBackend
+
+    found, detail = SkyPilotBackend().available()
     return BackendStatus(
-        name="skypilot", detected=True, detail=f"skypilot {version}", launch_supported=False, launch_note=LAUNCH_NOT_YET
+        name="skypilot",
+        detected=found,
+        detail=detail,
+        launch_supported=found,
+        launch_note=None
+        if found
+        else "install skypilot (pip install 'llm-infra-mcp[skypilot]') and configure an API server (sky api login) "
+        "or cloud credentials (sky check)",
     )
 
 

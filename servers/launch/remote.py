@@ -26,7 +26,7 @@ POLL_S = 1.0  # the slowest a follower asks its engine, unless the backend says 
 FIRST_POLL_S = 0.1
 ARRAY_WAIT_S = 600.0  # how long a run of a sweep's job array waits for the server to submit the array
 ARRAY_POLL_S = 0.2
-REMOTE_BACKENDS = ("ray", "slurm", "kubernetes")
+REMOTE_BACKENDS = ("ray", "slurm", "kubernetes", "skypilot")
 
 
 def make_backend(name: str, config: dict[str, Any]) -> Backend:
@@ -43,6 +43,10 @@ def make_backend(name: str, config: dict[str, Any]) -> Backend:
         from servers.launch.kubernetes import KubernetesBackend
 
         return KubernetesBackend(kubeconfig=config.get("kubeconfig") or None)
+    if name == "skypilot":
+        from servers.launch.skypilot import SkyPilotBackend
+
+        return SkyPilotBackend()
     raise ValueError(f"backend: {name!r} is not a remote backend; accepted: {', '.join(REMOTE_BACKENDS)}")
 
 

@@ -10,7 +10,7 @@ from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from servers.core.assemble import ServerPart, build_server
 from servers.core.errors import InputError
@@ -18,6 +18,7 @@ from servers.core.jobs import JobKind
 from servers.core.jobstore import JobRecord
 from servers.core.jobview import JobView
 from servers.core.mcp_layer import App, WaitS, agent_tool, client_name, in_thread, summarize_job, tool_result
+from servers.core.models import Model
 from servers.launch.backends import BackendStatus, detect_all
 from servers.launch.sweeps import SweepPlan
 from servers.launch.training import TrainingJobSpec, TrainingPlan
@@ -36,6 +37,9 @@ INSTRUCTIONS = (
 TRAINING_KIND = "training"
 REMOTE_KIND = "training_remote"
 REMOTE_GRACE_S = 600.0  # the follower outlives the job's own limit by this much (queueing, the engine's ending)
+# SkyPilot's wait for capacity (spot above all), provisioning and recoveries after preemptions all come before or
+# between the job's own runs (each run is limited by max_wall_s on the nodes): its follower waits far longer.
+REMOTE_GRACE_BY_BACKEND_S = {"skypilot": 6 * 3600.0}
 JOB_KINDS = [
     JobKind(
         TRAINING_KIND, "servers.launch.local:run_training_job", "torchrun of a recipe or script", default_timeout_s=3600
@@ -51,18 +55,18 @@ STALE_CLAIM_S = 120.0  # an idempotency key claimed this long ago without a job:
 PLAN_TOKEN_PATTERN = r"^[A-Za-z0-9_\-]+\.[0-9a-f]{32}$"
 
 
-class BackendList(BaseModel):
+class BackendList(Model):
     backends: list[BackendStatus]
 
 
-class RecipeArgument(BaseModel):
+class RecipeArgument(Model):
     name: str
     type: str
     default: Any | None = None
     help: str | None = None
 
 
-class RecipeDoc(BaseModel):
+class RecipeDoc(Model):
     name: str
     description: str
     arguments: list[RecipeArgument]
@@ -72,11 +76,11 @@ class RecipeDoc(BaseModel):
     metric_notes: dict[str, str] = Field(default_factory=dict, description="What a metric means, where it needs saying")
 
 
-class RecipeList(BaseModel):
+class RecipeList(Model):
     recipes: list[RecipeDoc]
 
 
-class Confirmation(BaseModel):
+class Confirmation(Model):
     confirm: bool = Field(description="Start this training job")
 
 
@@ -406,7 +410,7 @@ def approval_needed(app: App, launch: "Launch") -> str:
     )
 
 
-class Launch(BaseModel):
+class Launch(Model):
     """What a launch that needs the person's approval shows them, whatever it is (a job, a sweep)."""
 
     plan_id: str
@@ -418,7 +422,7 @@ class Launch(BaseModel):
     token_name: str
 
 
-class SweepSubmitted(BaseModel):
+class SweepSubmitted(Model):
     sweep_id: str
     job_ids: list[str] = Field(description="One job per run, in run order")
     total_gpu_hours: float
@@ -621,7 +625,9 @@ def start_training(
         "idempotency_key": key,
         "plan": plan.backend_plan.model_dump(mode="json"),
     }
-    return app.engine.submit(REMOTE_KIND, tracked, timeout_s=spec.max_wall_s + REMOTE_GRACE_S)
+    grace = REMOTE_GRACE_BY_BACKEND_S.get(spec.backend, REMOTE_GRACE_S)
+    follow_s = min(spec.max_wall_s + grace, max(spec.max_wall_s, app.settings.max_job_wall_s))
+    return app.engine.submit(REMOTE_KIND, tracked, timeout_s=follow_s)
 
 
 def start_keyed(

@@ -20,10 +20,11 @@ import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from servers.core.db import connect, initialise
 from servers.core.errors import InputError, QuotaError
+from servers.core.models import Model
 from servers.core.paths import resolve_inside_roots
 from servers.core.settings import Settings
 from servers.launch.backend import Backend, BackendPlan
@@ -71,11 +72,20 @@ KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 K8S_IMAGE = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$"
 K8S_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 K8S_RUNTIME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
-K8S_FIELDS = ("image", "namespace", "queue", "runtime", "k8s_kind")
-MULTI_NODE_BACKENDS = ("slurm", "kubernetes")
+K8S_FIELDS = ("namespace", "queue", "runtime", "k8s_kind")
+SKY_FIELDS = ("accelerator", "infra", "use_spot", "job_recovery", "max_restarts_on_errors", "pip_packages")
+IMAGE_BACKENDS = ("kubernetes", "skypilot")
+MULTI_NODE_BACKENDS = ("slurm", "kubernetes", "skypilot")
+CLUSTER_NODE_BACKENDS = ("kubernetes", "skypilot")  # the ranks run on the engine's nodes, never this machine
+SKY_ACCELERATOR = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$"
+SKY_INFRA = r"^[A-Za-z0-9*][A-Za-z0-9_.:@*-]{0,127}(/[A-Za-z0-9_.:@*-]{1,127}){0,8}$"
+PIP_REQUIREMENT = (
+    r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(\[[A-Za-z0-9._,-]{1,200}\])?"
+    r"((==|>=|<=|~=|!=|<|>)[A-Za-z0-9.*+!_-]{1,64}(,(==|>=|<=|~=|!=|<|>)[A-Za-z0-9.*+!_-]{1,64}){0,7})?$"
+)
 
 
-class TrainingJobSpec(BaseModel):
+class TrainingJobSpec(Model):
     """The job: a bundled recipe or a script, and how to run it."""
 
     recipe: Annotated[str, Field(max_length=64)] | None = Field(
@@ -90,7 +100,7 @@ class TrainingJobSpec(BaseModel):
     nproc_per_node: int | None = Field(
         default=None, ge=1, le=64, description="Ranks per node; default: the GPUs present, else 1"
     )
-    nnodes: int = Field(default=1, ge=1, le=64, description="More than 1 on slurm and kubernetes only")
+    nnodes: int = Field(default=1, ge=1, le=64, description="More than 1 on slurm, kubernetes, skypilot only")
     gpus_per_node: int | None = Field(
         default=None, ge=0, le=64, description="Default: one per rank if GPUs are present, else 0"
     )
@@ -112,10 +122,11 @@ class TrainingJobSpec(BaseModel):
     idempotency_key: Annotated[str, Field(pattern=KEY_PATTERN)] | None = Field(
         default=None, description="A retried submit with this key returns the first job"
     )
-    backend: Literal["local", "ray", "slurm", "kubernetes"] = Field(
+    backend: Literal["local", "ray", "slurm", "kubernetes", "skypilot"] = Field(
         default="local",
         description=(
-            "local: torchrun here; ray: LLM_INFRA_MCP_RAY_ADDRESS; slurm: sbatch; kubernetes: the kubeconfig's cluster"
+            "local: torchrun here; ray: LLM_INFRA_MCP_RAY_ADDRESS; slurm: sbatch; kubernetes: the kubeconfig's "
+            "cluster; skypilot: a managed job"
         ),
     )
     partition: Annotated[str, Field(pattern=SLURM_NAME)] | None = Field(default=None, description="Slurm partition")
@@ -130,7 +141,8 @@ class TrainingJobSpec(BaseModel):
         default=None, description="A Slurm job ID that must succeed first (afterok)"
     )
     image: Annotated[str, Field(pattern=K8S_IMAGE)] | None = Field(
-        default=None, description="Kubernetes: the pods' image, with torch (and llm-infra-mcp for a recipe); required"
+        default=None,
+        description="kubernetes (required), skypilot: the image, with torch (and llm-infra-mcp for a recipe)",
     )
     namespace: Annotated[str, Field(pattern=K8S_LABEL)] | None = Field(
         default=None, description="Kubernetes namespace; default: the kubeconfig context's"
@@ -140,9 +152,23 @@ class TrainingJobSpec(BaseModel):
         default=None, description="Kubeflow ClusterTrainingRuntime; default: torch-distributed"
     )
     k8s_kind: Literal["TrainJob", "PyTorchJob"] | None = Field(default=None, description="Default: TrainJob")
+    accelerator: Annotated[str, Field(pattern=SKY_ACCELERATOR)] | None = Field(
+        default=None, description="SkyPilot GPU type, e.g. H100, A100-80GB (asks for TYPE:gpus_per_node)"
+    )
+    infra: Annotated[str, Field(pattern=SKY_INFRA)] | None = Field(
+        default=None, description="SkyPilot cloud[/region[/zone]] or k8s[/context]; default: SkyPilot picks"
+    )
+    use_spot: bool = Field(default=False, description="SkyPilot spot nodes; relaunched after a preemption")
+    job_recovery: Literal["FAILOVER", "EAGER_NEXT_REGION"] | None = Field(
+        default=None, description="SkyPilot: where a preempted job relaunches; default EAGER_NEXT_REGION"
+    )
+    max_restarts_on_errors: int = Field(default=0, ge=0, le=100, description="SkyPilot relaunches after a failure")
+    pip_packages: list[Annotated[str, Field(max_length=300, pattern=PIP_REQUIREMENT)]] = Field(
+        default_factory=list, max_length=32, description="SkyPilot: pip installs these on every node first"
+    )
 
 
-class TrainingPlan(BaseModel):
+class TrainingPlan(Model):
     plan_token: str = Field(description="Pass to submit_training_job: it is bound to exactly this spec")
     plan_hash: str = Field(description="Hash of the normalised spec; recorded in the audit log")
     spec: dict[str, Any] = Field(description="The normalised spec (defaults filled in)")
@@ -481,7 +507,8 @@ def plan(
     check_env(spec.env)
     if spec.nnodes > 1 and spec.backend not in MULTI_NODE_BACKENDS:
         raise InputError(
-            f"nnodes: {spec.nnodes} nodes; accepted: 1 on the {spec.backend} backend (more on slurm and kubernetes)"
+            f"nnodes: {spec.nnodes} nodes; accepted: 1 on the {spec.backend} backend "
+            f"(more on {', '.join(MULTI_NODE_BACKENDS)})"
         )
     slurm_only = [
         f
@@ -493,6 +520,11 @@ def plan(
     k8s_only = [f for f in K8S_FIELDS if getattr(spec, f)]
     if k8s_only and spec.backend != "kubernetes":
         raise InputError(f"{', '.join(k8s_only)}: Kubernetes options; accepted with backend 'kubernetes' only")
+    sky_only = [f for f in SKY_FIELDS if getattr(spec, f)]
+    if sky_only and spec.backend != "skypilot":
+        raise InputError(f"{', '.join(sky_only)}: SkyPilot options; accepted with backend 'skypilot' only")
+    if spec.image and spec.backend not in IMAGE_BACKENDS:
+        raise InputError(f"image: accepted with backend {' or '.join(IMAGE_BACKENDS)} only")
     warnings: list[str] = []
     remote = spec.backend != "local"
     if remote:  # the cluster's machines, not this one: the engine places and limits the ranks
@@ -506,7 +538,7 @@ def plan(
             raise InputError(f"nproc_per_node {nproc} is more than the {gpus} GPU(s) asked for: one rank per GPU")
     elif gpus > gpus_present:
         raise InputError(f"the job asks for {gpus} GPU(s) but this machine has {gpus_present}")
-    if spec.backend == "kubernetes":
+    if spec.backend in CLUSTER_NODE_BACKENDS:
         pass  # the cluster's nodes, never this machine: its GPUs and cores say nothing of them
     elif gpus_present == 0:
         cap = max(2, os.cpu_count() or 1)
@@ -579,7 +611,9 @@ def plan(
             f: getattr(spec, f)
             for f in ("partition", "account", "qos", "constraint", "exclude", "nodelist", "dependency")
         },
+        "image": spec.image,
         **{f: getattr(spec, f) for f in K8S_FIELDS},
+        **{f: (list(v) if isinstance(v := getattr(spec, f), list) else v) for f in SKY_FIELDS},
         "recipe": recipe,
         "name": spec.name,
         "tags": list(spec.tags),
