@@ -31,29 +31,11 @@ from servers.launch.ray_backend import (
     RayUnavailableError,
     submission_id_for,
 )
+from tests.hostile import HOSTILE_ARGS
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "launch"
 TINY_GRPO = REPO / "servers" / "launch" / "recipes" / "tiny_grpo.py"
-HOSTILE_ARGS = [
-    "$(touch PWNED_subst)",
-    "`touch PWNED_backtick`",
-    "; touch PWNED_semicolon",
-    "&& touch PWNED_and",
-    "| tee PWNED_pipe",
-    "> PWNED_redirect",
-    "a b  c",
-    "'single'",
-    '"double"',
-    "--flag=$HOME",
-    "${IFS}",
-    "*",
-    "~",
-    "\\",
-    "line\nbreak",
-    "ünïcødé",
-    "",
-]
 
 
 def make_spec(script: Path, args: list[str] | None = None, **extra: Any) -> dict[str, Any]:

@@ -59,31 +59,12 @@ from servers.launch.skypilot import (
     check_structure,
     job_name_for,
 )
+from tests.hostile import HOSTILE_ARGS
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests" / "fixtures" / "skypilot"
 ECHO_ARGS = REPO / "tests" / "fixtures" / "launch" / "echo_args.py"
 TINY_GPT = RECIPES_DIR / "tiny_gpt.py"
-HOSTILE_ARGS = [
-    "$(touch PWNED_subst)",
-    "`touch PWNED_backtick`",
-    "; touch PWNED_semicolon",
-    "&& touch PWNED_and",
-    "| tee PWNED_pipe",
-    "> PWNED_redirect",
-    "a b  c",
-    "'single'",
-    '"double"',
-    "--flag=$HOME",
-    "${IFS}",
-    "*",
-    "~",
-    "\\",
-    "line\nbreak",
-    "tab\there",
-    "ünïcødé",
-    "",
-]
 
 
 def real_sky() -> Any:
