@@ -4,7 +4,8 @@ model before its first call, ~4 bytes a token).
 - `published_input`: the input schema pydantic generates, without what a model does not need: titles (the
   property name says it), defaults that mean "not given" (null, false, "", [], {}), the null alternative of an
   optional argument (leaving it out is the way to say "none"; an explicit null is still accepted), and the
-  abuse caps (string and list lengths of 64 and more, numbers beyond a million in size): the server still
+  abuse caps (string and list lengths of 64 and more, numbers beyond a million in size, patterns longer than 64
+  characters, and what is left empty without them): the server still
   enforces every one of them and says so in its error. Kept: types, enums, patterns, small bounds, required,
   additionalProperties: false, descriptions, meaningful defaults.
 - `published_output`: the output schema at its top level: its model's name (title), every property with its JSON
@@ -27,6 +28,7 @@ _CAP_KEYS = ("maxLength", "maxItems", "maxProperties")
 _BOUND_KEYS = ("maximum", "minimum", "exclusiveMaximum", "exclusiveMinimum")
 _CAP_AT = 64
 _BOUND_AT = 1e6
+_LONG_PATTERN = 64
 _NULL = {"type": "null"}
 
 
@@ -41,6 +43,8 @@ def _is_empty_default(value: Any) -> bool:
 
 
 def _is_cap(key: str, value: Any) -> bool:
+    if key == "pattern":  # a long pattern guards the input, it does not guide the caller (errors quote it)
+        return isinstance(value, str) and len(value) > _LONG_PATTERN
     if key in _CAP_KEYS:
         return isinstance(value, int) and value >= _CAP_AT
     return key in _BOUND_KEYS and isinstance(value, int | float) and abs(value) >= _BOUND_AT
@@ -70,7 +74,10 @@ def _compact_input(node: Any) -> Any:
         elif _is_cap(key, value):
             continue
         else:
-            out[key] = _compact_input(value)
+            compacted = _compact_input(value)
+            if compacted == {} and key in ("propertyNames", "items", "additionalProperties") and value != {}:
+                continue  # nothing left of it but what any value meets
+            out[key] = compacted
     alternatives = out.get("anyOf")
     if (
         isinstance(alternatives, list)
