@@ -134,8 +134,11 @@ async def test_a_start_from_the_cache_publishes_and_behaves_exactly_as_a_fresh_b
     cached_server = create_server(_app(tmp_path / "fresh"))
     cached = toolcache.for_server(cached_server)
     assert cached is not None and not cached.built and set(cached.loaded) == set(fresh.built)
-    # nothing was generated: every tool waits for its first call to build its models
-    assert all(t.fn_metadata._source is not None for t in cached_server._tool_manager.list_tools())
+    # nothing was generated: every tool waits for its first call to build its models, and the diagnostics part
+    # (tools only) is not even registered until then
+    waiting = {t.name: t.fn_metadata for t in cached_server._tool_manager.list_tools()}
+    assert all(m._source is not None or m._loader is not None for m in waiting.values())
+    assert waiting["explain_xid"]._loader is not None and waiting["get_job"]._source is not None
     assert await _listing(cached_server, mode) == await _listing(fresh_server, mode)
     calls: list[tuple[str, dict[str, Any]]] = [
         ("explain_xid", {"code": 79}),
@@ -150,6 +153,10 @@ async def test_a_start_from_the_cache_publishes_and_behaves_exactly_as_a_fresh_b
             results = [await client.call_tool(name, args) for name, args in calls]
             answers.append([r.model_dump(mode="json", by_alias=True) for r in results])
     assert answers[0] == answers[1]
+    async with Client(cached_server, mode=mode) as client:  # a tool of the part not loaded yet: its full schema
+        read = await client.read_resource("infra://tools/scan_kernel_log/output-schema")
+        fresh_tool = fresh_server._tool_manager.get_tool("scan_kernel_log")
+        assert json.loads(read.contents[0].text) == fresh_tool.fn_metadata.full_output_schema
     assert not answers[1][0]["isError"] and answers[1][0]["structuredContent"]
     assert not answers[1][1]["isError"] and answers[1][1]["structuredContent"]["flops"] > 0
     assert answers[1][2]["isError"] and "limit: got" in answers[1][2]["content"][0]["text"]
@@ -170,7 +177,7 @@ async def test_the_full_output_schema_is_a_resource(tmp_path: Path) -> None:
 
 def test_a_cache_of_other_code_or_a_broken_file_is_not_used(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cache = toolcache.ToolCache(tmp_path, digest="a" * 32)
-    cache.put("t", {"description": "d", "input": {}, "output": None, "context": None})
+    cache.put("t", {"description": "d", "input": {}, "output": None, "context": None, "title": "T", "annotations": {}})
     cache.save()
     assert toolcache.ToolCache(tmp_path, digest="a" * 32).get("t") is not None
     assert toolcache.ToolCache(tmp_path, digest="b" * 32).get("t") is None  # another digest: another file
@@ -178,7 +185,7 @@ def test_a_cache_of_other_code_or_a_broken_file_is_not_used(tmp_path: Path, capl
     with caplog.at_level(logging.WARNING):
         broken = toolcache.ToolCache(tmp_path, digest="c" * 32)
     assert broken.get("t") is None and "not used" in caplog.text
-    broken.put("t", {"description": "d", "input": {}, "output": None, "context": None})
+    broken.put("t", {"description": "d", "input": {}, "output": None, "context": None, "title": "T", "annotations": {}})
     broken.save()  # replaces the broken file and removes the other digests' files
     assert [p.name for p in tmp_path.glob("tools-*.json")] == [f"tools-{'c' * 32}.json"]
 

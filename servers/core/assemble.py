@@ -12,6 +12,7 @@ from servers.core.mcp_layer import (
     new_server,
     register_job_resources,
     register_job_tools,
+    register_part_later,
     register_schema_resources,
 )
 from servers.core.resources import register_file_resources, register_prompts
@@ -26,6 +27,9 @@ class ServerPart:
     register: Callable[[MCPServer, App], None]
     job_kinds: Sequence[JobKind] = field(default_factory=tuple)
     starts_jobs: bool = False
+    # `register` adds tools and nothing else: a start whose tool cache has them all publishes them from it and
+    # runs `register` at the first call of one (mcp_layer.register_part_later; it imports what they need then).
+    tools_only: bool = False
 
 
 def build_server(name: str, instructions: str, parts: Sequence[ServerPart], app: App | None = None) -> MCPServer:
@@ -36,7 +40,13 @@ def build_server(name: str, instructions: str, parts: Sequence[ServerPart], app:
     for part in parts:
         for kind in part.job_kinds:
             app.add_job_kind(kind)
+        cached = cache.part(part.name) if part.tools_only else None
+        if cached:
+            register_part_later(server, app, part.register, cached)
+            continue
+        before = {t.name for t in server._tool_manager.list_tools()}
         part.register(server, app)
+        cache.put_part(part.name, [t.name for t in server._tool_manager.list_tools() if t.name not in before])
     if any(part.starts_jobs for part in parts):
         register_job_tools(server, app)
         register_job_resources(server, app)

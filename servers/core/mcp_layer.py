@@ -288,6 +288,8 @@ class StrictArguments(FuncMetadata):
     full_output_schema: dict[str, Any] | None = None
     text_fields: frozenset[str] = frozenset()
     _source: tuple[Callable[..., Any], tuple[str, ...]] | None = PrivateAttr(default=None)
+    _loader: Callable[[str], Tool] | None = PrivateAttr(default=None)
+    _real_fn: Callable[..., Any] | None = PrivateAttr(default=None)
 
     @classmethod
     def from_metadata(
@@ -316,14 +318,34 @@ class StrictArguments(FuncMetadata):
         meta._source = (fn, skip)
         return meta
 
+    @classmethod
+    def of_part(
+        cls, name: str, loader: Callable[[str], Tool], published_output_schema: dict[str, Any] | None
+    ) -> "StrictArguments":
+        """A tool of a part not registered yet (register_part_later): `loader(name)` registers the part and gives
+        the real tool, whose function and models this one then uses."""
+        meta = cls(arg_model=_NotBuiltYet, output_schema=published_output_schema, tool_name=name)
+        meta._loader = loader
+        return meta
+
     def ensure_built(self) -> None:
-        if self._source is None:
+        if self._loader is not None:
+            real = self._loader(self.tool_name)
+            assert isinstance(real.fn_metadata, StrictArguments)
+            real.fn_metadata.ensure_built()
+            built = real.fn_metadata
+            self._real_fn = real.fn
+            self._loader = None
+        elif self._source is not None:
+            fn, skip = self._source
+            built = StrictArguments.from_metadata(
+                self.tool_name, func_metadata(fn, skip_names=skip), self.output_schema
+            )
+            self._source = None
+        else:
             return
-        fn, skip = self._source
-        built = StrictArguments.from_metadata(self.tool_name, func_metadata(fn, skip_names=skip), self.output_schema)
         for field in ("arg_model", "output_model", "wrap_output", "input_schema", "full_output_schema", "text_fields"):
             setattr(self, field, getattr(built, field))
-        self._source = None
 
     def _decode(self, name: str, value: Any) -> Any:
         if not isinstance(value, str) or name in self.text_fields:
@@ -371,7 +393,7 @@ class StrictArguments(FuncMetadata):
     ) -> Any:
         if isinstance(arguments, _Rejected):
             raise ToolError("\n".join(arguments.problems))
-        return await super().call_fn(fn, fn_is_async, arguments, arguments_to_pass_directly)
+        return await super().call_fn(self._real_fn or fn, fn_is_async, arguments, arguments_to_pass_directly)
 
     def convert_result(self, result: Any) -> Any:
         self.ensure_built()
@@ -435,6 +457,8 @@ def register_tool(
             "input": published_in,
             "output": published_output(meta.output_schema) if meta.output_schema is not None else None,
             "context": sdk_tool.context_kwarg,
+            "title": title,
+            "annotations": annotations.model_dump(mode="json", by_alias=True, exclude_none=True),
         }
         strict = StrictArguments.from_metadata(name, meta, entry["output"])
         if cache is not None:
@@ -442,7 +466,18 @@ def register_tool(
     else:
         skip = (entry["context"],) if entry["context"] else ()
         strict = StrictArguments.deferred(name, fn, skip, entry["output"])
-    tool = Tool(
+    return _add(server, _tool_of(name, fn, entry, strict, title, annotations))
+
+
+def _tool_of(
+    name: str,
+    fn: Callable[..., Any],
+    entry: dict[str, Any],
+    strict: "StrictArguments",
+    title: str,
+    annotations: ToolAnnotations,
+) -> Tool:
+    return Tool(
         fn=fn,
         name=name,
         title=title,
@@ -453,11 +488,41 @@ def register_tool(
         context_kwarg=entry["context"],
         annotations=annotations,
     )
+
+
+def _add(server: MCPServer, tool: Tool) -> Tool:
     manager = server._tool_manager  # the SDK keeps no public way to add a Tool it did not build itself
-    if name in manager._tools:
-        raise ValueError(f"tool {name} is registered twice")
-    manager._tools[name] = tool
+    if tool.name in manager._tools:
+        raise ValueError(f"tool {tool.name} is registered twice")
+    manager._tools[tool.name] = tool
     return tool
+
+
+async def _not_loaded(**_: Any) -> Any:  # never called: StrictArguments.call_fn runs the real function
+    raise RuntimeError("a tool of a part that was not loaded")
+
+
+def register_part_later(
+    server: MCPServer, app: App, register: Callable[[MCPServer, App], None], entries: dict[str, dict[str, Any]]
+) -> None:
+    """Publish a part's tools from the cache `entries` and register the part itself only when one of its tools is
+    first called (or its full output schema read): then `register` runs once, on a private server, and each tool
+    takes the function and models it got there. For a part whose `register` adds tools and nothing else."""
+    loaded: dict[str, Tool] = {}
+    lock = threading.Lock()
+
+    def load(name: str) -> Tool:
+        with lock:
+            if not loaded:
+                private = MCPServer(f"{server.name}-part")
+                register(private, app)
+                loaded.update({t.name: t for t in private._tool_manager.list_tools()})
+        return loaded[name]
+
+    for name, entry in entries.items():
+        strict = StrictArguments.of_part(name, load, entry["output"])
+        annotations = ToolAnnotations.model_validate(entry["annotations"])
+        _add(server, _tool_of(name, _not_loaded, entry, strict, entry["title"], annotations))
 
 
 def _readable_errors(fn: F) -> F:

@@ -22,7 +22,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
+_ENTRY_KEYS = {"description", "input", "output", "context", "title", "annotations"}
 _caches: "weakref.WeakKeyDictionary[Any, ToolCache]" = weakref.WeakKeyDictionary()
 
 
@@ -62,10 +63,14 @@ class ToolCache:
         self.path = folder / f"tools-{self.digest}.json"
         self.loaded: dict[str, dict[str, Any]] = {}
         self.built: dict[str, dict[str, Any]] = {}
+        self.loaded_parts: dict[str, list[str]] = {}
+        self.built_parts: dict[str, list[str]] = {}
         try:
             data = json.loads(self.path.read_text())
             if isinstance(data, dict) and data.get("digest") == self.digest and isinstance(data.get("tools"), dict):
                 self.loaded = data["tools"]
+                parts = data.get("parts")
+                self.loaded_parts = parts if isinstance(parts, dict) else {}
         except FileNotFoundError:
             pass
         except (OSError, ValueError) as exc:
@@ -73,23 +78,37 @@ class ToolCache:
 
     def get(self, name: str) -> dict[str, Any] | None:
         entry = self.loaded.get(name)
-        if isinstance(entry, dict) and {"description", "input", "output", "context"} <= set(entry):
+        if isinstance(entry, dict) and _ENTRY_KEYS <= set(entry):
             return entry
         return None
+
+    def part(self, name: str) -> dict[str, dict[str, Any]] | None:
+        """The entries of every tool a part registered at the last build, if all are here."""
+        names = self.loaded_parts.get(name)
+        if not isinstance(names, list) or not names:
+            return None
+        entries = {n: self.get(n) for n in names if isinstance(n, str)}
+        if len(entries) != len(names) or any(e is None for e in entries.values()):
+            return None
+        return entries  # type: ignore[return-value]
+
+    def put_part(self, name: str, tools: list[str]) -> None:
+        self.built_parts[name] = tools
 
     def put(self, name: str, entry: dict[str, Any]) -> None:
         self.built[name] = entry
 
     def save(self) -> None:
         """Write the definitions of this start (loaded and built) if any was built; remove older files."""
-        if not self.built:
+        if not self.built and not self.built_parts:
             return
         tools = {**self.loaded, **self.built}
+        parts = {**self.loaded_parts, **self.built_parts}
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tools-", suffix=".tmp")
             with os.fdopen(fd, "w") as out:
-                json.dump({"digest": self.digest, "tools": tools}, out, separators=(",", ":"))
+                json.dump({"digest": self.digest, "tools": tools, "parts": parts}, out, separators=(",", ":"))
             os.replace(tmp, self.path)
             for old in self.folder.glob("tools-*.json"):
                 if old != self.path:

@@ -802,7 +802,9 @@ def read_live_kernel_log(source: str | None) -> str:
     return done.stdout.decode(errors="replace")
 
 
-PART = ServerPart(name=NAME, instructions=INSTRUCTIONS, register=register, job_kinds=JOB_KINDS, starts_jobs=True)
+PART = ServerPart(
+    name=NAME, instructions=INSTRUCTIONS, register=register, job_kinds=JOB_KINDS, starts_jobs=True, tools_only=True
+)
 
 
 def create_server(app: App | None = None) -> MCPServer:
