@@ -195,3 +195,17 @@ def test_the_digest_follows_the_code_and_the_settings(monkeypatch: pytest.Monkey
     assert toolcache.code_digest() == first
     monkeypatch.setenv("LLM_INFRA_MCP_MAX_CONCURRENT_JOBS", "3")
     assert toolcache.code_digest() != first
+
+
+async def test_prompts_from_the_cache_are_the_same_and_read_their_file_at_first_use(tmp_path: Path) -> None:
+    fresh = create_server(_app(tmp_path / "p"))
+    cached = create_server(_app(tmp_path / "p"))
+    cache = toolcache.for_server(cached)
+    assert cache is not None and cache.prompts()
+    listings, rendered = [], []
+    for server in (fresh, cached):
+        async with Client(server) as client:
+            listings.append([p.model_dump(mode="json") for p in (await client.list_prompts()).prompts])
+            got = await client.get_prompt("triage-gpu-node", {"node": "n1", "symptom": "Xid 79"})
+            rendered.append(got.model_dump(mode="json"))
+    assert listings[0] == listings[1] and rendered[0] == rendered[1]

@@ -15,7 +15,8 @@ from servers.core.mcp_layer import (
     register_part_later,
     register_schema_resources,
 )
-from servers.core.resources import register_file_resources, register_prompts
+from servers.core.paths import prompts_dir
+from servers.core.resources import prompt_entries, register_file_resources, register_prompts
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,10 @@ def build_server(name: str, instructions: str, parts: Sequence[ServerPart], app:
         register_job_resources(server, app)
     register_file_resources(server)
     register_schema_resources(server)
-    register_prompts(server)
+    entries = cache.prompts()
+    if entries is None:
+        entries = prompt_entries(prompts_dir())
+        cache.put_prompts(entries)
+    register_prompts(server, entries=entries)
     cache.save()
     return server

@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
 from mcp.server import MCPServer
 from mcp.server.mcpserver.prompts.base import Prompt, PromptArgument
 from mcp.server.mcpserver.resources import FileResource
@@ -104,6 +103,8 @@ class PromptFile:
         match = _FRONT_MATTER.match(path.read_text())
         if not match:
             raise ValueError(f"{path}: a prompt file starts with YAML front matter between '---' lines")
+        import yaml  # only when a prompt file is read: a start from the tool cache reads none
+
         meta: dict[str, Any] = yaml.safe_load(match.group(1)) or {}
         self.path = path
         self.name: str = meta.get("name") or path.stem
@@ -133,20 +134,44 @@ class PromptFile:
         return re.sub(r"\{([a-z_][a-z0-9_]*)\}", substitute, self.body)
 
 
-def register_prompts(server: MCPServer, root: Path | None = None) -> None:
-    root = root or prompts_dir()
+def prompt_entries(root: Path) -> list[dict[str, Any]]:
+    """What prompts/list shows of each prompt file (what the tool cache keeps)."""
+    entries = []
     for path in sorted(root.glob("*.md")):
-        prompt_file = PromptFile(path)
+        parsed = PromptFile(path)
+        entries.append(
+            {
+                "path": str(path),
+                "name": parsed.name,
+                "title": parsed.title,
+                "description": parsed.description,
+                "arguments": [a.model_dump(mode="json", exclude_none=True) for a in parsed.arguments],
+            }
+        )
+    return entries
 
-        def render(_prompt_file_: PromptFile = prompt_file, **values: Any) -> str:
-            return _prompt_file_.render(values)
 
+def register_prompts(server: MCPServer, root: Path | None = None, entries: list[dict[str, Any]] | None = None) -> None:
+    """Every prompt file as a prompt; from `entries` (prompt_entries, kept by the tool cache) without reading the
+    files, each then read at its first use."""
+    root = root or prompts_dir()
+    parsed: dict[str, PromptFile] = {}
+
+    def render_of(path: str) -> Any:
+        def render(**values: Any) -> str:
+            if path not in parsed:
+                parsed[path] = PromptFile(Path(path))
+            return parsed[path].render(values)
+
+        return render
+
+    for entry in entries if entries is not None else prompt_entries(root):
         server.add_prompt(
             Prompt(
-                name=prompt_file.name,
-                title=prompt_file.title,
-                description=prompt_file.description,
-                arguments=prompt_file.arguments,
-                fn=render,
+                name=entry["name"],
+                title=entry["title"],
+                description=entry["description"],
+                arguments=[PromptArgument(**a) for a in entry["arguments"]],
+                fn=render_of(entry["path"]),
             )
         )

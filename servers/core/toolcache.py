@@ -22,7 +22,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2
+FORMAT = 3
 _ENTRY_KEYS = {"description", "input", "output", "context", "title", "annotations"}
 _caches: "weakref.WeakKeyDictionary[Any, ToolCache]" = weakref.WeakKeyDictionary()
 
@@ -49,6 +49,14 @@ def code_digest() -> str:
                 digest.update(f"{path}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
             except OSError:
                 digest.update(f"{path}|?\n".encode())
+    from servers.core.paths import prompts_dir  # the prompt files: what prompts/list shows is kept too
+
+    for path in sorted(prompts_dir().glob("*.md")):
+        try:
+            stat = path.stat()
+            digest.update(f"{path}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+        except OSError:
+            digest.update(f"{path}|?\n".encode())
     for key in sorted(k for k in os.environ if k.startswith("LLM_INFRA_MCP_")):
         digest.update(f"{key}={os.environ[key]}\n".encode())
     return digest.hexdigest()[:32]
@@ -65,12 +73,16 @@ class ToolCache:
         self.built: dict[str, dict[str, Any]] = {}
         self.loaded_parts: dict[str, list[str]] = {}
         self.built_parts: dict[str, list[str]] = {}
+        self.loaded_prompts: list[dict[str, Any]] | None = None
+        self.built_prompts: list[dict[str, Any]] | None = None
         try:
             data = json.loads(self.path.read_text())
             if isinstance(data, dict) and data.get("digest") == self.digest and isinstance(data.get("tools"), dict):
                 self.loaded = data["tools"]
                 parts = data.get("parts")
                 self.loaded_parts = parts if isinstance(parts, dict) else {}
+                prompts = data.get("prompts")
+                self.loaded_prompts = prompts if isinstance(prompts, list) else None
         except FileNotFoundError:
             pass
         except (OSError, ValueError) as exc:
@@ -95,20 +107,28 @@ class ToolCache:
     def put_part(self, name: str, tools: list[str]) -> None:
         self.built_parts[name] = tools
 
+    def prompts(self) -> list[dict[str, Any]] | None:
+        return self.loaded_prompts
+
+    def put_prompts(self, prompts: list[dict[str, Any]]) -> None:
+        self.built_prompts = prompts
+
     def put(self, name: str, entry: dict[str, Any]) -> None:
         self.built[name] = entry
 
     def save(self) -> None:
         """Write the definitions of this start (loaded and built) if any was built; remove older files."""
-        if not self.built and not self.built_parts:
+        if not self.built and not self.built_parts and self.built_prompts is None:
             return
         tools = {**self.loaded, **self.built}
         parts = {**self.loaded_parts, **self.built_parts}
+        prompts = self.built_prompts if self.built_prompts is not None else self.loaded_prompts
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tools-", suffix=".tmp")
             with os.fdopen(fd, "w") as out:
-                json.dump({"digest": self.digest, "tools": tools, "parts": parts}, out, separators=(",", ":"))
+                data = {"digest": self.digest, "tools": tools, "parts": parts, "prompts": prompts}
+                json.dump(data, out, separators=(",", ":"))
             os.replace(tmp, self.path)
             for old in self.folder.glob("tools-*.json"):
                 if old != self.path:
