@@ -11,7 +11,7 @@ import json
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -76,15 +76,15 @@ def wait_for_port(proc: subprocess.Popen, port: int, log: Path) -> None:
 
 
 @contextmanager
-def http_server(tmp_path: Path, host: str, **extra_env: str) -> Iterator[str]:
-    """Run `serve suite --transport http` on host and a free port; yield the base URL to reach it on 127.0.0.1."""
+def serving(argv_for_port: Callable[[int], list[str]], env: dict[str, str], log_dir: Path) -> Iterator[str]:
+    """Run the HTTP server argv_for_port(port) gives, on a free port; yield its base URL on 127.0.0.1; stop it."""
     port = free_port()
-    log = tmp_path / f"server-{port}.log"
+    log = log_dir / f"server-{port}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            serve_command(host, port),
+            argv_for_port(port),
             cwd=REPO_ROOT,
-            env=server_env(tmp_path / "state", **extra_env),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -94,6 +94,13 @@ def http_server(tmp_path: Path, host: str, **extra_env: str) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         stop(proc)
+
+
+@contextmanager
+def http_server(tmp_path: Path, host: str, **extra_env: str) -> Iterator[str]:
+    """Run `serve suite --transport http` on host and a free port; yield the base URL to reach it on 127.0.0.1."""
+    with serving(lambda port: serve_command(host, port), server_env(tmp_path / "state", **extra_env), tmp_path) as url:
+        yield url
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -40,7 +39,7 @@ from servers.core.mcp_layer import App
 from servers.core.settings import Settings
 from servers.core.tasks import TASKS_EXTENSION, task_handle
 from tests.conftest import CHILD_ENV, PYTHON, REPO_ROOT, server_env
-from tests.test_http import free_port, stop, wait_for_port
+from tests.test_http import serving
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -200,22 +199,8 @@ class Transport:
 
 @contextmanager
 def http_test_suite(home: Path, log_dir: Path) -> Iterator[str]:
-    port = free_port()
-    log = log_dir / f"server-{port}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [PYTHON, "-c", SERVE_HTTP, str(port)],
-            cwd=REPO_ROOT,
-            env=server_env(home),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_for_port(proc, port, log)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop(proc)
+    with serving(lambda port: [PYTHON, "-c", SERVE_HTTP, str(port)], server_env(home), log_dir) as url:
+        yield url
 
 
 def cancel_leftovers(home: Path) -> None:
