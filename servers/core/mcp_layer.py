@@ -293,9 +293,14 @@ class StrictArguments(FuncMetadata):
 
     @classmethod
     def from_metadata(
-        cls, name: str, meta: FuncMetadata, published_output_schema: dict[str, Any] | None
+        cls,
+        name: str,
+        meta: FuncMetadata,
+        published_output_schema: dict[str, Any] | None,
+        schema: dict[str, Any] | None = None,
     ) -> "StrictArguments":
-        schema = closed_schema(meta.arg_model.model_json_schema(by_alias=True))
+        """`schema`: the closed input schema of `meta.arg_model` when the caller has it already."""
+        schema = schema if schema is not None else closed_schema(meta.arg_model.model_json_schema(by_alias=True))
         defs = schema.get("$defs", {})
         return cls(
             arg_model=meta.arg_model,
@@ -449,7 +454,8 @@ def register_tool(
     if entry is None:
         sdk_tool = Tool.from_function(fn, name=name, title=title, annotations=annotations)
         meta = sdk_tool.fn_metadata
-        published_in = published_input(closed_schema(sdk_tool.parameters))
+        enforced = closed_schema(sdk_tool.parameters)
+        published_in = published_input(enforced)
         if same_as:
             published_in = _refer(published_in, same_as)
         entry = {
@@ -460,7 +466,7 @@ def register_tool(
             "title": title,
             "annotations": annotations.model_dump(mode="json", by_alias=True, exclude_none=True),
         }
-        strict = StrictArguments.from_metadata(name, meta, entry["output"])
+        strict = StrictArguments.from_metadata(name, meta, entry["output"], enforced)
         if cache is not None:
             cache.put(name, entry)
     else:
@@ -742,8 +748,9 @@ async def run_job(
     return waited.job
 
 
-def client_name(ctx: Context) -> str:
-    """The client's name and version as it introduced itself (legacy handshake), for the audit log."""
+def client_name(ctx: Any) -> str:
+    """The client's name and version as it introduced itself (legacy handshake), for the audit log: from a tool's
+    Context or a request handler's context alike (both carry the session)."""
     try:
         info = ctx.session.client_params.client_info  # type: ignore[union-attr]
         return f"{info.name} {info.version}"

@@ -66,7 +66,7 @@ from servers.core.jobfiles import atomic_write_json, read_json
 from servers.core.jobs import JOB_ID_PATTERN
 from servers.core.jobstore import JobRecord, JobState
 from servers.core.jobview import JobView, iso, job_view
-from servers.core.mcp_layer import SWEEP_ID, App, in_thread, summarize_job, sweep_status
+from servers.core.mcp_layer import SWEEP_ID, App, client_name, in_thread, summarize_job, sweep_status
 
 log = logging.getLogger(__name__)
 
@@ -294,14 +294,6 @@ def declared(ctx: ServerRequestContext[Any, Any]) -> bool:
     return bool(capabilities and capabilities.extensions and TASKS_EXTENSION in capabilities.extensions)
 
 
-def _client_name(ctx: ServerRequestContext[Any, Any]) -> str:
-    try:
-        info = ctx.session.client_params.client_info  # type: ignore[union-attr]
-        return f"{info.name} {info.version}"
-    except Exception:
-        return "unknown client"
-
-
 class TasksExtension(Extension):
     """`io.modelcontextprotocol/tasks` over the job engine (see the module's docstring)."""
 
@@ -374,7 +366,7 @@ class TasksExtension(Extension):
         require_client_extension(ctx, TASKS_EXTENSION)
         task = await self._lookup(params.task_id)
         job_ids = task["_meta"][META_KEY].get("jobIds") or [params.task_id]
-        who = _client_name(ctx)
+        who = client_name(ctx)
 
         def cancel() -> None:
             for job_id in job_ids:
@@ -396,7 +388,7 @@ class TasksExtension(Extension):
 # ---- resource subscriptions ------------------------------------------------------------------------------------
 
 
-JOB_URI = re.compile(r"^infra://jobs/(?P<job_id>[a-z0-9][a-z0-9_-]{0,95})$")
+JOB_URI = re.compile(rf"^infra://jobs/(?P<job_id>{JOB_ID_PATTERN.removeprefix('^').removesuffix('$')})$")
 MAX_SUBSCRIPTIONS_PER_CONNECTION = 256
 
 
