@@ -108,7 +108,7 @@ def tool_problems(tools: list[Tool], enforced: dict[str, dict[str, Any]] | None 
         if (
             hints is None
             or None in (hints.read_only_hint, hints.destructive_hint, hints.idempotent_hint, hints.open_world_hint)
-            or not hints.title
+            or not tool.title
         ):
             problems.append(f"{tool.name}: annotations incomplete ({hints})")
         elif hints.read_only_hint and hints.destructive_hint:

@@ -33,6 +33,8 @@ class Color(str, Enum):
 class Inner(BaseModel):
     size: int = Field(ge=0, le=10, description="a size")
     label: str | None = None
+    code: str = Field(default="ab", pattern="^[a-z]{2}$")
+    warm: int = Field(default=3, ge=2, le=1000)
 
 
 class Outer(BaseModel):
@@ -57,17 +59,15 @@ def test_the_published_input_drops_what_a_model_does_not_need_and_keeps_what_it_
     assert '"title"' not in text
     props = published["properties"]
     assert props["name"] == {"description": "what it is called", "type": "string"}  # cap and title gone
-    assert props["count"] == {"minimum": 0, "type": "integer"}  # optional: the value's own schema; 1e9 cap gone
-    assert props["ratio"] == {"default": 0.5, "exclusiveMaximum": 1, "exclusiveMinimum": 0, "type": "number"}
+    assert props["count"] == {"type": "integer"}  # optional: the value's own schema; its floor 0 and 1e9 cap gone
+    assert props["ratio"] == {"default": 0.5, "exclusiveMaximum": 1, "type": "number"}  # exclusiveMinimum 0 gone
     assert props["mode"] == {"enum": ["a", "b"], "type": "string"}
     assert props["inner"] == {"$ref": "#/$defs/Inner"}
     assert "default" not in props["inners"] and "maxItems" not in props["inners"]
-    assert published["$defs"]["Inner"]["properties"]["size"] == {
-        "description": "a size",
-        "maximum": 10,
-        "minimum": 0,
-        "type": "integer",
-    }
+    inner = published["$defs"]["Inner"]["properties"]
+    assert inner["size"] == {"description": "a size", "maximum": 10, "type": "integer"}  # a small bound stays
+    assert inner["code"] == {"default": "ab", "type": "string"}  # patterns guard, they are not published
+    assert inner["warm"] == {"default": 3, "minimum": 2, "type": "integer"}  # a floor other than 0/1 stays
     assert published["properties"]["flag"] == {"type": "boolean"}
     # what the full schema accepts without nulls the published one accepts (it only drops keywords), and more
     value = {"name": "x" * 50, "count": 10, "inner": {"size": 3}, "inners": [{"size": 1}] * 3, "words": []}

@@ -14,7 +14,7 @@ from pydantic import Field
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 DTYPES: tuple[Dtype, ...] = get_args(Dtype)
-DTYPE_NOTE = "tf32: fp32 data with TF32 math (sm_80+); fp8: e4m3 in, bf16 out (sm_89+)"
+DTYPE_NOTE = "tf32: sm_80+; fp8: e4m3, bf16 out, sm_89+"
 DtypeArg = Annotated[Dtype, Field(description=DTYPE_NOTE)]  # a tool argument or model field of the one list
 
 # Bytes per element as stored (GEMM inputs, all-gathered activations, collective buffers).

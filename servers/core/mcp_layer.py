@@ -572,8 +572,7 @@ def agent_tool(
             server,
             _readable_errors(fn),
             title=title,
-            annotations=ToolAnnotations(
-                title=title,
+            annotations=ToolAnnotations(  # the title once, on the tool: annotations.title would repeat it
                 read_only_hint=read_only,
                 destructive_hint=destructive,
                 idempotent_hint=idempotent,
@@ -598,7 +597,6 @@ JobId = Annotated[
     Field(
         pattern=JOB_ID_PATTERN,
         max_length=96,
-        description="From the tool that started the job, or list_jobs",
     ),
 ]
 WaitS = Annotated[
@@ -606,7 +604,7 @@ WaitS = Annotated[
     Field(
         ge=0,
         le=50,
-        description="Seconds to wait for the result, else the job handle comes back (0: at once)",
+        description="Wait up to this for the result, else return the job handle",
     ),
 ]
 

@@ -3,11 +3,12 @@ model before its first call, ~4 bytes a token).
 
 - `published_input`: the input schema pydantic generates, without what a model does not need: titles (the
   property name says it), defaults that mean "not given" (null, false, "", [], {}), the null alternative of an
-  optional argument (leaving it out is the way to say "none"; an explicit null is still accepted), and the
-  abuse caps (string and list lengths of 64 and more, numbers beyond a million in size, patterns longer than 64
-  characters, and what is left empty without them): the server still
-  enforces every one of them and says so in its error. Kept: types, enums, patterns, small bounds, required,
-  additionalProperties: false, descriptions, meaningful defaults.
+  optional argument (leaving it out is the way to say "none"; an explicit null is still accepted), the abuse
+  caps (string and list lengths of 64 and more, upper bounds of 1000 and more), the natural floors (minimum 0 or
+  1, exclusiveMinimum 0: a count or an amount), patterns (identifier syntax, which the values a model passes come
+  from earlier results or from the descriptions), and what is left empty without them. The server still enforces
+  every one of them and names it in its error. Kept: types, enums, small upper bounds, other lower bounds,
+  short list caps, required, additionalProperties: false, descriptions, meaningful defaults.
 - `published_output`: the output schema at its top level: its model's name (title), every property with its JSON
   type(s) and enum, `required`; nested objects and lists of objects as {"type": "object"} / {"type": "array"}
   (their full schema is the resource infra://tools/{name}/output-schema). A result still validates against it;
@@ -27,8 +28,9 @@ _EMPTY_DEFAULTS: tuple[Any, ...] = (None, False, "", [], {})
 _CAP_KEYS = ("maxLength", "maxItems", "maxProperties")
 _BOUND_KEYS = ("maximum", "minimum", "exclusiveMaximum", "exclusiveMinimum")
 _CAP_AT = 64
-_BOUND_AT = 1e6
-_LONG_PATTERN = 64
+_UPPER_AT = 1000
+_UPPER_KEYS = ("maximum", "exclusiveMaximum")
+_FLOORS = {"minimum": (0, 1), "exclusiveMinimum": (0,)}
 _NULL = {"type": "null"}
 
 
@@ -43,11 +45,18 @@ def _is_empty_default(value: Any) -> bool:
 
 
 def _is_cap(key: str, value: Any) -> bool:
-    if key == "pattern":  # a long pattern guards the input, it does not guide the caller (errors quote it)
-        return isinstance(value, str) and len(value) > _LONG_PATTERN
+    """A constraint that guards the input rather than guides the caller (the server's error quotes it)."""
+    if key == "pattern":
+        return isinstance(value, str)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
     if key in _CAP_KEYS:
-        return isinstance(value, int) and value >= _CAP_AT
-    return key in _BOUND_KEYS and isinstance(value, int | float) and abs(value) >= _BOUND_AT
+        return value >= _CAP_AT
+    if key in _UPPER_KEYS:
+        return value >= _UPPER_AT
+    if key in _FLOORS:
+        return value in _FLOORS[key]
+    return key in _BOUND_KEYS and abs(value) >= 1e6
 
 
 def published_input(schema: dict[str, Any]) -> dict[str, Any]:
