@@ -35,6 +35,7 @@ class Inner(BaseModel):
     label: str | None = None
     code: str = Field(default="ab", pattern="^[a-z]{2}$")
     warm: int = Field(default=3, ge=2, le=1000)
+    shift: float = Field(default=0.0, ge=-1e12, le=5)
 
 
 class Outer(BaseModel):
@@ -68,6 +69,7 @@ def test_the_published_input_drops_what_a_model_does_not_need_and_keeps_what_it_
     assert inner["size"] == {"description": "a size", "maximum": 10, "type": "integer"}  # a small bound stays
     assert inner["code"] == {"default": "ab", "type": "string"}  # patterns guard, they are not published
     assert inner["warm"] == {"default": 3, "minimum": 2, "type": "integer"}  # a floor other than 0/1 stays
+    assert inner["shift"] == {"default": 0.0, "maximum": 5, "type": "number"}  # a bound beyond a million goes
     assert published["properties"]["flag"] == {"type": "boolean"}
     # what the full schema accepts without nulls the published one accepts (it only drops keywords), and more
     value = {"name": "x" * 50, "count": 10, "inner": {"size": 3}, "inners": [{"size": 1}] * 3, "words": []}

@@ -54,8 +54,8 @@ def _is_cap(key: str, value: Any) -> bool:
         return value >= _CAP_AT
     if key in _UPPER_KEYS:
         return value >= _UPPER_AT
-    if key in _FLOORS:
-        return value in _FLOORS[key]
+    if key in _FLOORS and value in _FLOORS[key]:
+        return True
     return key in _BOUND_KEYS and abs(value) >= 1e6
 
 
