@@ -765,21 +765,19 @@ def register_job_tools(server: MCPServer, app: App) -> None:
 
     @agent_tool(server, title="Get job", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def get_job(job_id: JobId) -> Annotated[CallToolResult, JobView]:
-        """One job: state, times, exit code and reason, spec, result once it succeeded, latest progress, logs.
-        Instant; also for jobs of an earlier server run."""
+        """One job: state, exit reason, result, progress, logs; also jobs of an earlier server run. Instant."""
         view = await in_thread(lambda: job_view(app.engine.get(job_id)))
         return tool_result(view, summarize_job(view) + _warning_text(view))
 
     @agent_tool(server, title="List jobs", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def list_jobs(
-        kind: Annotated[str | None, Field(max_length=64, description="e.g. gemm_benchmark, training")] = None,
+        kind: Annotated[str | None, Field(max_length=64, description="e.g. training")] = None,
         state: JobState | None = None,
-        sweep_id: Annotated[str | None, Field(pattern=SWEEP_ID, description="Only the runs of this sweep")] = None,
+        sweep_id: Annotated[str | None, Field(pattern=SWEEP_ID)] = None,
         limit: Annotated[int, Field(ge=1, le=200)] = 20,
         offset: Annotated[int, Field(ge=0, le=1_000_000)] = 0,
     ) -> Annotated[CallToolResult, JobList]:
-        """List jobs, newest first, as get_job shows them; filter by kind, state or sweep; pages with limit and
-        offset. Instant; finds a job id or what is running."""
+        """Jobs, newest first, by kind, state or sweep: to find a job id or what is running. Instant."""
 
         def listing() -> tuple[Any, list[JobView], list[str]]:
             page = app.engine.list_jobs(kind=kind, state=state, limit=limit, offset=offset, sweep_id=sweep_id)
@@ -799,17 +797,10 @@ def register_job_tools(server: MCPServer, app: App) -> None:
     async def wait_for_job(
         ctx: Context,
         job_id: JobId,
-        wait_s: Annotated[
-            float,
-            Field(
-                ge=0,
-                le=50,
-                description="Longest wait (clients cut calls at about a minute)",
-            ),
-        ] = 30,
+        wait_s: Annotated[float, Field(ge=0, le=50)] = 30,
     ) -> Annotated[CallToolResult, JobWait]:
-        """Wait until a job (or every run of a sweep id) ends or wait_s passes, with progress notifications; returns
-        the job (or the runs' states) and timed_out. Call again to keep waiting."""
+        """Wait for a job (or all runs of a sweep id) to end, up to wait_s, with progress; if timed_out, call
+        again."""
         import re
 
         if re.fullmatch(SWEEP_ID, job_id):
@@ -825,8 +816,8 @@ def register_job_tools(server: MCPServer, app: App) -> None:
 
     @agent_tool(server, title="Cancel job", read_only=False, destructive=True, idempotent=True, open_world=False)
     async def cancel_job(ctx: Context, job_id: JobId) -> Annotated[CallToolResult, JobView]:
-        """Cancel a job: SIGTERM to its process group (or the cluster's cancel), SIGKILL after the grace period.
-        A job that already ended is returned unchanged; logs, metrics and results stay readable."""
+        """Cancel a job: SIGTERM, then SIGKILL (or the cluster's cancel). A job that already ended is returned
+        unchanged."""
         view = await in_thread(lambda: job_view(app.engine.cancel(job_id)))
         AuditLog(app.settings).record(
             "cancel", who=client_name(ctx), job_id=job_id, kind=view.kind, state=view.state.value
@@ -840,14 +831,13 @@ def register_job_tools(server: MCPServer, app: App) -> None:
             str | None,
             Field(
                 pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
-                description="main (default), supervisor, or a log get_job lists (rank0, batch...)",
+                description="Default main; get_job lists the others",
             ),
         ] = None,
-        offset: Annotated[int, Field(ge=0, description="Byte offset; pass next_offset to read on")] = 0,
-        limit: Annotated[int, Field(ge=1, le=1 << 20, description="Most bytes to return")] = 65536,
+        offset: Annotated[int, Field(ge=0)] = 0,
+        limit: Annotated[int, Field(ge=1, le=1 << 20, description="Bytes")] = 65536,
     ) -> Annotated[CallToolResult, LogChunk]:
-        """Read one of a job's logs by byte offset: text, next_offset, eof, and whether the job has finished (the
-        log then stops growing). Instant."""
+        """Read one of a job's logs from a byte offset; page on with next_offset until eof. Instant."""
         record = await in_thread(app.engine.get, job_id)
         chunk = await in_thread(read_log_chunk, record, process, offset, limit)
         head = f"{chunk.process} log of {job_id}, bytes {chunk.offset}-{chunk.next_offset} of {chunk.size_bytes}"
@@ -860,16 +850,15 @@ def register_job_tools(server: MCPServer, app: App) -> None:
         job_id: JobId,
         keys: Annotated[
             list[Annotated[str, Field(max_length=128)]] | None,
-            Field(max_length=64, description="Only these (step and time always come)"),
+            Field(max_length=64),
         ] = None,
         since_step: Annotated[
             int | None,
-            Field(ge=-1, description="Rows after this step; pass last_step to read on"),
+            Field(ge=-1, description="Pass last_step to read on"),
         ] = None,
         limit: Annotated[int, Field(ge=1, le=5000)] = 500,
     ) -> Annotated[CallToolResult, MetricsPage]:
-        """Read a job's metrics rows (per logged step: step, time, loss, TFLOP/s...), some keys only, steps after
-        since_step. Instant, also while it runs."""
+        """A job's metrics rows (step, time, loss, TFLOP/s...), also while it runs. Instant."""
         record = await in_thread(app.engine.get, job_id)
         page = await in_thread(read_metrics, record, keys, since_step, limit)
         summary = f"{len(page.rows)} metrics row(s) of {job_id}"

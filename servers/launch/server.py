@@ -135,8 +135,7 @@ def register(server: MCPServer, app: App) -> None:
         server, title="List launch backends", read_only=True, destructive=False, idempotent=True, open_world=False
     )
     async def list_backends() -> Annotated[CallToolResult, BackendList]:
-        """Say which launch engines this machine offers (local torchrun, Slurm, Ray, Kubernetes, SkyPilot), what was
-        found for each or why it is missing, and whether this server can launch on it. Instant; starts nothing."""
+        """Which spec.backend values work on this machine, with what was found for each or why not. Instant."""
         backends = await in_thread(detect_all, app.settings.ray_address)
         lines = [
             f"- {b.name}: {'found' if b.detected else 'missing'} ({b.detail})"
@@ -149,8 +148,7 @@ def register(server: MCPServer, app: App) -> None:
         server, title="List training recipes", read_only=True, destructive=False, idempotent=True, open_world=False
     )
     async def list_recipes() -> Annotated[CallToolResult, RecipeList]:
-        """List the bundled training recipes: what each trains, its arguments with defaults, the metrics it logs,
-        and its run time on CPU and on a GPU (they run unchanged on either). Instant."""
+        """The bundled training recipes: what each trains, its arguments, metrics and CPU/GPU run time. Instant."""
         docs = await in_thread(recipe_docs)
         lines = [f"- {d.name}: {d.description} (CPU {d.expected_time_cpu}; GPU {d.expected_time_gpu})" for d in docs]
         return tool_result(RecipeList(recipes=docs), "\n".join(lines))
@@ -162,9 +160,8 @@ def register(server: MCPServer, app: App) -> None:
         ctx: Context,
         spec: TrainingJobSpec,
     ) -> Annotated[CallToolResult, TrainingPlan]:
-        """Check a training job and show exactly what would run, starting nothing: the command, paths, environment,
-        GPUs, quotas, GPU-hours at most (GPUs x max_wall_s), warnings, whether the person must approve it, and a
-        plan_token for submit_training_job. Instant."""
+        """Check a training job and show what would run (command, GPUs, GPU-hours, quotas, approval needed), with
+        a plan_token. Instant."""
         plan = await in_thread(make_plan, app, spec)
         if plan.needs_confirmation:
             await in_thread(Approvals(app.settings).request, plan.plan_id, job_launch(plan).summary)
@@ -196,21 +193,20 @@ def register(server: MCPServer, app: App) -> None:
     )
     async def submit_training_job(
         ctx: Context,
-        spec: Annotated[TrainingJobSpec | None, Field(description="The job, or none with a plan_token")] = None,
+        spec: TrainingJobSpec | None = None,
         plan_token: Annotated[
             str | None,
             Field(
                 max_length=65536,
                 pattern=PLAN_TOKEN_PATTERN,
-                description="From plan_training_job; binds the submit to that plan",
+                description="From plan_training_job; stands for its spec",
             ),
         ] = None,
         wait_s: WaitS = 20,
     ) -> Annotated[CallToolResult, JobView]:
-        """Start a training job with torchrun, here or on Slurm, Ray or Kubernetes (spec.backend); its logs, metrics and
-        restarts survive server restarts. Above a GPU-hour threshold the person must approve first (a client that
-        cannot ask them: submit with the plan_token; the error says how). Returns the job after wait_s, else its
-        handle."""
+        """Start a training job; returns it within wait_s, else its handle. Past a GPU-hour threshold the person
+        approves it; a client that cannot ask them needs the plan_token. A retry with the spec's idempotency_key
+        returns the first job."""
         if spec is None and plan_token is None:
             raise InputError("give spec, plan_token, or both")
         audit = AuditLog(app.settings)
@@ -311,19 +307,18 @@ def register(server: MCPServer, app: App) -> None:
     )
     async def plan_sweep(
         ctx: Context,
-        spec: Annotated[TrainingJobSpec, Field(description="The base job; each run adds its arguments")],
+        spec: TrainingJobSpec,
         grid: Annotated[
             dict[Annotated[str, Field(max_length=64)], list[Annotated[str, Field(max_length=256)]]] | None,
-            Field(max_length=8, description='Flag -> values, each combination a run: {"--lr": ["0.02", "0.005"]}'),
+            Field(max_length=8, description='{"--lr": ["0.1", "0.2"]}: a run per combination'),
         ] = None,
         variants: Annotated[
             list[list[Annotated[str, Field(max_length=256)]]] | None,
-            Field(max_length=64, description="Or: one run per list of extra arguments"),
+            Field(max_length=64, description="Or a run per list of extra args"),
         ] = None,
     ) -> Annotated[CallToolResult, SweepPlan]:
-        """Plan a sweep: one training spec over a grid or a list of argument variants (at most 64 runs): each run's
-        plan and GPU-hours, the total, quotas for all runs at once, one approval for all, and a sweep_token for
-        submit_sweep. Starts nothing. Instant."""
+        """Plan up to 64 runs of one spec over a grid or variants of its args: their plans, total GPU-hours, one
+        approval, a sweep_token. Instant."""
         swept = await in_thread(make_sweep, app, spec, grid, variants)
         if swept.needs_confirmation:
             await in_thread(Approvals(app.settings).request, swept.plan_id, sweep_summary(swept))
@@ -350,9 +345,8 @@ def register(server: MCPServer, app: App) -> None:
             str, Field(max_length=262144, pattern=PLAN_TOKEN_PATTERN, description="From plan_sweep")
         ],
     ) -> Annotated[CallToolResult, SweepSubmitted]:
-        """Start every run of a planned sweep as its own job (one job array on Slurm), with the checks of
-        submit_training_job and one approval for all. Idempotent: resubmitting starts nothing twice. Returns the
-        job ids at once; follow with wait_for_job(job_id=<sweep id>)."""
+        """Start each run of a planned sweep as a job (on Slurm, one job array), approved once; resubmitting starts
+        nothing twice. Then wait_for_job(job_id=sweep_id)."""
         from servers.launch import sweeps
 
         base, runs, digest = sweeps.read_token(app.settings, sweep_token)

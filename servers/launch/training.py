@@ -86,85 +86,61 @@ PIP_REQUIREMENT = (
 
 
 class TrainingJobSpec(Model):
-    """The job: a bundled recipe or a script, and how to run it."""
+    """Exactly one of recipe or script. For one backend only: slurm: partition, account, qos, constraint, exclude,
+    nodelist, dependency; kubernetes: image, namespace, queue, runtime, k8s_kind; skypilot: image, accelerator,
+    infra, use_spot, job_recovery, max_restarts_on_errors, pip_packages."""
 
-    recipe: Annotated[str, Field(max_length=64)] | None = Field(
-        default=None, description="From list_recipes, e.g. tiny-gpt"
-    )
+    # The docstring lists the backend-only fields by name: keep it in step with the fields below.
+    recipe: Annotated[str, Field(max_length=64)] | None = Field(default=None, description="See list_recipes")
     script: Annotated[str, Field(max_length=4096)] | None = Field(
-        default=None, description="A Python script inside the allowed roots"
+        default=None, description="A .py in the allowed roots"
     )
     args: list[Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=list, max_length=256, description="One per item, passed literally (no shell)"
+        default_factory=list, max_length=256, description="One per item, no shell"
     )
-    nproc_per_node: int | None = Field(
-        default=None, ge=1, le=64, description="Ranks per node; default: the GPUs present, else 1"
-    )
-    nnodes: int = Field(default=1, ge=1, le=64, description="More than 1 on slurm, kubernetes, skypilot only")
-    gpus_per_node: int | None = Field(
-        default=None, ge=0, le=64, description="Default: one per rank if GPUs are present, else 0"
-    )
-    share_gpus: bool = Field(default=False, description="Allow GPUs another running job uses")
+    nproc_per_node: int | None = Field(default=None, ge=1, le=64)
+    nnodes: int = Field(default=1, ge=1, le=64, description=">1: slurm, kubernetes, skypilot only")
+    gpus_per_node: int | None = Field(default=None, ge=0, le=64)
+    share_gpus: bool = False
     env: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=dict,
         max_length=64,
-        description="Only NCCL_*, TORCH_*, CUDA_*, OMP_*, JOB_* and the like; no paths or plugins",
+        description="NCCL_*, TORCH_*, CUDA_*, OMP_*, JOB_* and the like; no paths",
     )
-    workdir: Annotated[str, Field(max_length=4096)] | None = Field(
-        default=None, description="Inside the allowed roots; default: a run folder in the job folder"
-    )
-    max_wall_s: float = Field(
-        default=3600, gt=0, le=30 * 86400, description="Ended past it; the GPU-hour estimate counts it"
-    )
-    max_restarts: int = Field(default=0, ge=0, le=10, description="torchrun restarts on failure")
+    workdir: Annotated[str, Field(max_length=4096)] | None = Field(default=None, description="In the allowed roots")
+    max_wall_s: float = Field(default=3600, gt=0, le=30 * 86400)
+    max_restarts: int = Field(default=0, ge=0, le=10)
     name: Annotated[str, Field(max_length=128)] | None = None
     tags: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=32)
-    idempotency_key: Annotated[str, Field(pattern=KEY_PATTERN)] | None = Field(
-        default=None, description="A retried submit with this key returns the first job"
-    )
-    backend: Literal["local", "ray", "slurm", "kubernetes", "skypilot"] = Field(
-        default="local",
-        description=(
-            "local: torchrun here; ray: LLM_INFRA_MCP_RAY_ADDRESS; slurm: sbatch; kubernetes: the kubeconfig's "
-            "cluster; skypilot: a managed job"
-        ),
-    )
-    partition: Annotated[str, Field(pattern=SLURM_NAME)] | None = Field(default=None, description="Slurm partition")
-    account: Annotated[str, Field(pattern=SLURM_NAME)] | None = Field(default=None, description="Slurm account")
-    qos: Annotated[str, Field(pattern=SLURM_NAME)] | None = Field(default=None, description="Slurm QOS")
-    constraint: Annotated[str, Field(max_length=2048)] | None = Field(default=None, description="Slurm --constraint")
-    exclude: Annotated[str, Field(max_length=1024)] | None = Field(default=None, description="Slurm nodes to avoid")
-    nodelist: Annotated[str, Field(max_length=1024)] | None = Field(
-        default=None, description="Slurm --nodelist, e.g. node[1-2]"
-    )
+    idempotency_key: Annotated[str, Field(pattern=KEY_PATTERN)] | None = None
+    backend: Literal["local", "ray", "slurm", "kubernetes", "skypilot"] = "local"
+    partition: Annotated[str, Field(pattern=SLURM_NAME)] | None = None
+    account: Annotated[str, Field(pattern=SLURM_NAME)] | None = None
+    qos: Annotated[str, Field(pattern=SLURM_NAME)] | None = None
+    constraint: Annotated[str, Field(max_length=2048)] | None = None
+    exclude: Annotated[str, Field(max_length=1024)] | None = None
+    nodelist: Annotated[str, Field(max_length=1024)] | None = None
     dependency: Annotated[str, Field(pattern=r"^[0-9]{1,12}$")] | None = Field(
-        default=None, description="A Slurm job ID that must succeed first (afterok)"
+        default=None, description="Slurm job ID to succeed first"
     )
     image: Annotated[str, Field(pattern=K8S_IMAGE)] | None = Field(
-        default=None,
-        description="kubernetes (required), skypilot: the image, with torch (and llm-infra-mcp for a recipe)",
+        default=None, description="Required on kubernetes; needs torch (+llm-infra-mcp for recipes)"
     )
-    namespace: Annotated[str, Field(pattern=K8S_LABEL)] | None = Field(
-        default=None, description="Kubernetes namespace; default: the kubeconfig context's"
-    )
+    namespace: Annotated[str, Field(pattern=K8S_LABEL)] | None = None
     queue: Annotated[str, Field(pattern=K8S_LABEL)] | None = Field(default=None, description="Kueue LocalQueue")
-    runtime: Annotated[str, Field(pattern=K8S_RUNTIME)] | None = Field(
-        default=None, description="Kubeflow ClusterTrainingRuntime; default: torch-distributed"
-    )
-    k8s_kind: Literal["TrainJob", "PyTorchJob"] | None = Field(default=None, description="Default: TrainJob")
+    runtime: Annotated[str, Field(pattern=K8S_RUNTIME)] | None = None  # a Kubeflow ClusterTrainingRuntime
+    k8s_kind: Literal["TrainJob", "PyTorchJob"] | None = None
     accelerator: Annotated[str, Field(pattern=SKY_ACCELERATOR)] | None = Field(
-        default=None, description="SkyPilot GPU type, e.g. H100, A100-80GB (asks for TYPE:gpus_per_node)"
+        default=None, description="GPU type, e.g. H100"
     )
     infra: Annotated[str, Field(pattern=SKY_INFRA)] | None = Field(
-        default=None, description="SkyPilot cloud[/region[/zone]] or k8s[/context]; default: SkyPilot picks"
+        default=None, description="cloud[/region] or k8s[/context]"
     )
-    use_spot: bool = Field(default=False, description="SkyPilot spot nodes; relaunched after a preemption")
-    job_recovery: Literal["FAILOVER", "EAGER_NEXT_REGION"] | None = Field(
-        default=None, description="SkyPilot: where a preempted job relaunches; default EAGER_NEXT_REGION"
-    )
-    max_restarts_on_errors: int = Field(default=0, ge=0, le=100, description="SkyPilot relaunches after a failure")
+    use_spot: bool = False
+    job_recovery: Literal["FAILOVER", "EAGER_NEXT_REGION"] | None = None
+    max_restarts_on_errors: int = Field(default=0, ge=0, le=100)
     pip_packages: list[Annotated[str, Field(max_length=300, pattern=PIP_REQUIREMENT)]] = Field(
-        default_factory=list, max_length=32, description="SkyPilot: pip installs these on every node first"
+        default_factory=list, max_length=32
     )
 
 
