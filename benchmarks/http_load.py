@@ -2,10 +2,10 @@
 flight at once, every answer checked.
 
 It starts `llm-infra-mcp serve suite --transport http` on a free loopback port (its own state directory), opens
-one MCP session, and times evaluate_scaling_law (a pure computation, so the figures measure the transport and the
-server, not the work): --runs calls one after another (the baseline), then --concurrency calls at once, --rounds
-times. Prints p50, p90, p99 and max of the per-call latency of each, their ratio, and the throughput; exits 1 if
-any answer is wrong or missing.
+one MCP session, and times predict_scaling on parameters given (a pure computation, so the figures measure the
+transport and the server, not the work): --runs calls one after another (the baseline), then --concurrency calls
+at once, --rounds times. Prints p50, p90, p99 and max of the per-call latency of each, their ratio, and the
+throughput; exits 1 if any answer is wrong or missing.
 
     python benchmarks/http_load.py [--concurrency 100] [--rounds 5] [--runs 50]
 """
@@ -50,11 +50,11 @@ async def measure(url: str, args: argparse.Namespace) -> int:
             compute = 10.0 * (i + 1)
             start = time.perf_counter()
             result = await client.call_tool(
-                "evaluate_scaling_law",
-                {"model": "power_law", "points": [{"compute": compute}], "parameters": PARAMETERS},
+                "predict_scaling",
+                {"model": "power_law", "compute": [compute], "parameters": PARAMETERS},
             )
             out.append(time.perf_counter() - start)
-            value = None if result.is_error else result.structured_content["points"][0]["value"]
+            value = None if result.is_error else result.structured_content["values"][0]["value"]
             if value is None or abs(value - (0.6 - compute**-0.5)) > 1e-9:
                 wrong += 1
 

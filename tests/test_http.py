@@ -148,14 +148,14 @@ def test_http_app_wraps_with_token_only_when_set() -> None:
 async def test_client_lists_and_calls_tools_over_http(loopback_url: str) -> None:
     async with Client(loopback_url + "/mcp") as client:
         names = {tool.name for tool in (await client.list_tools()).tools}
-        assert {"get_job", "benchmark_gemm", "evaluate_scaling_law"} <= names
+        assert {"get_job", "benchmark_gemm", "predict_scaling"} <= names
         result = await client.call_tool(
-            "evaluate_scaling_law",
-            {"model": "power_law", "points": [{"compute": 100}], "parameters": {"A": 0.6, "B": 0.5, "D": 1.0}},
+            "predict_scaling",
+            {"model": "power_law", "compute": [100], "parameters": {"A": 0.6, "B": 0.5, "D": 1.0}},
         )
     assert not result.is_error, result.content
     assert result.structured_content is not None
-    (point,) = result.structured_content["points"]
+    (point,) = result.structured_content["values"]
     assert point["value"] == pytest.approx(0.6 - 1.0 * 100**-0.5)
 
 
@@ -224,7 +224,7 @@ async def test_client_with_token_lists_tools(token_url: str) -> None:
         Client(streamable_http_client(token_url + "/mcp", http_client=http)) as client,
     ):
         names = {tool.name for tool in (await client.list_tools()).tools}
-    assert {"get_job", "benchmark_gemm", "evaluate_scaling_law"} <= names
+    assert {"get_job", "benchmark_gemm", "predict_scaling"} <= names
 
 
 def test_server_env_carries_no_token() -> None:
@@ -370,11 +370,11 @@ async def test_a_hundred_concurrent_calls_are_all_answered_correctly(loopback_ur
         async def one(i: int) -> None:
             compute = 100.0 * (i + 1)
             result = await client.call_tool(
-                "evaluate_scaling_law",
-                {"model": "power_law", "points": [{"compute": compute}], "parameters": {"A": 0.6, "B": 0.5, "D": 1.0}},
+                "predict_scaling",
+                {"model": "power_law", "compute": [compute], "parameters": {"A": 0.6, "B": 0.5, "D": 1.0}},
             )
             assert not result.is_error, result.content
-            results[i] = result.structured_content["points"][0]["value"]
+            results[i] = result.structured_content["values"][0]["value"]
 
         with anyio.fail_after(90):
             async with anyio.create_task_group() as group:

@@ -539,7 +539,7 @@ def test_a_schema_1_database_is_migrated(settings: Settings) -> None:
 # ---- 9, through the tools --------------------------------------------------------------------------------------
 
 pytest_anyio = pytest.mark.anyio
-EVALUATE = {"model": "chinchilla", "points": [{"params": 7e10, "tokens": 1.4e12}]}
+EVALUATE = {"model": "chinchilla", "at": [{"params": 7e10, "tokens": 1.4e12}]}
 CURVE = [{"compute": float(c), "value": 0.25 + 0.36 / (1 + (2542 / c) ** 1.92)} for c in range(200, 40000, 800)]
 
 
@@ -562,8 +562,8 @@ async def test_a_newer_schema_is_left_unchanged_and_the_job_tools_say_so(
     forget_prepared(settings.db_path)
     async with Client(create_test_suite(suite_app(settings)), mode="auto") as client:
         tools = {t.name for t in (await client.list_tools()).tools}
-        assert {"get_job", "list_jobs", "evaluate_scaling_law", "list_scaling_fits"} <= tools
-        assert (await call_ok(client, "evaluate_scaling_law", EVALUATE))["points"][0]["value"] > 1.5
+        assert {"get_job", "list_jobs", "predict_scaling", "list_scaling_fits"} <= tools
+        assert (await call_ok(client, "predict_scaling", EVALUATE))["values"][0]["value"] > 1.5
         for tool, args in [
             ("list_jobs", {}),
             ("get_job", {"job_id": "some-job"}),
@@ -584,7 +584,7 @@ async def test_a_garbage_database_through_the_tools(settings: Settings, home_cle
         fit = await call_ok(client, "fit_scaling_law", {"model": "scalerl", "data": {"points": CURVE}, "bootstrap": 0})
     replace_db(settings.db_path, b"this is not an SQLite file" * 100)
     async with Client(create_test_suite(suite_app(settings)), mode="auto") as client:
-        assert (await call_ok(client, "evaluate_scaling_law", EVALUATE))["points"]
+        assert (await call_ok(client, "predict_scaling", EVALUATE))["values"]
         listed = await call_ok(client, "list_jobs", {})
         assert [j["job_id"] for j in listed["jobs"]] == [job["job_id"]]
         assert listed["jobs"][0]["state"] == "SUCCEEDED" and listed["jobs"][0]["result"] == job["result"]
@@ -624,7 +624,7 @@ async def test_an_unusable_state_directory_leaves_the_other_tools_working(settin
     settings.home.mkdir(parents=True)
     settings.db_path.mkdir()  # a folder where the database should be
     async with Client(create_test_suite(suite_app(settings)), mode="auto") as client:
-        assert (await call_ok(client, "evaluate_scaling_law", EVALUATE))["points"]
+        assert (await call_ok(client, "predict_scaling", EVALUATE))["values"]
         text = await call_error(client, "list_jobs", {})
         assert "cannot be used" in text and str(settings.db_path) in text, text
     assert settings.db_path.is_dir()  # left alone

@@ -346,8 +346,8 @@ async def test_the_reported_overflow_attacks(suite_client: Client) -> None:
         {"value": 1e40, "unit": "flops", "gpu": "B200", "dtype": "fp32", "mfu": 5e-324},
     )
     assert "mfu" in text and "0.001" in text
-    text = await error(suite_client, "compute_optimal_allocation", {"compute_flops": [0.5, 5e-324]})
-    assert "compute_flops" in text and "1 to 1e+40" in text and "internal error" not in text
+    text = await error(suite_client, "predict_scaling", {"model": "chinchilla", "compute": [0.5, 5e-324]})
+    assert "compute[0]" in text and "1 to 1e+40" in text and "internal error" not in text
     # the extremes that are accepted give finite numbers
     weakest = await ok(
         suite_client,
@@ -359,7 +359,7 @@ async def test_the_reported_overflow_attacks(suite_client: Client) -> None:
         suite_client, "convert_compute_units", {"value": 1e40, "unit": "gpu_hours", "gpu": "B200", "dtype": "fp8"}
     )
     assert math.isfinite(most["flops"])
-    alloc = await ok(suite_client, "compute_optimal_allocation", {"compute_flops": [1, 1e40]})
+    alloc = await ok(suite_client, "predict_scaling", {"model": "chinchilla", "compute": [1, 1e40]})
     assert all(math.isfinite(r["params"]) and r["params"] > 0 for r in alloc["allocations"] + alloc["table"])
 
 
@@ -426,9 +426,7 @@ async def test_extreme_inputs_to_every_scaling_tool(suite_client: Client) -> Non
         ):
             await finite_or_readable(suite_client, "predict_scaling", {"fit_id": fit_id, **args})
         await finite_or_readable(suite_client, "plot_scaling_fit", {"fit_ids": [fit_id]})
-        await finite_or_readable(
-            suite_client, "compute_optimal_allocation", {"compute_flops": [1, huge], "fit_id": fit_id}
-        )
+        await finite_or_readable(suite_client, "predict_scaling", {"compute": [1, huge], "fit_id": fit_id})
     await finite_or_readable(suite_client, "compare_scaling_fits", {"fit_ids": curves[:8]})
     listed = await ok(suite_client, "list_scaling_fits", {"limit": 100})
     assert listed["total"] == len(fits)  # nothing stored by the refused fits
@@ -450,13 +448,14 @@ async def test_extreme_inputs_to_every_scaling_tool(suite_client: Client) -> Non
         ),
         ("chinchilla", None, [{"params": tiny, "tokens": tiny}, {"params": 1e20, "tokens": 1e20}]),
     ):
-        args = {"model": model, "points": points, **({"parameters": parameters} if parameters else {})}
-        await finite_or_readable(suite_client, "evaluate_scaling_law", args)
+        asked = {"compute": [p["compute"] for p in points]} if model != "chinchilla" else {"at": points}
+        args = {"model": model, **asked, "target": 0.5, **({"parameters": parameters} if parameters else {})}
+        await finite_or_readable(suite_client, "predict_scaling", args)
     for args in (
-        {"compute_flops": [1, 1e40]},
-        {"compute_flops": [1.0] * 1000},
+        {"compute": [1, 1e40]},
+        {"compute": [1.0] * 1000, "target": 1.0},
     ):
-        await finite_or_readable(suite_client, "compute_optimal_allocation", args)
+        await finite_or_readable(suite_client, "predict_scaling", {"model": "chinchilla", **args})
 
 
 async def test_inf_and_nan_arguments_are_refused(app: App) -> None:
@@ -464,11 +463,12 @@ async def test_inf_and_nan_arguments_are_refused(app: App) -> None:
     async with Client(create_server(app), mode="legacy") as client:
         for tool, args in (
             (
-                "evaluate_scaling_law",
-                {"model": "power_law", "parameters": {"A": 1, "B": 1, "D": 1}, "points": [{"compute": math.inf}]},
+                "predict_scaling",
+                {"model": "power_law", "parameters": {"A": 1, "B": 1, "D": 1}, "compute": [math.inf]},
             ),
-            ("evaluate_scaling_law", {"model": "chinchilla", "points": [{"params": math.nan, "tokens": 1e9}]}),
-            ("compute_optimal_allocation", {"compute_flops": [math.inf]}),
+            ("predict_scaling", {"model": "chinchilla", "at": [{"params": math.nan, "tokens": 1e9}]}),
+            ("predict_scaling", {"model": "chinchilla", "compute": [math.inf]}),
+            ("predict_scaling", {"model": "power_law", "parameters": {"A": math.inf, "B": 1, "D": 1}, "target": 1}),
             ("convert_compute_units", {"value": 1.0, "unit": "flops", "gpu": "B200", "mfu": math.nan}),
         ):
             result = await client.call_tool(tool, args)
@@ -494,14 +494,10 @@ async def test_the_largest_lists_the_schemas_allow_stay_bounded(suite_client: Cl
     assert len(pred["values"]) == 1000
     values = await ok(
         suite_client,
-        "evaluate_scaling_law",
-        {
-            "model": "scalerl",
-            "parameters": TRUE,
-            "points": [{"compute": float(c)} for c in np.geomspace(1, 1e30, 10_000)],
-        },
+        "predict_scaling",
+        {"model": "scalerl", "parameters": TRUE, "compute": compute, "target": 0.5},
     )
-    assert len(values["points"]) == 10_000
+    assert len(values["values"]) == 1000
     budgets = [float(c) for c in np.geomspace(1, 1e40, 1000)]
-    alloc = await ok(suite_client, "compute_optimal_allocation", {"compute_flops": budgets, "fit_id": fit["fit_id"]})
-    assert len(alloc["allocations"]) == 1000
+    alloc = await ok(suite_client, "predict_scaling", {"compute": budgets, "fit_id": fit["fit_id"], "target": 1.9})
+    assert len(alloc["allocations"]) == 1000 and alloc["target"] is not None

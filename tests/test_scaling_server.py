@@ -1,6 +1,6 @@
 """The scaling tools through in-process MCP clients in both protocol eras: fits from inline points, files and
-job metrics; predictions, extrapolation checks, comparisons, plots, allocations; and every kind of bad input
-answered with a readable error and nothing stored."""
+job metrics; predictions (from fits and from parameters given), extrapolation checks, comparisons, plots,
+allocations; and every kind of bad input answered with a readable error and nothing stored."""
 
 import base64
 import json
@@ -127,6 +127,37 @@ async def test_predict_values_and_compute_for_a_target(suite_client: Client) -> 
     assert not never["target"]["reachable"] and "does not reach the target" in never["target"]["statement"]
 
 
+async def test_predict_from_parameters_you_give(suite_client: Client) -> None:
+    """A law from a paper, no fit: values without intervals (and said so), a target from the point estimate, and
+    Chinchilla's loss from Hoffmann et al.'s published fit when no parameters are given."""
+    paper = {"A": 0.61, "B": 1.92, "C_mid": 2542.0, "R0": 0.1}
+    pred = await ok(
+        suite_client, "predict_scaling", {"model": "scalerl", "parameters": paper, "compute": [2542.0, 1e12]}
+    )
+    mid, far = pred["values"]
+    assert mid["value"] == pytest.approx((0.61 + 0.1) / 2) and far["value"] == pytest.approx(0.61, abs=1e-9)
+    assert mid["ci_low"] is None and mid["pi_high"] is None and mid["extrapolated"] is None
+    assert not pred["intervals"] and "no intervals" in pred["note"] and pred["fit_id"] is None
+    assert pred["compute_unit"] is None and pred["asymptote"] == 0.61 and pred["parameters"] == paper
+    reach = (await ok(suite_client, "predict_scaling", {"model": "scalerl", "parameters": paper, "target": 0.5}))[
+        "target"
+    ]
+    assert reach["reachable"] and "point estimate only" in reach["statement"]
+    assert float(scalerl(np.array(reach["compute"]), **paper)) == pytest.approx(0.5)
+    chin = await ok(
+        suite_client, "predict_scaling", {"model": "chinchilla", "at": [{"params": 7e10, "tokens": 1.4e12}]}
+    )
+    [loss] = chin["values"]
+    assert loss["value"] == pytest.approx(1.69 + 406.4 / 7e10**0.34 + 410.7 / 1.4e12**0.28)
+    assert chin["parameters"]["E"] == 1.69 and "Hoffmann" in chin["note"] and chin["asymptote"] == 1.69
+    assert "missing: D" in await error(
+        suite_client, "predict_scaling", {"model": "power_law", "parameters": {"A": 1, "B": 1}, "compute": [1.0]}
+    )
+    assert "at[0].tokens: required" in await error(
+        suite_client, "predict_scaling", {"model": "chinchilla", "at": [{"params": 7e10}]}
+    )
+
+
 async def test_check_extrapolation_prefers_the_sigmoid_and_shows_the_power_law_overshoot(suite_client: Client) -> None:
     check = await ok(
         suite_client,
@@ -185,20 +216,19 @@ async def test_chinchilla_fit_predict_allocate_and_plot(suite_client: Client) ->
         {"fit_id": report["fit_id"], "at": [{"params": 7e10, "tokens": 1.4e12}], "target": 2.0},
     )
     assert 1.8 < pred["values"][0]["value"] < 2.3 and pred["target"]["reachable"]
-    alloc = await ok(
-        suite_client, "compute_optimal_allocation", {"compute_flops": [1e21, 1e23], "fit_id": report["fit_id"]}
-    )
+    assert pred["intervals"] and pred["allocations"] is None and pred["asymptote"] == params["E"]["value"]
+    alloc = await ok(suite_client, "predict_scaling", {"compute": [1e21, 1e23], "fit_id": report["fit_id"]})
     small, big = alloc["allocations"]
     assert big["params"] > small["params"] and 6 * big["params"] * big["tokens"] == pytest.approx(1e23)
+    assert alloc["values"] == [] and alloc["target"] is None and len(alloc["table"]) == 9
     result = await suite_client.call_tool("plot_scaling_fit", {"fit_ids": [report["fit_id"]]})
     assert not result.is_error and any(isinstance(c, ImageContent) for c in result.content)
-    wrong = await error(suite_client, "predict_scaling", {"fit_id": report["fit_id"], "compute": [10.0]})
-    assert "use `at`" in wrong
+    assert "FLOP budget" in await error(suite_client, "predict_scaling", {"fit_id": report["fit_id"], "compute": [0.5]})
 
 
 async def test_published_allocation_and_unit_conversion(suite_client: Client) -> None:
-    alloc = await ok(suite_client, "compute_optimal_allocation", {"compute_flops": [5.76e23]})
-    assert alloc["fit_id"] is None and alloc["parameters"]["alpha"] == 0.34
+    alloc = await ok(suite_client, "predict_scaling", {"model": "chinchilla", "compute": [5.76e23]})
+    assert alloc["fit_id"] is None and alloc["parameters"]["alpha"] == 0.34 and "Hoffmann" in alloc["note"]
     table = alloc["table"]
     assert len(table) == 9 and table[0]["compute_flops"] == pytest.approx(5.76e22)
     assert table[-1]["compute_flops"] == pytest.approx(5.76e24)
@@ -276,10 +306,16 @@ async def test_other_bad_inputs(suite_client: Client, tmp_path: Path) -> None:
         suite_client, "predict_scaling", {"fit_id": "fit-20200101-000000-abcdef", "compute": [1.0]}
     )
     assert "should match pattern" in await error(suite_client, "predict_scaling", {"fit_id": "nope", "compute": [1]})
-    assert "needs a chinchilla fit" in await error(
-        suite_client,
-        "compute_optimal_allocation",
-        {"compute_flops": [1e21], "fit_id": (await fit(suite_client, curve_points(), bootstrap=0))["fit_id"]},
+    curve_fit = (await fit(suite_client, curve_points(), bootstrap=0))["fit_id"]
+    assert "use `compute`, not `at`" in await error(
+        suite_client, "predict_scaling", {"at": [{"params": 1e9, "tokens": 2e10}], "fit_id": curve_fit}
+    )
+    assert "not both" in await error(
+        suite_client, "predict_scaling", {"fit_id": curve_fit, "model": "scalerl", "compute": [1.0]}
+    )
+    assert "give fit_id" in await error(suite_client, "predict_scaling", {"compute": [1.0]})
+    assert "needs parameters: A, B, C_mid, R0" in await error(
+        suite_client, "predict_scaling", {"model": "scalerl", "compute": [1.0]}
     )
     few = await error(
         suite_client, "fit_scaling_law", {"model": "chinchilla", "data": {"points": chinchilla_points(n=4)}}

@@ -190,9 +190,16 @@ def compute_for_target(fit: StoredFit, target: float, level: float, unit: str) -
     """The compute at which the fit reaches `target`, and whether it gets there at all, as the fitted curve and its
     bootstrap draws say together: reachable (the curve gets there and at least `level` of the draws do),
     unreachable (it does not and at most 1 - level do), uncertain otherwise, with the share stated."""
-    params = point_params(fit)
-    asymptote = params["E"] if fit.model == "chinchilla" else params["A"]
-    if fit.model == "chinchilla" and not has_optimal_path(params):
+    return law_for_target(fit.model, point_params(fit), fit.outcome.bootstrap_draws, target, level, unit)
+
+
+def law_for_target(
+    model: str, params: dict[str, float], draws: list[dict[str, float]], target: float, level: float, unit: str
+) -> ComputeForTarget:
+    """compute_for_target for a law given by its point estimates and bootstrap draws (none for parameters given:
+    then the verdict rests on the point estimate alone, and says so)."""
+    asymptote = params["E"] if model == "chinchilla" else params["A"]
+    if model == "chinchilla" and not has_optimal_path(params):
         return ComputeForTarget(
             target=target,
             verdict="undefined",
@@ -201,12 +208,12 @@ def compute_for_target(fit: StoredFit, target: float, level: float, unit: str) -
             statement="this fit has an exponent or coefficient at 0 (alpha, beta, A or B on its bound), so the "
             "compute-optimal path is not defined; refit with runs that span more of N and D",
         )
-    needed = compute_to_reach(fit.model, params, target)
+    needed = compute_to_reach(model, params, target)
     point_reaches = needed is not None and needed <= MAX_COMPUTE
     beyond = needed is not None and not point_reaches  # only beyond any compute the tools accept
-    draws = [compute_to_reach(fit.model, d, target) for d in fit.outcome.bootstrap_draws]
-    spent = np.array([c if c is not None and c <= MAX_COMPUTE else math.inf for c in draws])
-    share = float(np.mean(np.isfinite(spent))) if draws else None
+    reached = [compute_to_reach(model, d, target) for d in draws]
+    spent = np.array([c if c is not None and c <= MAX_COMPUTE else math.inf for c in reached])
+    share = float(np.mean(np.isfinite(spent))) if reached else None
     lo = hi = None
     if share is not None and share > 0:
         tail = (1 - level) / 2 * 100
@@ -237,7 +244,7 @@ def compute_for_target(fit: StoredFit, target: float, level: float, unit: str) -
             f"{lo:.3g} to {hi:.3g} {unit}" if hi is not None else f"from {lo:.3g} {unit}, with no upper end"
         )
     if share is None:
-        statement = f"{fitted} (from the point estimate only: the fit has no bootstrap draws to say how sure)"
+        statement = f"{fitted} (from the point estimate only: no bootstrap draws to say how sure)"
     elif verdict == "reachable":
         statement = f"reachable: {fitted}; {share:.0%} of bootstrap draws reach it {within}"
         statement += f" ({band})" if band else ""
@@ -462,7 +469,7 @@ def compare(fits: list[StoredFit], level: float = 0.95) -> Comparison:
     if not models <= {"scalerl", "power_law"}:
         raise InputError(
             "compare_scaling_fits compares RL compute curves (scalerl, power_law fits); for chinchilla "
-            "fits compare compute_optimal_allocation at the same budget"
+            "fits compare predict_scaling's compute-optimal loss at the same FLOP budget (compute)"
         )
     units = {f.compute_unit for f in fits}
     if len(units) > 1:

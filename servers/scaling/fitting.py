@@ -120,7 +120,9 @@ class PredictedValue(Model):
         description="Prediction interval: the curve's interval widened by the residual scatter of the data (RMSE)",
     )
     pi_high: float | None = None
-    extrapolated: bool = Field(description="True beyond the largest compute (or N, D) the fit used")
+    extrapolated: bool | None = Field(
+        description="True beyond the largest compute (or N, D) the fit used; null for parameters given (no data)"
+    )
 
 
 class ComputeForTarget(Model):

@@ -34,6 +34,11 @@ class EvaluationPoint(Model):
     tokens: float | None = Field(default=None, gt=0, le=1e20, allow_inf_nan=False)
 
 
+class SizePoint(Model):
+    params: float = Field(gt=0, le=1e20, allow_inf_nan=False)
+    tokens: float = Field(gt=0, le=1e20, allow_inf_nan=False)
+
+
 class EvaluatedPoint(Model):
     compute: float | None = None
     params: float | None = None
@@ -169,14 +174,4 @@ def compute_optimal(compute_flops: float, params: dict[str, float]) -> ComputeOp
         tokens=d_opt,
         tokens_per_param=ratio,
         loss=loss,
-    )
-
-
-class Evaluation(Model):
-    model: ModelName
-    parameters: dict[str, float] = Field(description="The parameters used (the published Chinchilla fit if none given)")
-    points: list[EvaluatedPoint]
-    asymptote: float = Field(
-        description="Value approached with unlimited compute: A (scalerl, power_law) or E "
-        "(chinchilla, the irreducible loss)"
     )

@@ -35,20 +35,16 @@ ComputeValue = Annotated[float, Field(gt=0, le=1e40, allow_inf_nan=False)]
 
 
 class DataSource(Model):
-    """The data: exactly one of points, path, job_id."""
+    """Exactly one of points, path, job_id."""
 
     points: list[DataPoint] | None = Field(
         default=None,
         max_length=limits.MAX_ROWS,
-        description="[{compute, value, run?}] for curves, [{params, tokens, loss}] for chinchilla",
+        description="{compute, value, run?}; chinchilla: {params, tokens, loss}",
     )
-    path: Annotated[str, Field(max_length=4096)] | None = Field(
-        default=None, description="A CSV (with header) or JSONL file inside the allowed roots"
-    )
-    job_id: Annotated[str, Field(pattern=JOB_ID_PATTERN, max_length=96)] | None = Field(
-        default=None, description="A job whose metrics rows hold the data"
-    )
-    columns: Columns = Field(default_factory=Columns, description="Column (or metrics key) names, if not these")
+    path: Annotated[str, Field(max_length=4096)] | None = Field(default=None, description="CSV with header, or JSONL")
+    job_id: Annotated[str, Field(pattern=JOB_ID_PATTERN, max_length=96)] | None = None
+    columns: Columns = Field(default_factory=Columns, description="Column or metrics-key names")
 
 
 def non_finite(value: Any, path: str = "") -> str | None:
@@ -471,11 +467,34 @@ async def run_fit(
 
 
 class Prediction(Model):
-    fit_id: str
+    """What predict_scaling gives: values at the points asked (`compute` for curves, `at` for chinchilla), the
+    compute-optimal allocation for chinchilla FLOP budgets (`compute`), and the compute to reach a target; each
+    section is present when it was asked for."""
+
+    fit_id: str | None = Field(description="The stored fit used; null for parameters given (or the published fit)")
     model: str
-    compute_unit: str
+    parameters: dict[str, float] = Field(description="The point estimates used: the fit's, yours, or the published")
+    asymptote: float = Field(
+        description="Value approached with unlimited compute: A (scalerl, power_law) or E (chinchilla)"
+    )
+    compute_unit: str | None = Field(description="The fit's compute unit; null for parameters given (theirs)")
     level: float
-    values: list[PredictedValue] = Field(description="Predicted value (or loss) per point, with intervals")
+    intervals: bool = Field(
+        description="Whether the values carry bootstrap intervals: false for parameters given (no fit: extrapolated "
+        "is null too) and for a fit without bootstrap draws"
+    )
+    note: str | None = Field(default=None, description="Where the parameters came from when no fit was used")
+    values: list[PredictedValue] = Field(
+        default_factory=list, description="Predicted value (or loss) per point of `compute` or `at`, with intervals"
+    )
+    allocations: list[laws.ComputeOptimal] | None = Field(
+        default=None, description="chinchilla with `compute`: the compute-optimal N, D and loss per FLOP budget"
+    )
+    table: list[laws.ComputeOptimal] | None = Field(
+        default=None,
+        description="The same over a range of budgets, from a tenth of the smallest to ten times the largest "
+        "(log-spaced), to show the trend",
+    )
     target: ComputeForTarget | None = Field(default=None, description="The compute needed to reach the target")
 
 
@@ -507,16 +526,6 @@ class PlotInfo(Model):
     png_bytes: int
 
 
-class Allocation(Model):
-    fit_id: str | None = Field(description="The chinchilla fit used, or null for Hoffmann et al.'s published fit")
-    parameters: dict[str, float]
-    allocations: list[laws.ComputeOptimal] = Field(description="One row per budget asked for")
-    table: list[laws.ComputeOptimal] = Field(
-        description="The same over a range of budgets, from a tenth of the "
-        "smallest to ten times the largest (log-spaced), to show the trend"
-    )
-
-
 class FitList(Model):
     fits: list[FitReport]
     total: int = Field(description="Stored fits that can be read (damaged rows are counted in `damaged`)")
@@ -539,19 +548,76 @@ class ComputeConversion(Model):
     note: str
 
 
-R0Option = Annotated[
-    Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)] | Literal["first", "free"],
-    Field(description="scalerl's R0: a number (fixed), 'first' (value at the smallest compute) or 'free'"),
-]
+R0Value = Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)] | Literal["first", "free"]
+R0Option = Annotated[R0Value, Field(description="scalerl: fixed R0, 'first' (value at the least compute) or 'free'")]
+COMPUTE_UNIT_PATTERN = r"^[A-Za-z0-9_./ -]+$"
+CurveForm = Literal["scalerl", "power_law"]
 MODEL_FORMS = "scalerl: R0+(A-R0)/(1+(C_mid/C)^B); power_law: A-D*C^-B; chinchilla: E+A/N^alpha+B/D^beta"
 ComputeUnit = Annotated[
     str | None,
     Field(
         max_length=32,
-        pattern=r"^[A-Za-z0-9_./ -]+$",
+        pattern=COMPUTE_UNIT_PATTERN,
         description="Default: flops for a compute_flops column, else gpu_hours",
     ),
 ]
+
+
+def describe_values(params: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:.4g}" for k, v in params.items())
+
+
+def predict_at(
+    fit: StoredFit | None,
+    params: dict[str, float],
+    kind: str,
+    level: float,
+    compute: list[float] | None = None,
+    at: list[laws.SizePoint] | None = None,
+) -> list[PredictedValue]:
+    """Values at compute (curves) or at {params, tokens} (chinchilla): from a stored fit with its bootstrap
+    intervals, or from parameters given (plain Python: no intervals, extrapolated null)."""
+    sizes = [(p.params, p.tokens) for p in at or []]
+    if fit is not None:
+        from servers.scaling import analysis
+
+        if kind == "chinchilla":
+            return analysis.predict_loss(fit, sizes, level)
+        return analysis.predict_curve(fit, compute or [], level)
+    asked = [laws.EvaluationPoint(params=n, tokens=d) for n, d in sizes] + [
+        laws.EvaluationPoint(compute=c) for c in compute or []
+    ]
+    return [
+        PredictedValue(compute=v.compute, params=v.params, tokens=v.tokens, value=v.value, extrapolated=None)
+        for v in laws.evaluate(kind, params, asked)  # type: ignore[arg-type]
+    ]
+
+
+def allocate(
+    fit_id: str | None, params: dict[str, float], budgets: list[float]
+) -> tuple[list[laws.ComputeOptimal], list[laws.ComputeOptimal]]:
+    """The compute-optimal N and D (C = 6ND) and the loss there per FLOP budget, and a trend table over a range of
+    budgets around them. A fit with a term on its bound (A, B, alpha or beta at 0) has no compute-optimal path."""
+    from servers.scaling.analysis import has_optimal_path
+
+    for i, c in enumerate(budgets):
+        if not c >= 1:
+            raise InputError(f"compute[{i}] = {c:g}: a chinchilla FLOP budget must be 1 to 1e+40 FLOPs")
+    if not has_optimal_path(params):
+        zero = ", ".join(f"{k}={params[k]:.3g}" for k in ("A", "B", "alpha", "beta") if not params[k] > 0)
+        raise InputError(
+            f"fit {fit_id} has {zero} (on its bound): the compute-optimal allocation needs A, B, alpha and "
+            "beta > 0; refit with runs that span more of N and D, or give model chinchilla alone for the published fit"
+        )
+    rows = [laws.compute_optimal(c, params) for c in budgets]
+    low, high = min(budgets) / 10, max(budgets) * 10
+    table = []
+    for i in range(9):
+        try:  # the trend table is illustrative: a budget the law cannot represent is left out of it
+            table.append(laws.compute_optimal(low * (high / low) ** (i / 8), params))
+        except InputError:
+            continue
+    return rows, table
 
 
 def register(server: MCPServer, app: App) -> None:
@@ -564,27 +630,20 @@ def register(server: MCPServer, app: App) -> None:
         data: DataSource,
         label: Annotated[str | None, Field(max_length=128)] = None,
         compute_unit: ComputeUnit = None,
-        min_compute: Annotated[
-            ComputeValue | None, Field(description="Leave out points below it (ScaleRL: ~1.5k GPU-hours)")
-        ] = None,
-        max_compute: Annotated[ComputeValue | None, Field(description="Leave out points above it")] = None,
+        min_compute: Annotated[ComputeValue | None, Field(description="ScaleRL: ~1.5k GPU-hours")] = None,
+        max_compute: ComputeValue | None = None,
         r0: R0Option = "first",
-        y_max: Annotated[
-            float, Field(gt=0, le=1e6, description="The metric's maximum, bounds A (1 for a pass rate)")
-        ] = 1.0,
+        y_max: Annotated[float, Field(gt=0, le=1e6, description="Metric's maximum; bounds A")] = 1.0,
         method: Annotated[
             Literal["robust", "scalerl-grid"],
-            Field(description="scalerl-grid: the ScaleRL paper's grid (A 0.45-0.8, C_mid 100-40k), slower"),
+            Field(description="scalerl-grid: the ScaleRL paper's grid; slower"),
         ] = "robust",
-        bootstrap: Annotated[
-            int, Field(ge=0, le=2000, description="Resamples for the intervals (0: none); capped by a work budget")
-        ] = 200,
+        bootstrap: Annotated[int, Field(ge=0, le=2000, description="Resamples for intervals; 0: none")] = 200,
         seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0,
         level: Annotated[float, Field(ge=0.5, le=0.99)] = 0.95,
     ) -> Annotated[CallToolResult, FitReport]:
-        """Fit a scaling law to an RL curve (scalerl, power_law) or pretraining losses (chinchilla) and store it:
-        parameters with bootstrap intervals, residual error, warnings to act on (e.g. A on its bound). Large inputs
-        are thinned and the bootstrap capped (reported). Under a second, at most tens of seconds. Returns a fit_id."""
+        """Fit and store a scaling law: RL curves (scalerl, power_law) or pretraining losses (chinchilla), with
+        bootstrap intervals and warnings to act on. Returns a fit_id. Seconds."""
         loaded = await in_thread(load_points, app, model, data)
         points = loaded.points
         await ctx.report_progress(0, 1, f"fitting {model} to {len(points)} points")
@@ -617,56 +676,82 @@ def register(server: MCPServer, app: App) -> None:
         return finite_result(result, text)
 
     @agent_tool(
-        server, title="Predict from a fit", read_only=True, destructive=False, idempotent=True, open_world=False
+        server, title="Predict from a scaling law", read_only=True, destructive=False, idempotent=True, open_world=False
     )
     async def predict_scaling(
-        fit_id: Annotated[FitId, Field(description="From fit_scaling_law")],
+        fit_id: FitId | None = None,
+        model: ModelName | None = None,
+        parameters: Annotated[
+            dict[str, Annotated[float, Field(ge=-1e40, le=1e40, allow_inf_nan=False)]] | None,
+            Field(
+                max_length=8,
+                description="Named as in fit_scaling_law's model; chinchilla default: Hoffmann et al.'s fit",
+            ),
+        ] = None,
         compute: Annotated[
             list[ComputeValue] | None,
-            Field(min_length=1, max_length=1000, description="Where to predict (scalerl, power_law fits)"),
+            Field(min_length=1, max_length=1000, description="Curves: where to predict; chinchilla: FLOP budgets"),
         ] = None,
-        at: Annotated[
-            list[DataPoint] | None,
-            Field(min_length=1, max_length=1000, description="{params, tokens} to predict the loss at (chinchilla)"),
-        ] = None,
-        target: Annotated[
-            float | None,
-            Field(allow_inf_nan=False, ge=-1e6, le=1e6, description="A value (or loss) to find the compute for"),
-        ] = None,
+        at: Annotated[list[laws.SizePoint] | None, Field(min_length=1, max_length=1000)] = None,
+        target: Annotated[float | None, Field(allow_inf_nan=False, ge=-1e6, le=1e6)] = None,
         level: Annotated[float, Field(ge=0.5, le=0.99)] = 0.95,
     ) -> Annotated[CallToolResult, Prediction]:
-        """Predict from a stored fit: the value at given compute (chinchilla: the loss at params and tokens) with
-        confidence and prediction intervals, flagged when extrapolated; and/or the compute to reach a target:
-        reachable, unreachable or uncertain (the share of bootstrap draws that get there). Instant."""
-        from servers.scaling import analysis
-
-        fit = await in_thread(_fits(app).get, fit_id)
+        """Predict from a stored fit (fit_id; with intervals) or a law you give (model, parameters): values at
+        compute, chinchilla loss `at` or compute-optimal N, D and loss per FLOP budget, and the compute to reach a
+        target. Instant."""
         if compute is None and at is None and target is None:
-            raise InputError("give compute (curves), at (chinchilla) and/or target")
+            raise InputError("give compute (curves, or chinchilla FLOP budgets), at (chinchilla) and/or target")
+        fit: StoredFit | None = None
+        note = None
+        if fit_id is not None:
+            if model is not None or parameters is not None:
+                raise InputError("fit_id: give fit_id (a stored fit) or model and parameters, not both")
+            fit = await in_thread(_fits(app).get, fit_id)
+            kind = fit.model
+            params = {name: p.value for name, p in fit.outcome.parameters.items()}
+        elif model is None:
+            raise InputError("fit_id: give fit_id (a stored fit), or model and parameters (a law you give)")
+        else:
+            kind = model
+            if parameters is None:
+                if model != "chinchilla":
+                    raise InputError(f"model {model!r} needs parameters: {', '.join(laws.PARAMETERS[model])}")
+                parameters = dict(laws.CHINCHILLA_PUBLISHED)
+                note = "Hoffmann et al. 2022's published fit (approach 3); no intervals"
+            else:
+                note = "parameters given, no fit: no intervals, nothing flagged as extrapolated"
+            params = laws.check_parameters(model, parameters)
         values: list[PredictedValue] = []
-        if fit.model == "chinchilla":
-            if compute is not None:
-                raise InputError("a chinchilla fit predicts loss at {params, tokens}: use `at`, not `compute`")
+        allocations = table = None
+        if kind == "chinchilla":
             if at is not None:
-                pairs = []
-                for i, p in enumerate(at):
-                    if p.params is None or p.tokens is None or p.params <= 0 or p.tokens <= 0:
-                        raise InputError(f"at[{i}] needs params > 0 and tokens > 0")
-                    pairs.append((p.params, p.tokens))
-                values = analysis.predict_loss(fit, pairs, level)
+                values = await in_thread(predict_at, fit, params, kind, level, None, at)
+            if compute is not None:
+                allocations, table = allocate(fit_id, params, compute)
         else:
             if at is not None:
-                raise InputError(f"a {fit.model} fit predicts at compute values: use `compute`, not `at`")
+                raise InputError(f"a {kind} law predicts at compute values: use `compute`, not `at`")
             if compute is not None:
-                values = analysis.predict_curve(fit, compute, level)
-        unit = "FLOPs" if fit.model == "chinchilla" else fit.compute_unit
-        reach = analysis.compute_for_target(fit, target, level, unit) if target is not None else None
+                values = await in_thread(predict_at, fit, params, kind, level, compute)
+        reach = None
+        if target is not None:
+            from servers.scaling import analysis
+
+            unit = "FLOPs" if kind == "chinchilla" else fit.compute_unit if fit else "compute units"
+            draws = fit.outcome.bootstrap_draws if fit else []
+            reach = await in_thread(analysis.law_for_target, kind, params, draws, target, level, unit)
         result = Prediction(
-            fit_id=fit.id,
-            model=fit.model,
-            compute_unit=fit.compute_unit,
+            fit_id=fit_id,
+            model=kind,
+            parameters=params,
+            asymptote=params["E"] if kind == "chinchilla" else params["A"],
+            compute_unit=fit.compute_unit if fit else None,
             level=level,
+            intervals=bool(fit and fit.outcome.bootstrap_draws),
+            note=note,
             values=values,
+            allocations=allocations,
+            table=table,
             target=reach,
         )
         lines = []
@@ -674,9 +759,16 @@ def register(server: MCPServer, app: App) -> None:
             where = f"C={v.compute:.4g}" if v.compute is not None else f"N={v.params:.3g}, D={v.tokens:.3g}"
             band = f" [{v.ci_low:.4g}, {v.ci_high:.4g}]" if v.ci_low is not None else ""
             lines.append(f"{where}: {v.value:.4g}{band}{' (extrapolated)' if v.extrapolated else ''}")
+        lines += [
+            f"C={r.compute_flops:.3g} FLOPs: N={r.params:.3g}, D={r.tokens:.3g} ({r.tokens_per_param:.1f} "
+            f"tokens per parameter), loss {r.loss:.4f}"
+            for r in (allocations or [])[:12]
+        ]
         if reach is not None:
             lines.append(f"target {target:g}: {reach.statement}")
-        if fit.outcome.warnings:
+        if note:
+            lines.append(f"{kind} with {describe_values(params)}: {note}")
+        if fit and fit.outcome.warnings:
             lines.append("fit warnings: " + " | ".join(fit.outcome.warnings[:4]))
         return finite_result(result, "\n".join(lines))
 
@@ -692,22 +784,19 @@ def register(server: MCPServer, app: App) -> None:
     async def check_extrapolation(
         ctx: Context,
         data: DataSource,
-        models: Annotated[
-            list[Literal["scalerl", "power_law"]], Field(min_length=1, max_length=2, description="The forms to compare")
-        ] = ["scalerl", "power_law"],  # noqa: B006 - pydantic copies defaults
+        models: Annotated[list[CurveForm], Field(min_length=1, max_length=2)] = ["scalerl", "power_law"],  # noqa: B006
         split: Annotated[
             ComputeValue | None,
-            Field(description="Fit on compute <= split, predict beyond; default half the largest compute"),
+            Field(description="Default: half the largest compute"),
         ] = None,
-        min_compute: Annotated[ComputeValue | None, Field(description="Leave out points below it")] = None,
-        compute_unit: ComputeUnit = None,
-        r0: R0Option = "first",
-        y_max: Annotated[float, Field(gt=0, le=1e6, description="The metric's maximum (1 for a pass rate)")] = 1.0,
-        bootstrap: Annotated[int, Field(ge=0, le=2000, description="Resamples per fit; capped by a work budget")] = 100,
+        min_compute: ComputeValue | None = None,
+        compute_unit: Annotated[str | None, Field(max_length=32, pattern=COMPUTE_UNIT_PATTERN)] = None,
+        r0: Annotated[R0Value, Field(description="As in fit_scaling_law")] = "first",
+        y_max: Annotated[float, Field(gt=0, le=1e6)] = 1.0,
+        bootstrap: Annotated[int, Field(ge=0, le=2000)] = 100,
     ) -> Annotated[CallToolResult, ExtrapolationCheck]:
-        """ScaleRL's extrapolation test on an RL curve: fit each form on compute <= split, predict the held-out
-        points beyond it, and report their errors and which form extrapolates better (the power law tends to
-        overshoot). The fits are stored (fit ids returned). A few seconds."""
+        """ScaleRL's extrapolation test: fit each form on compute <= split, predict the points beyond; errors and the
+        better form (the power law tends to overshoot). Stores the fits. Seconds."""
         loaded = await in_thread(load_points, app, "scalerl", data)
         points, source = loaded.points, loaded.source
         compute_unit = default_compute_unit(compute_unit, loaded)
@@ -793,15 +882,14 @@ def register(server: MCPServer, app: App) -> None:
     async def compare_scaling_fits(
         fit_ids: Annotated[
             list[FitId],
-            Field(min_length=2, max_length=8, description="Fits of the recipes, from fit_scaling_law"),
+            Field(min_length=2, max_length=8),
         ],
         level: Annotated[
-            float, Field(ge=0.5, le=0.99, description="Share of bootstrap draw pairs that must agree to call a lead")
+            float, Field(ge=0.5, le=0.99, description="Share of draw pairs that must agree to call a lead")
         ] = 0.95,
     ) -> Annotated[CallToolResult, Comparison]:
-        """Compare RL recipes from their fits: which has the higher asymptote and which is more efficient, with
-        bootstrap probabilities, and for each pair where along compute one leads or they are indistinguishable, in
-        a plain verdict ("X ahead below ~N GPU-hours; indistinguishable beyond"). Instant."""
+        """Compare RL recipes' fits: who has the higher asymptote, who is more efficient, who leads where along
+        compute, with bootstrap probabilities. Instant."""
         from servers.scaling.analysis import compare
 
         fits = [await in_thread(_fits(app).get, i) for i in fit_ids]
@@ -812,16 +900,15 @@ def register(server: MCPServer, app: App) -> None:
     async def plot_scaling_fit(
         fit_ids: Annotated[
             list[FitId],
-            Field(min_length=1, max_length=6, description="Fits to draw together (a chinchilla fit alone)"),
+            Field(min_length=1, max_length=6),
         ],
-        extrapolate_to: Annotated[ComputeValue | None, Field(description="Extend the curves to this compute")] = None,
+        extrapolate_to: ComputeValue | None = None,
         level: Annotated[float, Field(ge=0.5, le=0.99)] = 0.95,
         width: Annotated[int, Field(ge=320, le=2400)] = 900,
         height: Annotated[int, Field(ge=240, le=1600)] = 560,
     ) -> Annotated[CallToolResult, PlotInfo]:
-        """Draw fits as a PNG image: points, fitted curves with bootstrap bands, asymptotes and the extrapolated
-        region, on a log compute axis; several recipes on one plot. A chinchilla fit: loss against 6ND with the
-        compute-optimal frontier. About a second."""
+        """Plot fits as a PNG: points, curves with bootstrap bands, the extrapolated region; several recipes, or one
+        chinchilla fit (loss against 6ND). About a second."""
         from servers.scaling.plot import plot_chinchilla, plot_curves
 
         fits = [await in_thread(_fits(app).get, i) for i in fit_ids]
@@ -837,94 +924,13 @@ def register(server: MCPServer, app: App) -> None:
         info = PlotInfo(fit_ids=fit_ids, width=width, height=height, png_bytes=len(png))
         return finite_result(info, f"plot of {', '.join(fit_ids)} ({len(png)} bytes PNG)", png_content(png))
 
-    @agent_tool(
-        server, title="Compute-optimal allocation", read_only=True, destructive=False, idempotent=True, open_world=False
-    )
-    async def compute_optimal_allocation(
-        compute_flops: Annotated[
-            list[Annotated[float, Field(ge=1, le=1e40, allow_inf_nan=False)]],
-            Field(min_length=1, max_length=1000, description="Training budgets in FLOPs (C = 6ND)"),
-        ],
-        fit_id: Annotated[
-            str | None,
-            Field(
-                pattern=FIT_ID_PATTERN,
-                max_length=40,
-                description="A chinchilla fit; default: Hoffmann et al.'s published fit",
-            ),
-        ] = None,
-    ) -> Annotated[CallToolResult, Allocation]:
-        """For each FLOP budget, the compute-optimal model size N and token count D (closed form for C = 6ND) and
-        the loss predicted there, from a chinchilla fit or Hoffmann et al.'s published one. Instant."""
-        if fit_id is None:
-            params = dict(laws.CHINCHILLA_PUBLISHED)
-        else:
-            from servers.scaling.analysis import has_optimal_path, point_params
-
-            fit = await in_thread(_fits(app).get, fit_id)
-            if fit.model != "chinchilla":
-                raise InputError(
-                    f"fit {fit_id} is a {fit.model} fit; compute-optimal allocation needs a chinchilla fit"
-                )
-            params = point_params(fit)
-            if not has_optimal_path(params):
-                zero = ", ".join(f"{k}={params[k]:.3g}" for k in ("A", "B", "alpha", "beta") if not params[k] > 0)
-                raise InputError(
-                    f"fit {fit_id} has {zero} (on its bound): the compute-optimal allocation needs A, B, alpha and "
-                    "beta > 0; refit with runs that span more of N and D, or leave out fit_id for the published fit"
-                )
-        rows = [laws.compute_optimal(c, params) for c in compute_flops]
-        low, high = min(compute_flops) / 10, max(compute_flops) * 10
-        table = []
-        for i in range(9):
-            try:  # the trend table is illustrative: a budget the law cannot represent is left out of it
-                table.append(laws.compute_optimal(low * (high / low) ** (i / 8), params))
-            except InputError:
-                continue
-        lines = [
-            f"C={r.compute_flops:.3g} FLOPs: N={r.params:.3g}, D={r.tokens:.3g} ({r.tokens_per_param:.1f} "
-            f"tokens per parameter), loss {r.loss:.4f}"
-            for r in rows[:12]
-        ]
-        result = Allocation(fit_id=fit_id, parameters=params, allocations=rows, table=table)
-        return finite_result(result, "\n".join(lines))
-
-    @agent_tool(
-        server, title="Evaluate a scaling law", read_only=True, destructive=False, idempotent=True, open_world=False
-    )
-    async def evaluate_scaling_law(
-        model: Annotated[ModelName, Field(description=MODEL_FORMS)],
-        points: Annotated[
-            list[laws.EvaluationPoint],
-            Field(min_length=1, max_length=10_000, description="{compute} for curves, {params, tokens} for chinchilla"),
-        ],
-        parameters: Annotated[
-            dict[str, Annotated[float, Field(ge=-1e40, le=1e40, allow_inf_nan=False)]] | None,
-            Field(max_length=8, description="Named as in the formula; chinchilla default: Hoffmann et al.'s fit"),
-        ] = None,
-    ) -> Annotated[CallToolResult, laws.Evaluation]:
-        """Evaluate a scaling law with parameters you give (no fitting) at given compute, or at model size and
-        tokens: e.g. a ScaleRL curve from a paper at 10k GPU-hours, or Chinchilla's loss for 70B parameters on 1.4T
-        tokens. Instant."""
-        if parameters is None:
-            if model != "chinchilla":
-                raise InputError(f"model {model!r} needs parameters: {', '.join(laws.PARAMETERS[model])}")
-            parameters = dict(laws.CHINCHILLA_PUBLISHED)
-        values = laws.evaluate(model, parameters, points)
-        checked = laws.check_parameters(model, parameters)
-        asymptote = checked["E"] if model == "chinchilla" else checked["A"]
-        result = laws.Evaluation(model=model, parameters=checked, points=values, asymptote=asymptote)
-        shown = ", ".join(f"{v.value:.4g}" for v in values[:8]) + (" ..." if len(values) > 8 else "")
-        return finite_result(result, f"{model} at {len(values)} point(s): {shown}; asymptote {asymptote:.4g}")
-
     @agent_tool(server, title="List scaling fits", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def list_scaling_fits(
         limit: Annotated[int, Field(ge=1, le=100)] = 20,
         offset: Annotated[int, Field(ge=0, le=1_000_000)] = 0,
     ) -> Annotated[CallToolResult, FitList]:
-        """List stored scaling fits, newest first, with their parameters and warnings; pages with limit and offset.
-        Use it to find fit ids from earlier sessions. Notices report repairs of the store; damaged fits are counted
-        apart. Cheap."""
+        """List stored fits, newest first, with parameters and warnings, to find fit ids from earlier sessions.
+        Cheap."""
         store = _fits(app)
         page = await in_thread(store.list_fits, limit=limit, offset=offset)
         notices = [*await in_thread(store.notices), *page.problems]
@@ -953,18 +959,13 @@ def register(server: MCPServer, app: App) -> None:
     )
     async def convert_compute_units(
         value: Annotated[float, Field(gt=0, le=1e40, allow_inf_nan=False)],
-        unit: Annotated[Literal["gpu_hours", "flops"], Field(description="Unit of value")],
-        gpu: Annotated[str, Field(max_length=64, description="A GPU of infra://gpus.json, e.g. H100-SXM")],
-        dtype: Annotated[
-            Literal["bf16", "fp16", "fp8", "tf32", "fp32"], Field(description="Precision whose peak applies")
-        ] = "bf16",
-        mfu: Annotated[
-            float, Field(ge=0.001, le=1, description="Share of peak achieved (0.3-0.5 typical for large training)")
-        ] = 0.4,
+        unit: Literal["gpu_hours", "flops"],
+        gpu: Annotated[str, Field(max_length=64, description="e.g. H100-SXM (infra://gpus.json)")],
+        dtype: Literal["bf16", "fp16", "fp8", "tf32", "fp32"] = "bf16",
+        mfu: Annotated[float, Field(ge=0.001, le=1, description="Share of peak; 0.3-0.5 typical")] = 0.4,
     ) -> Annotated[CallToolResult, ComputeConversion]:
-        """Convert training compute between GPU-hours and FLOPs for a GPU of the catalog: FLOPs = GPU-hours x 3600 x
-        dense peak FLOP/s x MFU. Use it to put RL curves (GPU-hours) and pretraining budgets (FLOPs) on one axis.
-        Instant."""
+        """Convert compute between GPU-hours and FLOPs for a catalog GPU: FLOPs = GPU-hours x 3600 x dense peak FLOP/s
+        x MFU. Instant."""
         from servers.core.gpus import find_gpu, peak_tflops
 
         spec = find_gpu(gpu)
