@@ -5,7 +5,7 @@
     python examples/experiment_loop.py --variants lr=0.02 lr=0.005 group-size=8 --seeds 2 --name lr-vs-group
 
 It starts `llm-infra-mcp serve suite` with this interpreter, as Claude Desktop would, and drives it: the node
-check (gpu_inventory, gpu_health, scan_kernel_log), overlap (predict_overlap per layer of a preset next to
+check (gpu_health, scan_kernel_log), overlap (predict_overlap per layer of a preset next to
 tune_overlap's measurement), and an RL scaling study of tiny-grpo variants (a pilot for each variant's compute per
 step, the budget split over variants and seeds, plan_sweep and submit_sweep, wait_for_job on the sweep, a
 first-half fit of every run predicting its second half, check_extrapolation, compare_scaling_fits, a decision, and

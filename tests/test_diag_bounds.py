@@ -159,12 +159,10 @@ async def test_nvidia_smi_csv_with_absurd_values(suite_client: Client) -> None:
         f"0, {'N' * 100_000}, 1e308, 999999999999999 W, 0.000000000001 W\n"
         f"{HUGE}, x, 50, 1 W, 1 W\n"
     )
-    for tool in ("gpu_inventory", "gpu_health"):
-        result, _, size = await checked(suite_client, tool, {"text": csv})
-        assert size < 64 * 1024  # the 100 000-character name is clipped
-        gpus = result["gpus"]
-        names = [g["name"] for g in gpus] if tool == "gpu_inventory" else [g["gpu"]["name"] for g in gpus]
-        assert any(n and len(n) <= 256 and n.endswith("\u2026") for n in names)
+    result, _, size = await checked(suite_client, "gpu_health", {"text": csv})
+    assert size < 64 * 1024  # the 100 000-character name is clipped
+    names = [g["gpu"]["name"] for g in result["gpus"]]
+    assert any(n and len(n) <= 256 and n.endswith("\u2026") for n in names)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -207,11 +205,9 @@ async def test_thousands_of_gpus_are_counted_not_all_listed(client: Client) -> N
         for i in range(20_000)
     ]
     csv = header + "\n".join(rows) + "\n"
-    inventory, text, size = await checked(client, "gpu_inventory", {"text": csv})
-    assert size < MIB and inventory["gpu_count"] == 20_000 and len(inventory["gpus"]) == 128
-    assert inventory["gpus_omitted"] == 20_000 - 128 and "listed 128 of 20000 GPUs" in text
     health, text, size = await checked(client, "gpu_health", {"text": csv})
-    assert size < MIB and sum(health["counts"].values()) == 20_000 and health["gpus_omitted"] == 20_000 - 128
+    assert size < MIB and health["gpu_count"] == 20_000 and len(health["gpus"]) == 128
+    assert sum(health["counts"].values()) == 20_000 and health["gpus_omitted"] == 20_000 - 128
     assert health["node_status"] == "unhealthy" and health["counts"]["unhealthy"] == 1
     assert any(g["gpu"]["index"] == 19_999 and g["status"] == "unhealthy" for g in health["gpus"])  # listed
     assert "listed 128 of 20000 GPUs" in text

@@ -20,14 +20,15 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "diagnostics"
 
 
-async def test_live_inventory_and_health_say_clearly_when_there_is_no_driver(suite_client: Client) -> None:
-    inventory = await ok(suite_client, "gpu_inventory", {})
+async def test_live_health_lists_the_gpus_or_says_clearly_there_is_no_driver(suite_client: Client) -> None:
     health = await ok(suite_client, "gpu_health", {})
-    if inventory["available"]:  # a machine with a GPU: real answers
-        assert inventory["gpu_count"] == len(inventory["gpus"]) and health["gpus"]
+    assert health["source"] == "nvml"
+    if health["available"]:  # a machine with a GPU: real answers
+        assert health["gpu_count"] == len(health["gpus"]) and health["driver_version"] and health["cuda_version"]
+        assert all(g["gpu"]["uuid"] and g["gpu"]["pci_bus_id"] and g["gpu"]["memory_total_mib"] for g in health["gpus"])
     else:
-        assert inventory["source"] == "nvml" and "NVML" in inventory["reason"]
-        assert health["node_status"] == "unknown" and not health["available"]
+        assert "NVML" in health["reason"] and health["gpu_count"] == 0
+        assert health["node_status"] == "unknown" and not health["gpus"]
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (FIXTURES / "smi").iterdir() if p.suffix != ".md"))
@@ -45,14 +46,14 @@ async def test_captured_nvidia_smi_in_every_format(suite_client: Client, name: s
             "remapped_rows.pending",
             "ecc.errors.uncorrected.volatile.total",
         ]
-    inventory = await ok(suite_client, "gpu_inventory", args)
-    assert inventory["available"] and inventory["gpu_count"] >= 2
-    assert all(g["pci_bus_id"] is None or g["pci_bus_id"] == g["pci_bus_id"].lower() for g in inventory["gpus"])
     health = await ok(suite_client, "gpu_health", args)
+    assert health["available"] and health["gpu_count"] >= 2 and health["format"] in ("q", "xml", "csv")
+    gpus = [g["gpu"] for g in health["gpus"]]
+    assert all(g["pci_bus_id"] is None or g["pci_bus_id"] == g["pci_bus_id"].lower() for g in gpus)
     assert health["node_status"] in ("healthy", "degraded", "unhealthy", "unknown")
-    assert sum(health["counts"].values()) == inventory["gpu_count"]
-    same = await ok(suite_client, "gpu_inventory", {"text": source.read_text(), "fields": args.get("fields")})
-    assert same["gpus"] == inventory["gpus"]
+    assert sum(health["counts"].values()) == health["gpu_count"] == len(gpus)
+    same = await ok(suite_client, "gpu_health", {"text": source.read_text(), "fields": args.get("fields")})
+    assert same["gpus"] == health["gpus"] and same["driver_version"] == health["driver_version"]
 
 
 async def test_health_of_a_node_with_faulty_gpus(suite_client: Client) -> None:
@@ -228,16 +229,16 @@ async def test_dcgm_exporter_over_real_http(exporter_url: str, tmp_path: Path, m
 async def test_bad_inputs(suite_client: Client, tmp_path: Path) -> None:
     assert "exactly one" in await error(suite_client, "scan_kernel_log", {})
     assert "outside the allowed roots" in await error(suite_client, "scan_kernel_log", {"path": "/etc/hostname"})
-    empty = await suite_client.call_tool("gpu_inventory", {"text": "   \n"})
+    empty = await suite_client.call_tool("gpu_health", {"text": "   \n"})
     assert empty.is_error and "whitespace" in empty.content[0].text
     binary = tmp_path / "smi.txt"
     binary.write_bytes(b"\x00\x01\x02" * 100)
     assert "binary" in await error(suite_client, "gpu_health", {"path": str(binary)})
-    assert "nvidia-smi" in await error(suite_client, "gpu_inventory", {"text": "hello world"})
+    assert "nvidia-smi" in await error(suite_client, "gpu_health", {"text": "hello world"})
     garbled = "<?xml version='1.0'?><nvidia_smi_log><driver_version>535</driver_version><gpu id='0000:3b:00.0'"
-    await error(suite_client, "gpu_inventory", {"text": garbled})
+    await error(suite_client, "gpu_health", {"text": garbled})
     truncated = (FIXTURES / "smi" / "nvidia-smi-q.8xH100.550.synthetic.txt").read_text()[:3000]
-    result = await suite_client.call_tool("gpu_inventory", {"text": truncated})
+    result = await suite_client.call_tool("gpu_health", {"text": truncated})
     assert "Traceback" not in result.content[0].text
     assert "nccl" in (await error(suite_client, "parse_nccl_tests", {"text": "not an nccl-tests output"})).lower()
     assert await error(suite_client, "parse_dcgm_diag", {"text": '{"something": 1}'})

@@ -143,8 +143,8 @@ def test_followup_needed() -> None:
 
 
 def test_node_verdict_says_no_gpu_plainly() -> None:
-    inventory = {"available": False, "reason": "no usable NVIDIA driver on this host", "gpu_count": 0, "gpus": []}
-    text = loop_study.node_verdict(inventory, {"available": False}, None, "dmesg: Operation not permitted")
+    health = {"available": False, "reason": "no usable NVIDIA driver on this host", "gpu_count": 0, "gpus": []}
+    text = loop_study.node_verdict(health, None, "dmesg: Operation not permitted")
     assert text.startswith("No GPU here: no usable NVIDIA driver on this host.")
     assert "Kernel log not read: dmesg: Operation not permitted" in text
     kernel = {
@@ -153,7 +153,28 @@ def test_node_verdict_says_no_gpu_plainly() -> None:
         "summary_rows": 1,
         "summary": [{"kind": "xid", "code": 79, "count": 2, "severity": "critical", "action": "drain the node"}],
     }
-    assert "xid 79 x2 (critical): drain the node" in loop_study.node_verdict(inventory, None, kernel, None)
+    assert "xid 79 x2 (critical): drain the node" in loop_study.node_verdict(health, kernel, None)
+
+
+def test_node_verdict_names_the_gpus_from_one_health_result() -> None:
+    finding = {"severity": "critical", "what": "Row remapping failed", "action": "Drain the GPU and replace it"}
+    health = {
+        "available": True,
+        "driver_version": "550.54.15",
+        "cuda_version": "12.4",
+        "gpu_count": 2,
+        "node_status": "unhealthy",
+        "counts": {"healthy": 1, "unhealthy": 1},
+        "gpus": [
+            {"gpu": {"index": 0, "name": "NVIDIA H100 80GB HBM3"}, "status": "healthy", "findings": []},
+            {"gpu": {"index": 1, "name": "NVIDIA H100 80GB HBM3"}, "status": "unhealthy", "findings": [finding]},
+        ],
+    }
+    text = loop_study.node_verdict(health, None, None)
+    assert text.startswith("2 GPU(s) (NVIDIA H100 80GB HBM3), driver 550.54.15, CUDA 12.4.")
+    assert "Health: node unhealthy (1 healthy, 1 unhealthy)." in text
+    assert "GPU 1: critical: Row remapping failed; Drain the GPU and replace it." in text
+    assert "The GPUs could not be read" in loop_study.node_verdict(None, None, None)
 
 
 def test_ledger_belongs_to_one_study(tmp_path: Path) -> None:
@@ -309,7 +330,6 @@ def test_quick_study_numbers_come_from_the_tools(quick_study: QuickStudy) -> Non
         assert len(h["rows"]) == sum(1 for c in measured if c > max(measured) / 2)
     tools = {c["tool"] for c in calls}
     for tool in (
-        "gpu_inventory",
         "gpu_health",
         "predict_overlap",
         "tune_overlap",

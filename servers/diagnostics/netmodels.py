@@ -64,23 +64,23 @@ def link_name(leaf: str, spine: str) -> str:
 
 class NicSpec(Model):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=MAX_NAME, description="Unique across the topology")
-    rail: int = Field(ge=0, le=MAX_RAIL, description="NIC i of a node is on rail i")
-    leaf: str = Field(min_length=1, max_length=MAX_NAME, description="The leaf switch it is cabled to")
+    name: str = Field(min_length=1, max_length=MAX_NAME)
+    rail: int = Field(ge=0, le=MAX_RAIL)
+    leaf: str = Field(min_length=1, max_length=MAX_NAME)
 
 
 class NodeSpec(Model):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=MAX_NAME, description="Unique")
+    name: str = Field(min_length=1, max_length=MAX_NAME)
     nics: list[NicSpec] = Field(min_length=1, max_length=MAX_NICS_PER_NODE)
 
 
 class SwitchSpec(Model):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=MAX_NAME, description="Unique")
-    tier: Literal["leaf", "spine"] = Field(description="leaf (NICs cable to it) or spine (leaves uplink to it)")
+    name: str = Field(min_length=1, max_length=MAX_NAME)
+    tier: Literal["leaf", "spine"]
     uplinks: list[Annotated[str, Field(max_length=MAX_NAME)]] = Field(
-        default_factory=list, max_length=MAX_UPLINKS, description="A leaf's spines; a spine has none"
+        default_factory=list, max_length=MAX_UPLINKS, description="A leaf's spines"
     )
 
 
@@ -92,13 +92,13 @@ class Topology(Model):
 
 class ProbeRow(Model):
     model_config = ConfigDict(extra="forbid")
-    src_nic: str = Field(min_length=1, max_length=MAX_NAME, description="Sending NIC")
-    dst_nic: str = Field(min_length=1, max_length=MAX_NAME, description="Receiving NIC")
-    latency_us: float | None = Field(ge=0, allow_inf_nan=False, description="null when every packet was lost")
-    loss_rate: float = Field(ge=0, le=1, allow_inf_nan=False, description="Share of packets lost")
+    src_nic: str = Field(min_length=1, max_length=MAX_NAME)
+    dst_nic: str = Field(min_length=1, max_length=MAX_NAME)
+    latency_us: float | None = Field(ge=0, allow_inf_nan=False, description="null: all lost")
+    loss_rate: float = Field(ge=0, le=1, allow_inf_nan=False)
     bandwidth_gbps: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    layer: Layer | None = Field(default=None, description="overlay (container path) or underlay (host path)")
-    spine: str | None = Field(default=None, max_length=MAX_NAME, description="The spine crossed, when known")
+    layer: Layer | None = Field(default=None, description="overlay: container path")
+    spine: str | None = Field(default=None, max_length=MAX_NAME, description="Spine crossed")
 
 
 class Thresholds(Model):

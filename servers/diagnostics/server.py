@@ -56,7 +56,7 @@ JOB_KINDS = [
     ),
 ]
 MAX_TEXT = 64 * 2**20  # captured nvidia-smi, nccl-tests and DCGM outputs are far smaller; logs are streamed
-MAX_GPUS_LISTED = 128  # GPUs one inventory or health result lists; counts cover them all
+MAX_GPUS_LISTED = 128  # GPUs one gpu_health result lists; counts cover them all
 MAX_EVENTS_LISTED = 500  # kernel-log events one scan lists (max_events' upper bound)
 
 Text = Annotated[str, Field(max_length=MAX_TEXT)]
@@ -91,46 +91,34 @@ def read_text_input(app: App, text: str, path: str | None, what: str) -> tuple[s
 
 
 class Inventory(Model):
+    """What was read of a node's GPUs (NVML or captured nvidia-smi), before judging them."""
+
+    source: str
+    available: bool
+    reason: str | None = None
+    format: str | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    gpus: list[GpuSnapshot]
+    warnings: list[str] = Field(default_factory=list)
+
+
+class NodeHealth(Model):
     source: str = Field(description="nvml (live) or where the captured text came from")
     available: bool = Field(description="False when nothing could be read; reason says why")
     reason: str | None = None
     format: str | None = Field(default=None, description="q, xml or csv for captured nvidia-smi output")
     driver_version: str | None = None
     cuda_version: str | None = None
-    gpu_count: int = Field(description="GPUs found, listed or not")
-    gpus: list[GpuSnapshot] = Field(description=f"At most {MAX_GPUS_LISTED}, in input order; see gpus_omitted")
-    gpus_omitted: int = Field(default=0, description="GPUs found but not listed")
-    warnings: list[str] = Field(default_factory=list)
-
-
-class NodeHealth(Model):
-    source: str
-    available: bool
-    reason: str | None = None
+    gpu_count: int = Field(default=0, description="GPUs found, listed or not")
     node_status: Literal["healthy", "degraded", "unhealthy", "unknown"] = Field(description="The worst GPU status")
     counts: dict[str, int] = Field(description="GPUs per status, listed or not")
     gpus: list[GpuHealth] = Field(
-        description=f"At most {MAX_GPUS_LISTED} (unhealthy, degraded and unknown ones first), in input order; "
-        "see gpus_omitted"
+        description=f"At most {MAX_GPUS_LISTED} (unhealthy, degraded and unknown ones first), in input order; each "
+        "with its inventory (gpu: index, name, UUID, PCI bus id, serial, memory...); see gpus_omitted"
     )
     gpus_omitted: int = Field(default=0, description="GPUs judged but not listed")
     warnings: list[str] = Field(default_factory=list)
-
-
-def bounded_inventory(inventory: Inventory) -> Inventory:
-    """The inventory listing at most MAX_GPUS_LISTED GPUs; gpu_count and gpus_omitted count them all."""
-
-    def build(scale: float) -> Inventory:
-        gpus, omitted = pick(inventory.gpus, scaled(MAX_GPUS_LISTED, scale))
-        return inventory.model_copy(
-            update={
-                "gpus": gpus,
-                "gpus_omitted": omitted,
-                "warnings": cap_notes(inventory.warnings, scaled(MAX_NOTES, scale)),
-            }
-        )
-
-    return fit(build)
 
 
 def bounded_health(health: NodeHealth) -> NodeHealth:
@@ -155,12 +143,10 @@ def snapshots(app: App, nvidia_smi_output: str, path: str | None, fields: list[s
 
         gpus, reason = read_snapshots()
         if reason is not None:
-            return Inventory(source="nvml", available=False, reason=reason, gpu_count=0, gpus=[])
+            return Inventory(source="nvml", available=False, reason=reason, gpus=[])
         driver = next((g.driver_version for g in gpus if g.driver_version), None)
         cuda = next((g.cuda_version for g in gpus if g.cuda_version), None)
-        return Inventory(
-            source="nvml", available=True, driver_version=driver, cuda_version=cuda, gpu_count=len(gpus), gpus=gpus
-        )
+        return Inventory(source="nvml", available=True, driver_version=driver, cuda_version=cuda, gpus=gpus)
     from servers.diagnostics.smi import parse_nvidia_smi
 
     text, source = read_text_input(app, nvidia_smi_output, path, "nvidia-smi output")
@@ -171,7 +157,6 @@ def snapshots(app: App, nvidia_smi_output: str, path: str | None, fields: list[s
         format=parsed.format,
         driver_version=parsed.driver_version,
         cuda_version=parsed.cuda_version,
-        gpu_count=len(parsed.gpus),
         gpus=parsed.gpus,
         warnings=parsed.warnings,
     )
@@ -183,76 +168,57 @@ STATUS_ORDER = {"unhealthy": 3, "degraded": 2, "unknown": 1, "healthy": 0}
 def node_health(inventory: Inventory) -> NodeHealth:
     from servers.diagnostics.health import evaluate_all
 
+    read = {
+        "source": inventory.source,
+        "format": inventory.format,
+        "driver_version": inventory.driver_version,
+        "cuda_version": inventory.cuda_version,
+        "gpu_count": len(inventory.gpus),
+    }
     if not inventory.available:
-        return NodeHealth(
-            source=inventory.source, available=False, reason=inventory.reason, node_status="unknown", counts={}, gpus=[]
-        )
+        return NodeHealth(**read, available=False, reason=inventory.reason, node_status="unknown", counts={}, gpus=[])
     healths = evaluate_all(inventory.gpus)
     counts: dict[str, int] = {}
     for h in healths:
         counts[h.status] = counts.get(h.status, 0) + 1
     worst = max((h.status for h in healths), key=lambda s: STATUS_ORDER[s], default="unknown")
     return NodeHealth(
-        source=inventory.source,
-        available=True,
-        node_status=worst,
-        counts=counts,
-        gpus=healths,
-        warnings=inventory.warnings,
+        **read, available=True, node_status=worst, counts=counts, gpus=healths, warnings=inventory.warnings
     )
 
 
-SmiOutput = Annotated[
-    Text | None,
-    Field(description="Output of `nvidia-smi -q`, `-q -x` (XML) or `--query-gpu=... --format=csv`"),
-]
-SmiPath = Annotated[PathArg | None, Field(description="A file of such output")]
+SmiOutput = Annotated[Text, Field(description="nvidia-smi -q, -q -x or --query-gpu CSV output")]
+SmiPath = PathArg | None
 SmiFields = Annotated[
     list[Annotated[str, Field(max_length=128)]] | None,
-    Field(max_length=512, description="The --query-gpu field names, for CSV with noheader only"),
+    Field(max_length=512, description="--query-gpu names, for noheader CSV"),
 ]
 
 
 def register(server: MCPServer, app: App) -> None:
-    @agent_tool(server, title="GPU inventory", read_only=True, destructive=False, idempotent=True, open_world=False)
-    async def gpu_inventory(
-        text: SmiOutput = "", path: SmiPath = None, fields: SmiFields = None
-    ) -> Annotated[CallToolResult, Inventory]:
-        """List a node's GPUs: index, name, UUID, PCI bus id, serial, driver and CUDA versions, memory. Live from NVML
-        on this machine when given no input (available false, with the reason, where there is no driver), else from
-        captured nvidia-smi output (text or path). At most 128 listed. Instant; to judge health use gpu_health."""
-        inventory = await in_thread(lambda: bounded_inventory(snapshots(app, text, path, fields)))
-        if not inventory.available:
-            return tool_result(inventory, f"no GPU inventory: {inventory.reason}")
-        lines = [
-            f"{inventory.gpu_count} GPU(s) from {inventory.source}, driver {inventory.driver_version}, "
-            f"CUDA {inventory.cuda_version}" + omitted_note(len(inventory.gpus), inventory.gpus_omitted, "GPUs")
-        ]
-        lines += [f"- {g.index}: {g.name} {g.pci_bus_id} {g.uuid} serial {g.serial}" for g in inventory.gpus]
-        lines += [f"warning: {w}" for w in inventory.warnings]
-        return tool_result(inventory, "\n".join(lines))
-
     @agent_tool(server, title="GPU health", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def gpu_health(
         text: SmiOutput = "", path: SmiPath = None, fields: SmiFields = None
     ) -> Annotated[CallToolResult, NodeHealth]:
-        """Judge each GPU healthy, degraded, unhealthy or unknown, with findings (severity, evidence, action) from
-        ECC, row remapping, retired pages, reset/drain flags, throttling, temperature and power limits, PCIe and
-        NVLink links. Input as for gpu_inventory. At most 128 GPUs listed, worst first. Instant."""
+        """List a node's GPUs (name, UUID, PCI bus id, serial, memory, driver, CUDA) and judge each healthy,
+        degraded, unhealthy or unknown, with findings and actions. No input: live NVML. Instant."""
         inventory = await in_thread(snapshots, app, text, path, fields)
         health = await in_thread(lambda: bounded_health(node_health(inventory)))
         if not health.available:
-            return tool_result(health, f"no GPU health: {health.reason}")
+            return tool_result(health, f"no GPUs read: {health.reason}")
         lines = [
-            f"node {health.node_status}: "
+            f"{health.gpu_count} GPU(s) from {health.source}, driver {health.driver_version}, CUDA "
+            f"{health.cuda_version}; node {health.node_status}: "
             + ", ".join(f"{n} {s}" for s, n in sorted(health.counts.items()))
             + omitted_note(len(health.gpus), health.gpus_omitted, "GPUs")
         ]
         for h in health.gpus:
-            lines.append(f"- GPU {h.gpu.index} {h.gpu.pci_bus_id or ''}: {h.status}")
+            g = h.gpu
+            lines.append(f"- GPU {g.index} {g.name} {g.pci_bus_id or ''} {g.uuid} serial {g.serial}: {h.status}")
             lines += [
                 f"    {f.severity}: {f.what} ({f.evidence}); {f.action}" for f in h.findings if f.severity != "info"
             ]
+        lines += [f"warning: {w}" for w in health.warnings]
         return tool_result(health, "\n".join(lines))
 
     from servers.diagnostics.kmsg import KernelLogScan
@@ -260,20 +226,15 @@ def register(server: MCPServer, app: App) -> None:
     @agent_tool(server, title="Scan a kernel log", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def scan_kernel_log(
         ctx: Context,
-        text: Annotated[Text, Field(description="Kernel log text (dmesg, journalctl -k, kern.log)")] = "",
-        path: Annotated[PathArg | None, Field(description="A kernel log file (any size: streamed)")] = None,
+        text: Text = "",
+        path: PathArg | None = None,
         source: Annotated[
-            Literal["dmesg", "journal"] | None,
-            Field(description="This machine's log, live: dmesg or journalctl -k (may need root)"),
+            Literal["dmesg", "journal"] | None, Field(description="This machine's log, live (may need root)")
         ] = None,
-        max_events: Annotated[
-            int, Field(ge=1, le=MAX_EVENTS_LISTED, description="Events listed; counts and summary cover all")
-        ] = 200,
+        max_events: Annotated[int, Field(ge=1, le=MAX_EVENTS_LISTED)] = 200,
     ) -> Annotated[CallToolResult, KernelLogScan]:
-        """Find GPU errors in a kernel log: Xid (classified by the Xid catalog), NVSwitch SXid, NCCL segfaults,
-        GPUs fallen off the bus. Returns the events and a summary per GPU and code (count, first/last time,
-        severity, action), worst first; floods collapsed, repeats across reboots escalated. Give one of text, path
-        or source. Seconds."""
+        """GPU errors in a kernel log (Xid, SXid, NCCL segfaults, GPUs off the bus): events and a summary per GPU
+        and code with severity and action, worst first; floods collapsed. One of text, path or source. Seconds."""
         from servers.diagnostics.kmsg import scan_file, scan_text
         from servers.diagnostics.xid import classify
 
@@ -311,10 +272,8 @@ def register(server: MCPServer, app: App) -> None:
     async def explain_xid(
         code: Annotated[int, Field(ge=1, le=999)],
     ) -> Annotated[CallToolResult, XidExplanation]:
-        """Explain an NVIDIA Xid code: meaning, likely causes, NVIDIA's actions, and how gpud, the Kubernetes
-        device plugin, Meta GCM and Azure NHC classify it: each source's reading, every disagreement between them
-        (Xid 63 is the classic one), a consensus severity and action. Instant; the whole catalog is the resource
-        infra://xid-catalog.json."""
+        """What an NVIDIA Xid means: causes, NVIDIA's action, how gpud, k8s, Meta GCM and Azure NHC read it and
+        where they disagree, a consensus action. Instant; all: infra://xid-catalog.json."""
         from servers.diagnostics.xid import explain_xid as explain
 
         result = explain(code)
@@ -334,16 +293,14 @@ def register(server: MCPServer, app: App) -> None:
         server, title="Parse nccl-tests output", read_only=True, destructive=False, idempotent=True, open_world=False
     )
     async def parse_nccl_tests(
-        text: Annotated[Text, Field(description="Output of all_reduce_perf or another nccl-tests binary")] = "",
-        path: Annotated[PathArg | None, Field(description="A file of that output")] = None,
+        text: Text = "",
+        path: PathArg | None = None,
         expected_busbw_gbps: Annotated[
-            float | None, Field(gt=0, le=100_000, description="GB/s; default: the known floor of the GPU model found")
+            float | None, Field(gt=0, le=100_000, description="Default: the GPU model's known floor")
         ] = None,
     ) -> Annotated[CallToolResult, NcclTestsReport]:
-        """Parse any nccl-tests binary's output: per-size rows, average bus bandwidth, devices, and a verdict
-        (PASS, DEGRADED, FAIL, UNKNOWN) against the GPU model's busbw floor, e.g. 8x H100 all-reduce 460 GB/s with
-        NVLS, ~370 without (whether NVLS ran is read from the output); #wrong > 0 is flagged as corruption. Give
-        text or path. Instant."""
+        """Parse nccl-tests output: rows per size, average bus bandwidth and a verdict against the GPU model's
+        floor (8x H100 all-reduce: 460 GB/s with NVLS); #wrong > 0 flags corruption. Instant."""
         from servers.diagnostics.nccl_tests import parse_nccl_tests as parse
 
         body, _ = await in_thread(read_text_input, app, text, path, "nccl-tests output")
@@ -356,12 +313,11 @@ def register(server: MCPServer, app: App) -> None:
         server, title="Parse DCGM diagnostics", read_only=True, destructive=False, idempotent=True, open_world=False
     )
     async def parse_dcgm_diag(
-        text: Annotated[Text, Field(description="JSON of `dcgmi diag -r N -j` (DCGM 3.x or 4.x)")] = "",
-        path: Annotated[PathArg | None, Field(description="A file of that JSON")] = None,
+        text: Text = "",
+        path: PathArg | None = None,
     ) -> Annotated[CallToolResult, DcgmDiagReport]:
-        """Read the JSON of a DCGM diagnostic run: pass / fail / warn / skip per test and GPU with the warnings and
-        error ids, failures first, and an overall verdict. Give text or path; to run the diagnostic here, use
-        run_dcgm_diag. Instant."""
+        """Read `dcgmi diag -r N -j` JSON: pass, fail, warn or skip per test and GPU with error ids, failures
+        first, and a verdict; run_dcgm_diag runs it here. Instant."""
         from servers.diagnostics.dcgm import parse_dcgm_diag as parse
 
         body, _ = await in_thread(read_text_input, app, text, path, "DCGM diagnostic JSON")
@@ -378,17 +334,17 @@ def register(server: MCPServer, app: App) -> None:
             Field(
                 ge=1,
                 le=4,
-                description="1: software, seconds; 2: +memory/PCIe, ~2 min; 3: +stress, 10-15 min; 4: +memtest, > 1 h",
+                description="1: seconds; 2: ~2 min; 3: 10-15 min; 4: > 1 h",
             ),
         ] = 1,
         wait_s: WaitS = 20,
         max_wall_s: Annotated[
             float | None,
-            Field(gt=0, le=8 * 3600, description="Default by level: 10 min, 30 min, 1 h, 4 h"),
+            Field(gt=0, le=8 * 3600, description="Default per level: 600, 1800, 3600, 14400"),
         ] = None,
     ) -> Annotated[CallToolResult, JobView]:
-        """Run `dcgmi diag -r LEVEL -j` on this machine as a job; returns parse_dcgm_diag's report, or a job handle.
-        Levels 2-4 load the GPUs: not under a training job. Says so where DCGM is not installed."""
+        """Run `dcgmi diag -r LEVEL -j` here as a job: parse_dcgm_diag's report, or the job handle. Levels 2-4
+        load the GPUs: not under training. Refused without DCGM."""
         from servers.diagnostics.dcgm import dcgm_available
 
         ok, why = dcgm_available()
@@ -410,35 +366,29 @@ def register(server: MCPServer, app: App) -> None:
     )
     async def check_collective_bandwidth(
         ctx: Context,
-        mode: Annotated[
-            Literal["node", "pairwise", "all"],
-            Field(description="node: each node alone; pairwise: each pair of nodes; all: all nodes at once"),
-        ] = "node",
-        backend: Annotated[
-            Literal["local", "slurm"], Field(description="local: this node (mode node); slurm: the cluster's nodes")
-        ] = "local",
+        mode: Literal["node", "pairwise", "all"] = "node",
+        backend: Annotated[Literal["local", "slurm"], Field(description="local: this node, mode node")] = "local",
         nodes: Annotated[
             list[Annotated[str, Field(max_length=64)]] | None,
-            Field(max_length=64, description="Slurm nodes (default: every usable node sinfo lists)"),
+            Field(max_length=64, description="Default: all usable in sinfo"),
         ] = None,
         pairs: Annotated[
             list[tuple[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=64)]]] | None,
-            Field(max_length=256, description="pairwise: only these, e.g. from plan_network_probes"),
+            Field(max_length=256, description="pairwise: only these"),
         ] = None,
         op: Literal["all_reduce", "all_gather", "reduce_scatter"] = "all_reduce",
         sizes: Annotated[
             list[Annotated[int, Field(ge=1, le=1 << 34)]] | None,
-            Field(max_length=16, description="Bytes (default 1, 4, 16 MiB); GPU floors judge sizes >= 256 MiB"),
+            Field(max_length=16, description="Bytes; default 1, 4, 16 MiB; floors judge >= 256 MiB"),
         ] = None,
-        nproc_per_node: Annotated[int, Field(ge=0, le=64, description="Ranks per node; 0: its GPUs, or 2 on CPU")] = 0,
-        gpus_per_node: Annotated[int, Field(ge=0, le=64, description="Slurm: GPUs per node to ask for")] = 0,
-        partition: Annotated[str | None, Field(max_length=64, description="Slurm partition")] = None,
+        nproc_per_node: Annotated[int, Field(ge=0, le=64, description="0: one per GPU, or 2 on CPU")] = 0,
+        gpus_per_node: Annotated[int, Field(ge=0, le=64)] = 0,
+        partition: Annotated[str | None, Field(max_length=64)] = None,
         wait_s: WaitS = 20,
-        max_wall_s: Annotated[float, Field(gt=0, le=6 * 3600, description="For the whole check, seconds")] = 3600,
+        max_wall_s: Annotated[float, Field(gt=0, le=6 * 3600)] = 3600,
     ) -> Annotated[CallToolResult, JobView]:
-        """Measure collective bus bandwidth by running collectives on the GPUs: per node, per pair of nodes or over
-        the allocation, here or as Slurm jobs. Probes are judged against known floors or their median: PASS /
-        DEGRADED / FAIL each, a node x node matrix, the slowest nodes and pairs, a heatmap PNG. Starts a job:
+        """Measure collective bus bandwidth per node, node pair or allocation, here or as Slurm jobs:
+        PASS, DEGRADED or FAIL per probe vs known floors or the median, the slowest nodes, a heatmap. A job;
         minutes."""
         from servers.diagnostics.bandwidth import BandwidthCheckSpec
 
@@ -483,32 +433,26 @@ def register(server: MCPServer, app: App) -> None:
             Text,
             Field(description="Rows {rank, step, step_time_s, node?, compute_s?, comm_s?}: JSON, JSONL or CSV"),
         ] = "",
-        path: Annotated[PathArg | None, Field(description="A file of such rows, or a job's metrics.jsonl")] = None,
-        job_id: Annotated[
-            str | None, Field(max_length=64, pattern=r"^[A-Za-z0-9_-]{1,64}$", description="A training job to read")
-        ] = None,
-        ranks_per_node: Annotated[
-            int | None, Field(ge=1, le=65536, description="Rank r is on node r // this (default: the job's)")
-        ] = None,
-        tp: Annotated[int, Field(ge=1, le=65536, description="Tensor-parallel size of the layout")] = 1,
-        pp: Annotated[int, Field(ge=1, le=65536, description="Pipeline-parallel size")] = 1,
-        dp: Annotated[int | None, Field(ge=1, le=65536, description="Data-parallel size (default: the rest)")] = None,
+        path: PathArg | None = None,
+        job_id: Annotated[str | None, Field(max_length=64, pattern=r"^[A-Za-z0-9_-]{1,64}$")] = None,
+        ranks_per_node: Annotated[int | None, Field(ge=1, le=65536, description="Default: the job's")] = None,
+        tp: Annotated[int, Field(ge=1, le=65536)] = 1,
+        pp: Annotated[int, Field(ge=1, le=65536)] = 1,
+        dp: Annotated[int | None, Field(ge=1, le=65536, description="Default: the rest")] = None,
         order: Annotated[
             Literal["tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"],
-            Field(description="Layout's rank order, fastest first (Megatron: tp-dp-pp)"),
+            Field(description="Rank order, fastest first"),
         ] = "tp-dp-pp",
         signal: Annotated[
-            Literal["auto", "step_time_s", "compute_s"],
-            Field(description="Time compared; auto: compute_s when every row has it"),
+            Literal["auto", "step_time_s", "compute_s"], Field(description="auto: compute_s when every row has it")
         ] = "auto",
-        z_threshold: Annotated[float, Field(gt=0, le=100, description="Robust z-score that makes a step slow")] = 3.5,
-        window: Annotated[int, Field(ge=2, le=10000, description="Persistence: the last w steps")] = 10,
-        min_flagged: Annotated[int, Field(ge=1, le=10000, description="Persistence: slow in k of them")] = 6,
+        z_threshold: Annotated[float, Field(gt=0, le=100)] = 3.5,
+        window: Annotated[int, Field(ge=2, le=10000)] = 10,
+        min_flagged: Annotated[int, Field(ge=1, le=10000, description="Slow steps in window for a straggler")] = 6,
     ) -> Annotated[CallToolResult, StragglerReport]:
-        """Find the slow ranks of a training job from per-rank step times: robust z-score per step across ranks,
-        persistence, change points per rank, and nodes and TP/DP/PP groups when a layout is given; each straggler
-        with evidence and an action (drain, compute vs communication, rebalance). Give exactly one of text, path or
-        job_id. Seconds."""
+        """Find a training job's slow ranks from per-rank step times (robust z-scores, persistence, change
+        points), and slow nodes and TP/DP/PP groups given a layout, with actions. One of text, path or job_id.
+        Seconds."""
         from servers.diagnostics import stragglers
 
         layout = {"tp": tp, "pp": pp, "dp": dp, "order": order} if tp * pp > 1 or dp is not None else None
@@ -551,27 +495,22 @@ def register(server: MCPServer, app: App) -> None:
 
     @agent_tool(server, title="Triage a node", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def triage_node(
-        nvidia_smi_text: SmiOutput = "",
-        nvidia_smi_path: SmiPath = None,
+        nvidia_smi_text: Text = "",
+        nvidia_smi_path: PathArg | None = None,
         fields: SmiFields = None,
-        live_nvml: Annotated[bool, Field(description="Read this machine's GPUs live (NVML)")] = False,
-        kernel_log_text: Annotated[Text, Field(description="Kernel log text (dmesg, journalctl -k)")] = "",
-        kernel_log_path: Annotated[PathArg | None, Field(description="A kernel log file")] = None,
-        kernel_log_source: Annotated[
-            Literal["dmesg", "journal"] | None, Field(description="This machine's kernel log, live (may need root)")
-        ] = None,
-        dcgm_text: Annotated[Text, Field(description="JSON of `dcgmi diag -r N -j`")] = "",
-        dcgm_path: Annotated[PathArg | None, Field(description="A file of that JSON")] = None,
-        nccl_tests_text: Annotated[Text, Field(description="Output of an nccl-tests binary")] = "",
-        nccl_tests_path: Annotated[PathArg | None, Field(description="A file of that output")] = None,
-        node: Annotated[str | None, Field(max_length=256, description="Its name, for the report")] = None,
-        interconnect_expected: Annotated[
-            Literal["nvlink", "pcie"] | None, Field(description="What the GPUs should be linked by")
-        ] = None,
+        live_nvml: bool = False,
+        kernel_log_text: Text = "",
+        kernel_log_path: PathArg | None = None,
+        kernel_log_source: Literal["dmesg", "journal"] | None = None,
+        dcgm_text: Text = "",
+        dcgm_path: PathArg | None = None,
+        nccl_tests_text: Text = "",
+        nccl_tests_path: PathArg | None = None,
+        node: Annotated[str | None, Field(max_length=256)] = None,
+        interconnect_expected: Literal["nvlink", "pcie"] | None = None,
     ) -> Annotated[CallToolResult, NodeTriage]:
-        """Triage one node in one call from any of nvidia-smi output (or live NVML), its kernel log, DCGM
-        diagnostic JSON and nccl-tests output (at most one input each): one verdict per GPU with every source's
-        evidence joined on the PCI bus id, warnings where sources disagree, the node's first action. Instant."""
+        """One node's verdict per GPU from any of nvidia-smi output or live NVML, kernel log, DCGM JSON and
+        nccl-tests output, joined on PCI bus id, with disagreements and the first action. Instant."""
         from servers.diagnostics.triage import triage_node as triage
 
         def one(name: str, *values: object) -> None:
@@ -632,28 +571,22 @@ def register(server: MCPServer, app: App) -> None:
         server, title="Plan network probes", read_only=True, destructive=False, idempotent=True, open_world=False
     )
     async def plan_network_probes(
-        topology: Annotated[Topology | None, Field(description="The fabric: its nodes' NICs and its switches")] = None,
-        text: Annotated[Text, Field(description="Topology JSON, or a probe table (CSV) to derive it from")] = "",
-        path: Annotated[PathArg | None, Field(description="A file of either")] = None,
+        topology: Topology | None = None,
+        text: Annotated[Text, Field(description="Topology JSON, or a probe table CSV")] = "",
+        path: PathArg | None = None,
         mode: Annotated[
-            Literal["skeleton", "rail", "full_mesh"],
-            Field(description="skeleton: the training traffic's pairs, O(N); rail: same-rail; full_mesh: all"),
+            Literal["skeleton", "rail", "full_mesh"], Field(description="skeleton: training traffic's pairs, O(N)")
         ] = "skeleton",
-        tp: Annotated[
-            int | None, Field(ge=1, le=1 << 20, description="Skeleton layout: TP size (default: NICs per node)")
-        ] = None,
-        pp: Annotated[int | None, Field(ge=1, le=1 << 20, description="Skeleton layout: PP size (default 1)")] = None,
-        dp: Annotated[
-            int | None, Field(ge=1, le=1 << 20, description="Skeleton layout: DP size (default: the rest)")
-        ] = None,
-        cross_leaf_per_uplink: Annotated[int, Field(ge=0, le=64, description="Pinned probes per leaf uplink")] = 2,
-        min_probes_per_nic: Annotated[int, Field(ge=0, le=64, description="Fill probes up to this per NIC")] = 4,
+        tp: Annotated[int | None, Field(ge=1, le=1 << 20, description="Default: NICs per node")] = None,
+        pp: Annotated[int | None, Field(ge=1, le=1 << 20)] = None,
+        dp: Annotated[int | None, Field(ge=1, le=1 << 20, description="Default: the rest")] = None,
+        cross_leaf_per_uplink: Annotated[int, Field(ge=0, le=64)] = 2,
+        min_probes_per_nic: Annotated[int, Field(ge=0, le=64)] = 4,
         limit: Annotated[int, Field(ge=0, le=5000)] = 1000,
         offset: Annotated[int, Field(ge=0, le=10_000_000)] = 0,
     ) -> Annotated[CallToolResult, ProbePlan]:
-        """Plan the NIC pairs to probe in a rail-optimised fat tree (skeleton O(N), rail, or full mesh), with the
-        count against full mesh and whether every NIC, node, switch and leaf-spine link is covered; the probes'
-        results then go to localize_network_fault. Give exactly one of topology, text or path. Paged. Seconds."""
+        """Plan the NIC pairs to probe in a rail-optimised fat tree (tp, pp, dp: the skeleton's layout) and
+        whether they cover every NIC, switch and link; results go to localize_network_fault. Paged. Seconds."""
         from servers.diagnostics.netloc import plan_network_probes as plan
 
         def run() -> ProbePlan:
@@ -684,25 +617,19 @@ def register(server: MCPServer, app: App) -> None:
     async def localize_network_fault(
         topology: Topology | None = None,
         topology_path: Annotated[
-            PathArg | None, Field(description="The topology as a JSON file; neither: derived from a probe table")
+            PathArg | None, Field(description="Topology JSON; neither: from the probe table")
         ] = None,
-        probes: Annotated[list[ProbeRow] | None, Field(max_length=100_000, description="Probe results")] = None,
-        text: Annotated[Text, Field(description="Probe rows as JSON, JSON lines or CSV (or a probe table)")] = "",
-        path: Annotated[PathArg | None, Field(description="A file of such rows")] = None,
-        loss_threshold: Annotated[float, Field(ge=0, lt=1, description="A probe is bad above this loss rate")] = 0.01,
-        latency_factor: Annotated[
-            float, Field(gt=1, le=1000, description="Bad above this x its class's latency baseline")
-        ] = 2.0,
-        bandwidth_factor: Annotated[
-            float, Field(gt=0, lt=1, description="Bad below this x its class's bandwidth baseline")
-        ] = 0.5,
+        probes: Annotated[list[ProbeRow] | None, Field(max_length=100_000)] = None,
+        text: Annotated[Text, Field(description="Probe rows: JSON, JSONL, CSV or a probe table")] = "",
+        path: PathArg | None = None,
+        loss_threshold: Annotated[float, Field(ge=0, lt=1)] = 0.01,
+        latency_factor: Annotated[float, Field(gt=1, le=1000, description="Bad above this x baseline")] = 2.0,
+        bandwidth_factor: Annotated[float, Field(gt=0, lt=1, description="Bad below this x baseline")] = 0.5,
         limit: Annotated[int, Field(ge=0, le=500)] = 50,
         offset: Annotated[int, Field(ge=0, le=1_000_000)] = 0,
     ) -> Annotated[CallToolResult, Localization]:
-        """Find the faulty NICs, nodes, leaf and spine switches and leaf-spine links from probe results over a
-        topology: each suspect with faulty true/false, a likelihood score, its symptom (loss, latency, bandwidth)
-        and the probes through it; handles several partial faults, noise, ECMP, overlay vs underlay. Give one of
-        probes, text or path. Seconds."""
+        """Find faulty NICs, nodes, switches and leaf-spine links from probe results: each suspect with a
+        score, symptom and its probes; copes with partial faults, noise, ECMP, overlay vs underlay. Seconds."""
         from servers.diagnostics.netloc import localize_network_fault as localize
         from servers.diagnostics.netloc import parse_probes_text
 
@@ -767,15 +694,13 @@ def register(server: MCPServer, app: App) -> None:
             Field(
                 max_length=2048,
                 pattern=r"^https?://",
-                description="e.g. http://127.0.0.1:9400/metrics; only allowed URLs (see the tool)",
+                description="e.g. http://127.0.0.1:9400/metrics",
             ),
         ],
         http_timeout_s: Annotated[float, Field(gt=0, le=30)] = 10,
     ) -> Annotated[CallToolResult, ExporterSummary]:
-        """Scrape a dcgm-exporter endpoint and summarise each GPU (temperature, power, utilisation, last Xid, ECC
-        and row-remap counters, NVLink, clock event reasons) with findings by gpu_health's rules. Only URLs that
-        LLM_INFRA_MCP_EXPORTER_URLS allows (default: port 9400 on loopback); bounded time and size, no redirects.
-        Seconds."""
+        """Scrape a dcgm-exporter endpoint: per GPU temperature, power, Xid, ECC, remaps, NVLink, clock
+        events, judged by gpu_health's rules. Only URLs LLM_INFRA_MCP_EXPORTER_URLS allows. Seconds."""
         from servers.diagnostics.exporter import read_exporter
 
         summary = await read_exporter(url, allowed=app.settings.exporter_urls, timeout_s=http_timeout_s)

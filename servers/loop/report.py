@@ -155,7 +155,7 @@ def blocks(data: dict[str, Any], images: dict[str, bytes]) -> list[Block]:
     node = data.get("node") or {}
     add(("h", 2, "1. Node"))
     add(("p", node.get("verdict") or "The node check did not run."))
-    gpus = ((node.get("inventory") or {}).get("gpus")) or []
+    gpus = [g.get("gpu") or {} for g in (node.get("health") or {}).get("gpus") or []]
     if gpus:
         add(
             (

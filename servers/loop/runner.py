@@ -129,7 +129,6 @@ class StudyRun:
     # ---- 1. the node -------------------------------------------------------------------------------------------
     async def node_check(self) -> None:
         self.say("== node check")
-        inventory = await self.try_call("node", "gpu_inventory", {})
         health = await self.try_call("node", "gpu_health", {})
         kernel, kernel_error = None, None
         for source in ("dmesg", "journal"):
@@ -141,13 +140,12 @@ class StudyRun:
                 kernel_error = f"{source}: {exc.message.strip().splitlines()[0]}"
         else:
             kernel_source = None
-        if inventory and inventory.get("available"):
-            self.gpu_count = int(inventory.get("gpu_count") or 0)
-            names = [g.get("name") for g in inventory.get("gpus") or [] if g.get("name")]
-            self.gpu_name = names[0] if names else None
-        verdict = study.node_verdict(inventory, health, kernel, kernel_error)
+        if health and health.get("available"):
+            self.gpu_count = int(health.get("gpu_count") or 0)
+            names = [(g.get("gpu") or {}).get("name") for g in health.get("gpus") or []]
+            self.gpu_name = next((n for n in names if n), None)
+        verdict = study.node_verdict(health, kernel, kernel_error)
         self.data["node"] = {
-            "inventory": inventory,
             "health": health,
             "kernel_log": None
             if kernel is None

@@ -258,28 +258,23 @@ def error_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 # ---- the node check --------------------------------------------------------------------------------------------
 
 
-def node_verdict(
-    inventory: dict[str, Any] | None,
-    health: dict[str, Any] | None,
-    kernel: dict[str, Any] | None,
-    kernel_error: str | None,
-) -> str:
-    """One paragraph from gpu_inventory, gpu_health and scan_kernel_log (any of them may be missing)."""
+def node_verdict(health: dict[str, Any] | None, kernel: dict[str, Any] | None, kernel_error: str | None) -> str:
+    """One paragraph from gpu_health and scan_kernel_log (either may be missing)."""
     parts = []
-    if inventory is None:
-        parts.append("The GPU inventory could not be read (the tool failed; see the errors).")
-    elif not inventory.get("available"):
+    if health is None:
+        parts.append("The GPUs could not be read (gpu_health failed; see the errors).")
+    elif not health.get("available"):
         parts.append(
-            f"No GPU here: {inventory.get('reason') or 'the inventory is empty'}. The study runs on CPU: training "
+            f"No GPU here: {health.get('reason') or 'no GPUs were found'}. The study runs on CPU: training "
             "with gloo and compute counted in FLOPs; overlap is predicted for a catalog GPU and measured on CPU, "
             "where timings check plumbing and correctness, not GPU performance."
         )
     else:
-        gpus = inventory.get("gpus") or []
+        gpus = [g.get("gpu") or {} for g in health.get("gpus") or []]
         names = sorted({str(g.get("name")) for g in gpus if g.get("name")})
         parts.append(
-            f"{inventory.get('gpu_count', len(gpus))} GPU(s) ({', '.join(names) or 'names not reported'}), driver "
-            f"{inventory.get('driver_version') or 'unknown'}, CUDA {inventory.get('cuda_version') or 'unknown'}."
+            f"{health.get('gpu_count', len(gpus))} GPU(s) ({', '.join(names) or 'names not reported'}), driver "
+            f"{health.get('driver_version') or 'unknown'}, CUDA {health.get('cuda_version') or 'unknown'}."
         )
     if health is not None and health.get("available"):
         counts = ", ".join(f"{n} {s}" for s, n in sorted((health.get("counts") or {}).items()))
