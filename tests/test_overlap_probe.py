@@ -74,6 +74,21 @@ def two_old_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
 SMALL = {"pattern": "ag_gemm", "m": 64, "n": 32, "k": 32, "world_size": 2, "dtype": "fp32", "iters": 3}
 
 
+def as_tune(spec: dict[str, Any]) -> dict[str, Any]:
+    """An overlap spec (one shape, flat) as tune_overlap's arguments: the shape as its one layer, "up"."""
+    shape = {key: spec[key] for key in ("pattern", "m", "n", "k")}
+    return {"layers": [{"layer": "up", **shape}], **{k: v for k, v in spec.items() if k not in shape}}
+
+
+async def refused_alike(client: Client, spec: dict[str, Any], tmp_path: Path) -> str:
+    """tune_overlap's refusal of one shape: the same as its job's (run_overlap_tune) and, but for the layer's name,
+    as a single measurement's (run_overlap_benchmark)."""
+    said = await server_error(client, "tune_overlap", as_tune(spec))
+    assert said == worker_error(run_overlap_tune, as_tune(spec), tmp_path)
+    assert said.removeprefix("layer up: ") == worker_error(run_overlap_benchmark, spec, tmp_path)
+    return said
+
+
 async def server_error(client: Client, tool: str, args: dict[str, Any]) -> str:
     """The message the server refuses a call with (without the SDK's "Error executing tool ..." prefix)."""
     text = await error(client, tool, args)
@@ -136,9 +151,7 @@ def test_cuda_visible_devices_is_taken_as_cuda_takes_it() -> None:
 async def test_nccl_is_refused_alike_by_the_server_and_the_worker(
     gpus_without_cuda_torch: None, suite_client: Client, tmp_path: Path
 ) -> None:
-    spec = {**SMALL, "backend": "nccl"}
-    said = await server_error(suite_client, "benchmark_overlap", spec)
-    assert said == worker_error(run_overlap_benchmark, spec, tmp_path)
+    said = await refused_alike(suite_client, {**SMALL, "backend": "nccl"}, tmp_path)
     assert said.startswith("backend 'nccl' cannot run here: NVML sees 2 GPU(s) but this torch 2.13.0+cpu")
     collective = {"op": "all_reduce", "min_bytes": 1024, "max_bytes": 1024, "world_size": 2, "backend": "nccl"}
     assert await server_error(suite_client, "benchmark_collective", collective) == worker_error(
@@ -148,9 +161,6 @@ async def test_nccl_is_refused_alike_by_the_server_and_the_worker(
     said = await server_error(suite_client, "benchmark_gemm", gemm)
     assert said == worker_error(run_gemm_benchmark, gemm, tmp_path)
     assert said.startswith("device 'cuda' cannot run here: NVML sees 2 GPU(s)")
-    tune = {"layers": [{"layer": "up", **{k: SMALL[k] for k in ("pattern", "m", "n", "k")}}], "backend": "nccl"}
-    said = await server_error(suite_client, "tune_overlap", {**tune, "dtype": "fp32"})
-    assert said == worker_error(run_overlap_tune, {**tune, "dtype": "fp32"}, tmp_path)
     assert (await ok(suite_client, "list_jobs", {}))["total"] == 0
 
 
@@ -159,19 +169,17 @@ async def test_auto_resolves_to_gloo_on_both_sides(
     gpus_without_cuda_torch: None, suite_client: Client, tmp_path: Path
 ) -> None:
     # fp8 shows which backend auto chose: refused as "needs ... the nccl backend", not sent to a worker to fail.
-    spec = {**SMALL, "dtype": "fp8", "backend": "auto"}
-    said = await server_error(suite_client, "benchmark_overlap", spec)
-    assert said == worker_error(run_overlap_benchmark, spec, tmp_path)
+    said = await refused_alike(suite_client, {**SMALL, "dtype": "fp8", "backend": "auto"}, tmp_path)
     assert said.startswith("fp8 needs NVIDIA GPUs with FP8 tensor cores (sm_89 or newer) and the nccl backend")
-    # The worker, in this process with the same fakes: auto runs on gloo and says why.
-    result = run_overlap_benchmark({**SMALL, "backend": "auto", "methods": ["sequential"]}, FakeContext(tmp_path))
-    assert result["backend"] == "gloo" and result["device"] == "cpu"
+    # The workers, in this process with the same fakes: auto runs on gloo and says why.
     why = f"auto chose gloo (CPU): {probe_machine().why_no_cuda()}"
-    assert result["backend_decision"] == why
+    auto = {**SMALL, "backend": "auto", "methods": ["sequential"]}
+    for work, spec in ((run_overlap_benchmark, auto), (run_overlap_tune, as_tune(auto))):
+        result = work(spec, FakeContext(tmp_path))
+        assert result["backend"] == "gloo" and result["device"] == "cpu"
+        assert result["backend_decision"] == why
     # The server, with the same fakes: auto chose gloo for the same reason (its job then decides again for itself).
-    job = await suite_client.call_tool(
-        "benchmark_overlap", {**SMALL, "backend": "auto", "methods": ["sequential"], "wait_s": 45}
-    )
+    job = await suite_client.call_tool("tune_overlap", {**as_tune(auto), "wait_s": 45})
     assert not job.is_error and why in job.content[0].text
     assert job.structured_content["state"] == "SUCCEEDED", job.structured_content["reason"]
 
@@ -180,17 +188,14 @@ async def test_auto_resolves_to_gloo_on_both_sides(
 async def test_limits_of_a_gpu_host_are_refused_alike(two_old_gpus: None, suite_client: Client, tmp_path: Path) -> None:
     """NVML sees two sm_80 GPUs with 1 GiB free and torch has CUDA: auto is nccl, and its limits are the GPUs'."""
     assert backend_decision("auto")[0] == "nccl"
-    too_many = {**SMALL, "world_size": 4, "backend": "auto"}
-    said = await server_error(suite_client, "benchmark_overlap", too_many)
-    assert said == worker_error(run_overlap_benchmark, too_many, tmp_path)
+    said = await refused_alike(suite_client, {**SMALL, "world_size": 4, "backend": "auto"}, tmp_path)
     assert said == "world_size 4 is more than this machine runs with nccl: at most 2 (GPUs CUDA can use)"
     fp8 = {**SMALL, "m": 128, "n": 64, "k": 64, "dtype": "fp8", "backend": "auto"}
-    said = await server_error(suite_client, "benchmark_overlap", fp8)
-    assert said == worker_error(run_overlap_benchmark, fp8, tmp_path)
+    said = await refused_alike(suite_client, fp8, tmp_path)
     assert said == "fp8 needs compute capability 8.9 or newer; these GPUs are sm_80"
     big = {**SMALL, "m": 16384, "n": 16384, "k": 16384, "backend": "auto"}
-    said = await server_error(suite_client, "benchmark_overlap", big)
-    assert said == worker_error(run_overlap_benchmark, big, tmp_path)
+    said = await refused_alike(suite_client, big, tmp_path)
+    assert said.startswith("layer up: ")
     assert "per rank but only 1.0 GiB is available (free memory of the smallest of the 2 GPU(s) (NVML))" in said
     assert (await ok(suite_client, "list_jobs", {}))["total"] == 0
 

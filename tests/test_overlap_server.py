@@ -1,5 +1,6 @@
 """The overlap tools through in-process MCP clients in both protocol eras: the cost model, shape presets, and
-real multi-process collective, overlap and tuning jobs with gloo on CPU; bad inputs refused before any job."""
+real multi-process collective and tuning jobs (one shape, one preset layer, several layers) with gloo on CPU; bad
+inputs refused before any job."""
 
 import pytest
 from mcp import Client
@@ -88,15 +89,13 @@ async def test_collective_benchmark_with_gloo(suite_client: Client) -> None:
     assert all(r["busbw"] == pytest.approx(r["algbw"] * 2 * (2 - 1) / 2) for r in rows)
 
 
-async def test_overlap_benchmark_and_tuning_with_gloo(suite_client: Client) -> None:
+async def test_overlap_measurement_of_one_shape_and_tuning_with_gloo(suite_client: Client) -> None:
+    one = {"layer": "down", "pattern": "gemm_rs", "m": 64, "n": 32, "k": 32}
     job = await ok(
         suite_client,
-        "benchmark_overlap",
+        "tune_overlap",
         {
-            "pattern": "gemm_rs",
-            "m": 64,
-            "n": 32,
-            "k": 32,
+            "layers": [one],
             "world_size": 2,
             "dtype": "fp32",
             "chunks": [2],
@@ -109,9 +108,40 @@ async def test_overlap_benchmark_and_tuning_with_gloo(suite_client: Client) -> N
     assert job["state"] == "SUCCEEDED", job["reason"]
     text = str(job["result"])
     assert "not available here" in text and "plumbing" in text
-    sequential = job["result"]["methods"][0]
-    assert sequential["method"] == "sequential" and sequential["passed"]
+    [measured] = job["result"]["layers"]  # one shape: everything a single measurement gives
+    for key in ("t_gemm_ms", "t_comm_ms", "t_sequential_ms", "busbw_gbs", "comm_bytes", "per_rank_shapes", "table"):
+        assert measured[key] is not None, key
+    assert measured["validity"]["checks"] and measured["best_reason"] and "validity_rules" in job["result"]
+    rows = {row["name"]: row for row in measured["methods"]}
+    assert {"sequential", "chunked(C=2)", "ring", "symm_mem"} <= set(rows)
+    sequential = rows["sequential"]
+    assert sequential["method"] == "sequential" and sequential["passed"] and "rel_err" in sequential
+    assert {"exposed_comm_ms", "efficiency", "speedup", "checks", "invalid_reasons"} <= set(rows["ring"])
     assert len(sequential["raw_times_ms"]) == 2 and all(len(r) == 2 for r in sequential["raw_times_ms"])
+    picked = await ok(
+        suite_client,
+        "tune_overlap",
+        {
+            "preset": "llama3-8b",
+            "layer": "attn_out",
+            "seq_len": 16,
+            "world_size": 2,
+            "dtype": "fp32",
+            "methods": ["sequential"],
+            "iters": 2,
+            "backend": "gloo",
+            "wait_s": 45,
+        },
+    )
+    assert picked["state"] == "SUCCEEDED", picked["reason"]
+    [layer] = picked["result"]["layers"]
+    assert (layer["layer"], layer["pattern"], layer["m"], layer["n"], layer["k"]) == (
+        "attn_out",
+        "gemm_rs",
+        16,
+        4096,
+        4096,
+    )
     tuned = await ok(
         suite_client,
         "tune_overlap",
@@ -138,6 +168,8 @@ async def test_overlap_benchmark_and_tuning_with_gloo(suite_client: Client) -> N
             and "enough_iterations" in (layer["verdict"])
         )
         assert layer["predicted"] is None and layer["prediction_note"].startswith("no prediction: this ran on CPU")
+        assert layer["busbw_gbs"] is not None and layer["validity"]["checks"]
+        assert all("checks" not in row and row.get("raw_times_ms", []) == [] for row in layer["methods"])
 
 
 async def test_tune_overlap_puts_a_requested_prediction_next_to_the_measurement(suite_client: Client) -> None:
@@ -163,32 +195,31 @@ async def test_tune_overlap_puts_a_requested_prediction_next_to_the_measurement(
 
 
 async def test_overlap_bad_inputs_are_refused_before_any_job(suite_client: Client) -> None:
-    small = {"pattern": "ag_gemm", "m": 64, "n": 32, "k": 32, "world_size": 2, "backend": "gloo"}
-    assert "divisible" in await error(suite_client, "benchmark_overlap", {**small, "n": 33})
-    assert "at most" in await error(suite_client, "benchmark_overlap", {**small, "world_size": 64})
-    assert "fp8" in await error(suite_client, "benchmark_overlap", {**small, "dtype": "fp8"})
+    shape = {"layer": "up", "pattern": "ag_gemm", "m": 64, "n": 32, "k": 32}
+    small = {"layers": [shape], "world_size": 2, "backend": "gloo"}
+    assert "layer up: " in await error(suite_client, "tune_overlap", {**small, "layers": [{**shape, "n": 33}]})
+    assert "divisible" in await error(suite_client, "tune_overlap", {**small, "layers": [{**shape, "n": 33}]})
+    assert "at most" in await error(suite_client, "tune_overlap", {**small, "world_size": 64})
+    assert "fp8" in await error(suite_client, "tune_overlap", {**small, "dtype": "fp8"})
     assert "tf32 is fp32 data with TF32 matmul math" in await error(
-        suite_client, "benchmark_overlap", {**small, "dtype": "tf32"}
+        suite_client, "tune_overlap", {**small, "dtype": "tf32"}
     )
-    huge = {**small, "m": 131072, "n": 131072, "k": 131072, "dtype": "fp32"}
-    assert "available" in await error(suite_client, "benchmark_overlap", huge)
+    huge = {**small, "layers": [{**shape, "m": 131072, "n": 131072, "k": 131072}], "dtype": "fp32"}
+    assert "available" in await error(suite_client, "tune_overlap", huge)
     assert "needs" in await error(
         suite_client,
         "benchmark_gemm",
         {"m": 131072, "n": 131072, "k": 131072, "dtype": "fp32", "device": "cpu"},
     )
     shapeless = {"world_size": 2, "backend": "gloo"}
-    no_layer = await error(suite_client, "benchmark_overlap", {**shapeless, "preset": "llama3-8b", "layer": "lm_head"})
-    assert "layer: preset llama3-8b has no layer 'lm_head'; accepted: " in no_layer
-    clash = await error(suite_client, "benchmark_overlap", {**small, "preset": "llama3-8b"})
-    assert clash.endswith(
-        "k, m, n, pattern: preset 'llama3-8b' gives the pattern and m/n/k; accepted: a preset (and its layer) or the "
-        "shape, not both"
-    )
-    one = await error(suite_client, "benchmark_overlap", {**small, "seq_len": 2048})
-    assert one.endswith("seq_len: is for a preset's layer (which one, how many tokens); accepted with preset only")
-    two = await error(suite_client, "benchmark_overlap", {**small, "layer": "qkv", "micro_batch": 2})
-    assert "layer, micro_batch: are for a preset's layer" in two
+    no_layer = await error(suite_client, "tune_overlap", {**shapeless, "preset": "llama3-8b", "layer": "lm_head"})
+    assert "layer: preset llama3-8b has no layer 'lm_head'; accepted: qkv, attn_out, mlp_up_gate, mlp_down" in no_layer
+    clash = await error(suite_client, "tune_overlap", {**small, "preset": "llama3-8b"})
+    assert clash.endswith("preset, layers: give exactly one of preset or layers")
+    stray = await error(suite_client, "tune_overlap", {**small, "layer": "qkv"})
+    assert "layer: is for a preset (which layer, how many tokens); accepted with preset only" in stray
+    tokens = await error(suite_client, "tune_overlap", {**small, "seq_len": 16, "micro_batch": 2})
+    assert "seq_len, micro_batch: are for a preset" in tokens
     assert "tf32 is fp32 data" in await error(suite_client, "benchmark_collective", {"dtype": "tf32"})
     fp8_sum = await error(suite_client, "benchmark_collective", {"dtype": "fp8", "op": "reduce_scatter"})
     assert "dtype: fp8 cannot be reduced (reduce_scatter)" in fp8_sum and "all_gather" in fp8_sum

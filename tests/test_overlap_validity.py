@@ -158,6 +158,9 @@ def test_tune_reports_no_gain_and_no_best_from_the_reported_numbers() -> None:
     assert set(entry["invalid_rows"]) == {"sequential", "chunked(C=2)", "chunked(C=4)", "ring"}
     assert entry["prediction_note"].startswith("no prediction") and entry["predicted_gain"] is None
     assert all("checks" not in row and row["raw_times_ms"] == [] for row in entry["methods"])
+    assert entry["validity"] == {k: reported_cpu_run()["validity"][k] for k in ("valid", "checks")}
+    full = tune_entry(LAYER, reported_cpu_run(), [], None, None, full=True)  # one layer: the rows as measured
+    assert full["methods"] == reported_cpu_run()["methods"] and all("checks" in row for row in full["methods"])
 
 
 # ---------------------------------------------------------------------------------------------------------------

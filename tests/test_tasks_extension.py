@@ -482,7 +482,6 @@ async def test_listeners_learn_of_each_state_change_stateless_era(transport: Tra
 JOB_STARTING_TOOLS = {
     "benchmark_gemm",
     "benchmark_collective",
-    "benchmark_overlap",
     "tune_overlap",
     "run_dcgm_diag",
     "check_collective_bandwidth",

@@ -44,22 +44,22 @@ MAX_SIZES = 64
 
 
 # The fields of the job's spec, typed and described once: benchmark_collective takes them as flat arguments.
-OpArg = Annotated[CollectiveOp, Field(description="The collective to time")]
-MinBytes = Annotated[int, Field(ge=1, le=2**36, description="Smallest message in bytes (nccl-tests -b)")]
-MaxBytes = Annotated[int, Field(ge=1, le=2**36, description="Largest message in bytes (nccl-tests -e)")]
-SizeFactor = Annotated[int, Field(ge=2, le=1024, description="Multiply the size by this between rows (nccl-tests -f)")]
+OpArg = CollectiveOp
+MinBytes = Annotated[int, Field(ge=1, le=2**36)]
+MaxBytes = Annotated[int, Field(ge=1, le=2**36)]
+SizeFactor = Annotated[int, Field(ge=2, le=1024, description="Size ratio of rows")]
 Sizes = Annotated[
     list[Annotated[int, Field(ge=1, le=2**36)]] | None,
     Field(
         min_length=1,
         max_length=MAX_SIZES,
-        description="Explicit sizes in bytes; override min_bytes, max_bytes and factor",
+        description="Bytes; instead of min_bytes/max_bytes/factor",
     ),
 ]
-BufferDtype = Annotated[Dtype, Field(description="Buffer type; fp8 (e4m3) only for ops that do not reduce")]
-CollectiveWarmup = Annotated[int, Field(ge=0, le=1000, description="Untimed calls per size first")]
-CollectiveIters = Annotated[int, Field(ge=1, le=10000, description="Timed calls per size")]
-Check = Annotated[bool, Field(description="Verify every output element against the expected values")]
+BufferDtype = Annotated[Dtype, Field(description="fp8: only ops that do not reduce")]
+CollectiveWarmup = Annotated[int, Field(ge=0, le=1000)]
+CollectiveIters = Annotated[int, Field(ge=1, le=10000)]
+Check = Annotated[bool, Field(description="Verify every element")]
 
 
 def sizes_problem(min_bytes: int, max_bytes: int, sizes: list[int] | None) -> str | None:

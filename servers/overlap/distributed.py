@@ -55,12 +55,10 @@ __all__ = [
 ]
 
 Backend = Literal["gloo", "nccl"]
-# What a benchmark that runs ranks takes (collective and overlap specs, benchmark_overlap / tune_overlap), typed once.
-BackendChoice = Annotated[
-    Literal["auto", "gloo", "nccl"], Field(description="auto: nccl when CUDA can use the GPUs here, else gloo")
-]
+# What a benchmark that runs ranks takes (the collective and overlap specs and their tools), typed once.
+BackendChoice = Annotated[Literal["auto", "gloo", "nccl"], Field(description="auto: nccl if usable, else gloo")]
 WorldSize = Annotated[int, Field(ge=1, le=64, description="Ranks: GPUs (nccl) or processes (gloo)")]
-RankTimeoutS = Annotated[float, Field(gt=0, le=3600, description="s; ranks running longer are ended as hung")]
+RankTimeoutS = Annotated[float, Field(gt=0, le=3600, description="A rank past it is ended as hung")]
 _POLL_S = 0.05
 _GRACE_AFTER_FAILURE_S = 1.0  # time the other ranks get to report their own error after a first failure
 _BOOTSTRAP = (

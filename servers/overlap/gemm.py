@@ -17,15 +17,13 @@ from servers.core.models import Model
 from servers.overlap.limits import MachineProbe, check_dtype, check_memory, probe_machine, resolve_device
 
 # The fields of the job's spec, typed and described once: benchmark_gemm takes them as flat arguments.
-GemmM = Annotated[int, Field(ge=1, le=131072, description="Rows of A and C")]
-GemmN = Annotated[int, Field(ge=1, le=131072, description="Columns of B and C")]
-GemmK = Annotated[int, Field(ge=1, le=131072, description="Inner dimension")]
-GemmDevice = Annotated[Literal["auto", "cpu", "cuda"], Field(description="auto: cuda when present, else cpu")]
-GemmWarmup = Annotated[int, Field(ge=0, le=1000, description="Untimed iterations first")]
-GemmIters = Annotated[int, Field(ge=1, le=10000, description="Timed iterations")]
-FlushL2 = Annotated[
-    bool, Field(description="GPU: overwrite a buffer larger than L2 before each iteration (inputs from HBM)")
-]
+GemmM = Annotated[int, Field(ge=1, le=131072)]
+GemmN = Annotated[int, Field(ge=1, le=131072)]
+GemmK = Annotated[int, Field(ge=1, le=131072)]
+GemmDevice = Annotated[Literal["auto", "cpu", "cuda"], Field(description="auto: cuda if present")]
+GemmWarmup = Annotated[int, Field(ge=0, le=1000)]
+GemmIters = Annotated[int, Field(ge=1, le=10000)]
+FlushL2 = Annotated[bool, Field(description="GPU: inputs from HBM, not L2")]
 
 
 class GemmBenchmarkSpec(Model):

@@ -1,4 +1,5 @@
-"""Overlapped tensor-parallel GEMMs (the `overlap_benchmark` and `overlap_tune` job kinds).
+"""Overlapped tensor-parallel GEMMs (the `overlap_tune` job kind, which tune_overlap starts, and `overlap_benchmark`,
+one measurement, which no tool starts: benchmarks/ and the tests call its work function).
 
 Shapes follow Flux: M, N, K are the global GEMM dimensions and TP = world_size.
 - ag_gemm (column parallel): rank r holds rows [M/TP, K] of A and the weight slice W [K, N/TP]; it all-gathers A
@@ -73,22 +74,20 @@ CPU_NOTE = "timings on CPU (gloo) check plumbing and correctness, not performanc
 _RUNTIME_OVERHEAD = {"gloo": 256 * 2**20, "nccl": 2**30}  # torch, its allocator and NCCL buffers, per rank
 # Raw timings a result keeps per method (a result must stay small enough for a client to read: 64 ranks x 10000
 # iterations x 11 methods would be tens of MiB): the first RAW_RANKS ranks, the first RAW_ITERS iterations each.
-# A tune result keeps none (one entry per layer and method, up to 32 layers).
+# A tune result of several layers keeps none (one entry per layer and method, up to 32 layers); of one layer, these.
 RAW_RANKS = 8
 RAW_ITERS = 32
 
 Dim = Annotated[int, Field(ge=1, le=131072)]
 ChunkCount = Annotated[int, Field(ge=2, le=64)]
 
-# The run options, typed and described once: the job specs below and the benchmark_overlap / tune_overlap tools
-# (servers/overlap/server.py) take them alike.
-Methods = Annotated[
-    list[Method], Field(min_length=1, max_length=4, description="Methods to run; sequential is always measured")
-]
-Chunks = Annotated[list[ChunkCount], Field(min_length=1, max_length=8, description="Chunk counts for chunked")]
-Warmup = Annotated[int, Field(ge=0, le=1000, description="Untimed calls before each measurement")]
-Iters = Annotated[int, Field(ge=1, le=10000, description="Timed calls per measurement")]
-Seed = Annotated[int, Field(ge=0, le=2**31 - 1, description="Input seed (each rank adds its rank)")]
+# The run options, typed and described once: the job specs below and the tune_overlap tool (servers/overlap/server.py)
+# take them alike.
+Methods = Annotated[list[Method], Field(min_length=1, max_length=4, description="sequential always runs")]
+Chunks = Annotated[list[ChunkCount], Field(min_length=1, max_length=8, description="For chunked")]
+Warmup = Annotated[int, Field(ge=0, le=1000)]
+Iters = Annotated[int, Field(ge=1, le=10000)]
+Seed = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 
 class _RunOptions(Model):
@@ -110,12 +109,12 @@ class OverlapSpec(_RunOptions):
     k: Dim = Field(default=4096, description="Global K (the inner dimension)")
 
 
-class OverlapLayer(Model):
-    layer: str = Field(min_length=1, max_length=64, description="A name for the layer, e.g. 'attn.qkv'")
-    pattern: Pattern = Field(description="ag_gemm, gemm_rs or gemm_ar")
-    m: Dim = Field(description="Global M")
-    n: Dim = Field(description="Global N")
-    k: Dim = Field(description="Global K")
+class OverlapLayer(Model):  # tune_overlap's layers publish it: described there (m, n, k global), not per field
+    layer: str = Field(min_length=1, max_length=64)
+    pattern: Pattern
+    m: Dim
+    n: Dim
+    k: Dim
 
 
 class OverlapTuneSpec(_RunOptions):
@@ -836,12 +835,16 @@ def _summarize(spec: OverlapSpec, backend: str, ranks: list[dict[str, Any]]) -> 
         "best": best["name"] if best else None,
         "best_reason": best_reason,
         "tolerance": {"rule": TOLERANCE_RULE, "rtol": rtol},
-        "timing": "median over iterations of the slowest rank; barrier before each iteration; "
-        + ("CUDA events" if backend == "nccl" else "time.perf_counter"),
+        "timing": timing(backend),
         "note": CPU_NOTE if backend == "gloo" else None,
     }
     result["table"] = format_table(result)
     return result
+
+
+def timing(backend: str) -> str:
+    clock = "CUDA events" if backend == "nccl" else "time.perf_counter"
+    return f"median over iterations of the slowest rank; barrier before each iteration; {clock}"
 
 
 _SCORES = ("efficiency", "speedup", "speedup_vs_sequential", "exposed_comm_ms")
@@ -1080,9 +1083,13 @@ def tune_entry(
     skipped: list[int],
     prediction: dict[str, Any] | None,
     prediction_note: str | None,
+    full: bool = False,
 ) -> dict[str, Any]:
     """One layer of a tune result: the best valid, correct configuration, its gain over sequential (only from valid
-    rows), predict_overlap's gain next to it (or why there is none), and a verdict in words."""
+    rows), predict_overlap's gain next to it (or why there is none), a verdict in words, and the measurement's
+    figures (T_gemm, T_comm, busbw, its validity checks, each method's row and the table). full: the method rows as
+    measured, with their checks and raw timings (a tune of one layer: what a single measurement returns); else
+    without them (up to 32 layers must stay readable; failed checks stay in invalid_reasons)."""
     best = next((row for row in measured["methods"] if row["name"] == measured["best"]), None)
     t_seq = measured["t_sequential_ms"]
     gain = (t_seq / best["t_overlap_ms"] - 1.0) if best and t_seq and best["t_overlap_ms"] > 0 else None
@@ -1119,14 +1126,21 @@ def tune_entry(
         "predicted": prediction,
         "predicted_gain": prediction["gain"] if prediction else None,
         "prediction_note": prediction_note,
+        "per_rank_shapes": measured["per_rank_shapes"],
         "t_gemm_ms": measured["t_gemm_ms"],
         "t_comm_ms": measured["t_comm_ms"],
+        "gemm_tflops": measured["gemm_tflops"],
+        "comm_bytes": measured["comm_bytes"],
+        "busbw_gbs": measured["busbw_gbs"],
+        "busbw_factor": measured["busbw_factor"],
         "measurement_valid": measured["validity"]["valid"],
         "measurement_invalid_reasons": validity.failed(measured["validity"]["checks"]),
+        "validity": {"valid": measured["validity"]["valid"], "checks": measured["validity"]["checks"]},
         "invalid_rows": invalid,
         "all_passed": measured["all_passed"],
+        "all_valid": measured["all_valid"],
         "skipped_chunks": skipped,
-        "methods": [_without_raw_times(row) for row in measured["methods"]],
+        "methods": measured["methods"] if full else [_without_raw_times(row) for row in measured["methods"]],
         "table": measured["table"],
     }
 
@@ -1174,7 +1188,8 @@ def run_overlap_tune(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
         if gpu is not None:
             prediction, layer_note = predict_layer(layer, spec.world_size, spec.dtype, gpu, list(spec.chunks))
             layer_note = layer_note or prediction_note
-        entry = tune_entry(layer, measured, skipped.get(layer.layer, []), prediction, layer_note)
+        full = len(spec.layers) == 1
+        entry = tune_entry(layer, measured, skipped.get(layer.layer, []), prediction, layer_note, full)
         results.append(entry)
         ctx.log_metrics(
             step=index,
@@ -1190,6 +1205,7 @@ def run_overlap_tune(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
     return {
         "world_size": spec.world_size,
         "dtype": spec.dtype,
+        "iters": spec.iters,
         "backend": backend,
         "backend_decision": why,
         **device,
@@ -1199,5 +1215,6 @@ def run_overlap_tune(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any]:
         "table": table,
         "tolerance": {"rule": TOLERANCE_RULE, "rtol": RTOL[spec.dtype]},
         "validity_rules": validity.RULES,
+        "timing": timing(backend),
         "note": CPU_NOTE if backend == "gloo" else None,
     }

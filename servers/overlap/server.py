@@ -1,4 +1,4 @@
-"""The overlap server: GEMM benchmarks as jobs (collective and overlap benchmarks and the cost model follow)."""
+"""The overlap server: GEMM, collective and overlap benchmarks as jobs, shape presets and the cost model."""
 
 import functools
 from typing import Annotated, Literal
@@ -39,7 +39,6 @@ from servers.overlap.overlap_bench import (
     Iters,
     Methods,
     OverlapLayer,
-    OverlapSpec,
     Pattern,
     Seed,
     Warmup,
@@ -83,13 +82,12 @@ JOB_KINDS = [
 ]
 
 
-# Arguments that several tools take, typed and described once (the run options come from overlap_bench, where the
-# job specs use them: benchmark_overlap and tune_overlap take the same).
+# Arguments typed once (tune_overlap's run options come from overlap_bench, where its job spec uses them).
 PatternArg = Annotated[
-    Pattern, Field(description="ag_gemm (AllGather+GEMM), gemm_rs (GEMM+ReduceScatter), gemm_ar (GEMM+AllReduce)")
+    Pattern, Field(description="ag_gemm: AllGather+GEMM; gemm_rs, gemm_ar: GEMM+ReduceScatter, +AllReduce")
 ]
-SeqLen = Annotated[int, Field(ge=1, le=1 << 20, description="Preset sequence length")]
-MicroBatch = Annotated[int, Field(ge=1, le=4096, description="Preset micro-batch")]
+SeqLen = Annotated[int, Field(ge=1, le=1 << 20)]
+MicroBatch = Annotated[int, Field(ge=1, le=4096)]
 
 
 def register(server: MCPServer, app: App) -> None:
@@ -107,11 +105,10 @@ def register(server: MCPServer, app: App) -> None:
         iters: GemmIters = 20,
         flush_l2: FlushL2 = False,
         wait_s: WaitS = 20,
-        max_wall_s: Annotated[float, Field(gt=0, le=3600, description="Wall-time limit of the job, s")] = 600,
+        max_wall_s: Annotated[float, Field(gt=0, le=3600)] = 600,
     ) -> Annotated[CallToolResult, JobView]:
-        """Time one GEMM (A m x k @ B k x n) with torch: median/min/max/p10/p90 ms, TFLOP/s and, on a GPU, the
-        fraction of the catalog's dense peak. Use to measure a layer's GEMM or to calibrate predict_overlap. A job;
-        seconds for moderate shapes. On CPU the timings check plumbing, not GPU speed."""
+        """Time one GEMM (m x k @ k x n) with torch: ms percentiles, TFLOP/s, fraction of the catalog GPU's peak.
+        Calibrates predict_overlap. A job; seconds. CPU timings check plumbing only."""
         from servers.overlap.gemm import prepare_gemm
 
         spec = GemmBenchmarkSpec(
@@ -167,21 +164,21 @@ def register_model_tools(server: MCPServer, app: App) -> None:
     @agent_tool(server, title="Predict overlap", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def predict_overlap(
         pattern: PatternArg,
-        m: Annotated[int, Field(ge=1, le=1 << 24, description="Global rows (tokens)")],
-        n: Annotated[int, Field(ge=1, le=1 << 24, description="Global output columns")],
-        k: Annotated[int, Field(ge=1, le=1 << 24, description="Global inner dimension")],
-        world_size: Annotated[int, Field(ge=1, le=1024, description="Tensor-parallel degree")],
-        gpu: Annotated[str, Field(max_length=64, description="Catalog GPU name, e.g. H100-SXM")] = "H100-SXM",
+        m: Annotated[int, Field(ge=1, le=1 << 24, description="Tokens")],
+        n: Annotated[int, Field(ge=1, le=1 << 24)],
+        k: Annotated[int, Field(ge=1, le=1 << 24)],
+        world_size: Annotated[int, Field(ge=1, le=1024)],
+        gpu: Annotated[str, Field(max_length=64, description="Catalog name")] = "H100-SXM",
         dtype: DtypeArg = "bf16",
         interconnect: Annotated[
             Literal["nvlink", "pcie", "infiniband"] | None,
-            Field(description="Default: the GPU's own; infiniband beyond one NVLink domain"),
+            Field(description="Default: the GPU's; infiniband past its NVLink domain"),
         ] = None,
-        max_chunks: Annotated[int, Field(ge=1, le=256, description="Largest chunk count to consider")] = 16,
+        max_chunks: Annotated[int, Field(ge=1, le=256)] = 16,
     ) -> Annotated[CallToolResult, PredictionResult]:
-        """Predict one TP GEMM with its collective, no GPU needed: T_gemm (roofline), T_comm (alpha-beta, NCCL
-        ring), sequential vs the best chunked overlap, efficiency E, speedup, worth_it; calibrated too when GEMM or
-        collective benchmarks of this GPU are stored (else uncalibrated_reason). Use before measuring. Instant."""
+        """Predict a TP GEMM (global m, n, k) with its collective by a cost model, no GPU: T_gemm, T_comm,
+        sequential vs best chunked overlap, E, speedup, worth_it; also calibrated by stored benchmarks of this GPU.
+        Use before measuring. Instant."""
         from servers.overlap.cost_model import calibration_from_measurements, why_uncalibrated
         from servers.overlap.cost_model import predict_overlap as predict
 
@@ -234,19 +231,15 @@ def register_model_tools(server: MCPServer, app: App) -> None:
         server, title="List TP shape presets", read_only=True, destructive=False, idempotent=True, open_world=False
     )
     async def list_shape_presets(
-        name: Annotated[
-            str | None, Field(max_length=64, description="One preset, e.g. llama3-8b; default: all of them")
-        ] = None,
-        seq_len: Annotated[int, Field(ge=1, le=1 << 20, description="Sequence length")] = 4096,
-        micro_batch: Annotated[int, Field(ge=1, le=4096, description="Micro-batch size")] = 1,
+        name: Annotated[str | None, Field(max_length=64, description="e.g. llama3-8b; default all")] = None,
+        seq_len: SeqLen = 4096,
+        micro_batch: MicroBatch = 1,
         world_size: Annotated[
-            int | None, Field(ge=1, le=1024, description="List the layers that do not split across this TP degree")
+            int | None, Field(ge=1, le=1024, description="Flag layers this TP degree does not divide")
         ] = None,
     ) -> Annotated[CallToolResult, PresetList]:
-        """TP GEMM shapes (QKV, attention out, MLP up/gate and down; MoE expert MLPs) of common models (Llama 3
-        8B/70B, 3.1 405B, Qwen2.5 72B, Mixtral 8x7B, DeepSeek-V3) at seq_len x micro_batch tokens, each layer with
-        its pattern, each preset with its source. Use to get shapes for predict_overlap, benchmark_overlap or
-        tune_overlap. Instant."""
+        """Per-layer TP GEMM shapes and patterns of common models (Llama 3, Qwen2.5, Mixtral, DeepSeek-V3) at
+        seq_len x micro_batch tokens, for predict_overlap and tune_overlap. Instant."""
         from servers.overlap.presets import get_preset, list_presets
 
         presets = [get_preset(name, seq_len, micro_batch)] if name else list_presets(seq_len, micro_batch)
@@ -278,12 +271,10 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
         check: Check = True,
         rank_timeout_s: RankTimeoutS = 600,
         wait_s: WaitS = 20,
-        max_wall_s: Annotated[float, Field(gt=0, le=4 * 3600, description="Wall-time limit of the job, s")] = 1800,
+        max_wall_s: Annotated[float, Field(gt=0, le=4 * 3600)] = 1800,
     ) -> Annotated[CallToolResult, JobView]:
-        """Time a collective (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast) over a size sweep on
-        world_size ranks (nccl on GPUs, gloo on CPU): an nccl-tests table (size, count, type, time, algbw, busbw,
-        #wrong from checking every element). Use to measure bus bandwidth or to calibrate predict_overlap. A job;
-        seconds to minutes."""
+        """Time a collective over a sweep of message sizes on world_size ranks (nccl on GPUs, else gloo): an
+        nccl-tests table with busbw and wrong elements. Calibrates predict_overlap. A job; seconds to minutes."""
         from servers.overlap.collectives import prepare_collective
 
         problem = sizes_problem(min_bytes, max_bytes, sizes)
@@ -316,95 +307,13 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
             )
         return tool_result(view, summary)
 
-    @agent_tool(
-        server, title="Benchmark overlap", read_only=False, destructive=False, idempotent=False, open_world=False
-    )
-    async def benchmark_overlap(
-        ctx: Context,
-        pattern: Annotated[
-            Pattern | None, Field(description="ag_gemm (AllGather+GEMM), gemm_rs, gemm_ar; default ag_gemm")
-        ] = None,
-        m: Annotated[int | None, Field(ge=1, le=131072, description="Global M (Flux convention); default 4096")] = None,
-        n: Annotated[int | None, Field(ge=1, le=131072, description="Global N; default 4096")] = None,
-        k: Annotated[int | None, Field(ge=1, le=131072, description="Global K; default 4096")] = None,
-        preset: Annotated[
-            str | None, Field(max_length=64, description="Or the shape of a preset's layer (list_shape_presets)")
-        ] = None,
-        layer: Annotated[
-            str | None, Field(max_length=64, description="The preset's layer, e.g. mlp_up_gate; default its first")
-        ] = None,
-        seq_len: SeqLen = 4096,
-        micro_batch: MicroBatch = 1,
-        world_size: WorldSize = 2,
-        dtype: DtypeArg = "bf16",
-        methods: Methods = ALL_METHODS,  # a tuple: no shared mutable default
-        chunks: Chunks = (2, 4),
-        warmup: Warmup = 3,
-        iters: Iters = 10,
-        seed: Seed = 0,
-        backend: BackendChoice = "auto",
-        rank_timeout_s: RankTimeoutS = 900,
-        wait_s: WaitS = 20,
-        max_wall_s: Annotated[float, Field(gt=0, le=4 * 3600, description="Wall-time limit of the job, s")] = 1800,
-    ) -> Annotated[CallToolResult, JobView]:
-        """Measure one TP GEMM with its collective: sequential vs chunked, ring and symm_mem (NVLink only)
-        overlap. Returns T_gemm, T_comm, T_overlap, exposed comm, E, speedup, busbw, each method's error vs
-        sequential, validity checks and the best valid row. Shape: pattern/m/n/k or a preset's layer. A job; on CPU
-        it checks correctness, not speed."""
-        shape = {"pattern": pattern, "m": m, "n": n, "k": k}
-        if preset is None:
-            preset_only = {"layer": (layer, None), "seq_len": (seq_len, 4096), "micro_batch": (micro_batch, 1)}
-            given = [name for name, (value, default) in preset_only.items() if value != default]
-            if given:
-                raise InputError(
-                    f"{', '.join(given)}: {'is' if len(given) == 1 else 'are'} for a preset's layer (which one, how "
-                    "many tokens); accepted with preset only"
-                )
-            shape = {name: value for name, value in shape.items() if value is not None}  # OverlapSpec's defaults
-        else:
-            from servers.overlap.presets import get_preset
-
-            clash = sorted(name for name, value in shape.items() if value is not None)
-            if clash:
-                raise InputError(
-                    f"{', '.join(clash)}: preset {preset!r} gives the pattern and m/n/k; accepted: a preset (and its "
-                    "layer) or the shape, not both"
-                )
-            chosen = get_preset(preset, seq_len, micro_batch)
-            names = [s.layer for s in chosen.layers]
-            match = [s for s in chosen.layers if s.layer == (layer or names[0])]
-            if not match:
-                raise InputError(f"layer: preset {chosen.name} has no layer {layer!r}; accepted: {', '.join(names)}")
-            shape = {"pattern": match[0].pattern, "m": match[0].m, "n": match[0].n, "k": match[0].k}
-        from servers.overlap.overlap_bench import prepare_overlap
-
-        spec = OverlapSpec(
-            **shape,
-            world_size=world_size,
-            dtype=dtype,
-            methods=list(methods),
-            chunks=list(chunks),
-            warmup=warmup,
-            iters=iters,
-            seed=seed,
-            backend=backend,
-            rank_timeout_s=rank_timeout_s,
-        )
-        # The job decides again with the same probe (servers/overlap/limits.py): the same backend, the same refusals.
-        _, why = await in_thread(prepare_overlap, spec)
-        data = spec.model_dump(mode="json")
-        view = await run_job(app, "overlap_benchmark", data, wait_s=wait_s, ctx=ctx, timeout_s=max_wall_s)
-        summary = _with_decision(summarize_job(view), spec.backend, why)
-        if view.result and view.result.get("table"):
-            summary += "\n" + str(view.result["table"])
-        return tool_result(view, summary)
-
     @agent_tool(server, title="Tune overlap", read_only=False, destructive=False, idempotent=False, open_world=False)
     async def tune_overlap(
         ctx: Context,
-        preset: Annotated[str | None, Field(max_length=64, description="Tune every TP layer of this preset")] = None,
+        preset: Annotated[str | None, Field(max_length=64, description="From list_shape_presets")] = None,
+        layer: Annotated[str | None, Field(max_length=64, description="Only this layer of preset")] = None,
         layers: Annotated[
-            list[OverlapLayer] | None, Field(max_length=32, description="Or these layers (1 to 32)")
+            list[OverlapLayer] | None, Field(max_length=32, description="Instead of preset; m, n, k global")
         ] = None,
         seq_len: SeqLen = 4096,
         micro_batch: MicroBatch = 1,
@@ -418,16 +327,14 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
         backend: BackendChoice = "auto",
         rank_timeout_s: RankTimeoutS = 900,
         predict_for_gpu: Annotated[
-            str | None,
-            Field(max_length=64, description="Catalog GPU to predict for; default: the measured one, if catalogued"),
+            str | None, Field(max_length=64, description="Default: the measured GPU if catalogued")
         ] = None,
         wait_s: WaitS = 20,
-        max_wall_s: Annotated[float, Field(gt=0, le=12 * 3600, description="Wall-time limit of the job, s")] = 3 * 3600,
+        max_wall_s: Annotated[float, Field(gt=0, le=12 * 3600)] = 3 * 3600,
     ) -> Annotated[CallToolResult, JobView]:
-        """Sweep methods x chunk counts for each layer (a preset's TP layers, or given ones): per layer the best
-        valid, correct configuration, its gain over sequential next to predict_overlap's (or why none), a verdict,
-        and a table. Use to decide overlap layer by layer. A job; minutes to hours (one benchmark_overlap run per
-        layer)."""
+        """Measure TP GEMM + collective overlap per layer (a preset's, or given ones, even one): sequential vs
+        chunked, ring, symm_mem per chunk count, validity-checked; per layer T_gemm, T_comm, busbw, E, speedup, the
+        best valid row, its gain next to predict_overlap's. A job; minutes per layer; on CPU only correctness."""
         from servers.overlap.overlap_bench import OverlapTuneSpec
 
         if (preset is None) == (layers is None):
@@ -437,11 +344,23 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
                 "layers: the list is empty; accepted: 1 to 32 layers, each {layer, pattern, m, n, k}, or a preset "
                 f"instead ({', '.join(PRESET_NAMES)})"
             )
+        if preset is None:
+            preset_only = {"layer": (layer, None), "seq_len": (seq_len, 4096), "micro_batch": (micro_batch, 1)}
+            given = [name for name, (value, default) in preset_only.items() if value != default]
+            if given:
+                raise InputError(
+                    f"{', '.join(given)}: {'is' if len(given) == 1 else 'are'} for a preset (which layer, how many "
+                    "tokens); accepted with preset only (layers give their own m, n, k)"
+                )
         if preset is not None:
             from servers.overlap.presets import get_preset
 
             chosen = get_preset(preset, seq_len, micro_batch)
-            layers = [OverlapLayer(layer=s.layer, pattern=s.pattern, m=s.m, n=s.n, k=s.k) for s in chosen.layers]
+            names = [s.layer for s in chosen.layers]
+            if layer is not None and layer not in names:
+                raise InputError(f"layer: preset {chosen.name} has no layer {layer!r}; accepted: {', '.join(names)}")
+            picked = [s for s in chosen.layers if layer in (None, s.layer)]
+            layers = [OverlapLayer(layer=s.layer, pattern=s.pattern, m=s.m, n=s.n, k=s.k) for s in picked]
         assert layers is not None
         from servers.overlap.overlap_bench import prepare_tune
 
@@ -466,6 +385,8 @@ def register_distributed_tools(server: MCPServer, app: App) -> None:
         summary = _with_decision(summarize_job(view), backend, why)
         if view.result and view.result.get("table"):
             summary += "\n" + str(view.result["table"])
+            if len(view.result.get("layers") or []) == 1:  # one layer: its methods table too
+                summary += "\n" + str(view.result["layers"][0].get("table", ""))
         return tool_result(view, summary)
 
 
