@@ -100,7 +100,6 @@ async def test_node_triage_workflow(agent: ScriptedAgent) -> None:
     smi = (FIXTURES / "smi" / "nvidia-smi-q.8xH100.550.synthetic.txt").read_text()
     nccl = (FIXTURES / "nccl" / "all_reduce_perf.8xH100.pass.txt").read_text()
     dcgm = (FIXTURES / "dcgm" / "dcgmi-diag-r3.dcgm4.8xH100.json").read_text()
-    await agent.call("gpu_inventory", {"text": smi})
     await agent.call("gpu_health", {"text": smi})
     events = await agent.call("scan_kernel_log", {"text": kmsg})
     assert events
@@ -153,14 +152,10 @@ async def test_training_sweep_and_scaling_workflows(agent: ScriptedAgent) -> Non
     await agent.call("plot_scaling_fit", {"fit_ids": fits})
     await agent.call("list_scaling_fits", {"limit": 5})
     await agent.call(
-        "evaluate_scaling_law",
-        {
-            "model": "scalerl",
-            "points": [{"compute": 10000.0}],
-            "parameters": {"A": 0.61, "B": 1.92, "C_mid": 2542.0, "R0": 0.1},
-        },
+        "predict_scaling",
+        {"model": "scalerl", "compute": [10000.0], "parameters": {"A": 0.61, "B": 1.92, "C_mid": 2542.0, "R0": 0.1}},
     )
-    await agent.call("compute_optimal_allocation", {"compute_flops": [1e21, 1e23]})
+    await agent.call("predict_scaling", {"model": "chinchilla", "compute": [1e21, 1e23]})
     await agent.call("convert_compute_units", {"value": 1000.0, "unit": "gpu_hours", "gpu": "H100-SXM"})
 
 

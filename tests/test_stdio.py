@@ -19,8 +19,8 @@ from tests.conftest import PYTHON, REPO_ROOT, server_env
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 EXPECTED_TOOLS = {
-    "scaling": {"evaluate_scaling_law", "compute_optimal_allocation"},
-    "diagnostics": {"gpu_inventory"},
+    "scaling": {"predict_scaling", "convert_compute_units"},
+    "diagnostics": {"gpu_health"},
     "overlap": {"benchmark_gemm", "get_job", "wait_for_job", "cancel_job", "read_job_logs", "read_job_metrics"},
     "launch": {"list_backends", "get_job", "list_jobs"},
 }
