@@ -31,6 +31,9 @@ class Color(str, Enum):
 
 
 class Inner(BaseModel):
+    """A part,
+    described on two lines."""
+
     size: int = Field(ge=0, le=10, description="a size")
     label: str | None = None
     code: str = Field(default="ab", pattern="^[a-z]{2}$")
@@ -65,6 +68,7 @@ def test_the_published_input_drops_what_a_model_does_not_need_and_keeps_what_it_
     assert props["mode"] == {"enum": ["a", "b"], "type": "string"}
     assert props["inner"] == {"$ref": "#/$defs/Inner"}
     assert "default" not in props["inners"] and "maxItems" not in props["inners"]
+    assert published["$defs"]["Inner"]["description"] == "A part, described on two lines."
     inner = published["$defs"]["Inner"]["properties"]
     assert inner["size"] == {"description": "a size", "maximum": 10, "type": "integer"}  # a small bound stays
     assert inner["code"] == {"default": "ab", "type": "string"}  # patterns guard, they are not published
@@ -197,6 +201,26 @@ def test_the_digest_follows_the_code_and_the_settings(monkeypatch: pytest.Monkey
     assert toolcache.code_digest() == first
     monkeypatch.setenv("LLM_INFRA_MCP_MAX_CONCURRENT_JOBS", "3")
     assert toolcache.code_digest() != first
+    monkeypatch.delenv("LLM_INFRA_MCP_MAX_CONCURRENT_JOBS")
+    monkeypatch.setattr(toolcache, "_SOURCES_AT_START", "0" * 64)  # a process that started with other sources
+    assert toolcache.code_digest() != first
+
+
+def test_a_process_whose_files_changed_since_it_started_writes_no_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It may hold modules older than the files: what it built must not be kept under the files' digest."""
+    entry = {"description": "d", "input": {}, "output": None, "context": None, "title": "T", "annotations": {}}
+    monkeypatch.setattr(toolcache, "_SOURCES_AT_START", "0" * 64)
+    changed = toolcache.ToolCache(tmp_path)
+    changed.put("t", entry)
+    changed.save()
+    assert not list(tmp_path.glob("tools-*.json"))
+    monkeypatch.setattr(toolcache, "_SOURCES_AT_START", toolcache.source_digest())
+    same = toolcache.ToolCache(tmp_path)
+    same.put("t", entry)
+    same.save()
+    assert toolcache.ToolCache(tmp_path).get("t") is not None
 
 
 async def test_prompts_from_the_cache_are_the_same_and_read_their_file_at_first_use(tmp_path: Path) -> None:

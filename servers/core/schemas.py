@@ -13,7 +13,8 @@ model before its first call, ~4 bytes a token).
   type(s) and enum, `required`; nested objects and lists of objects as {"type": "object"} / {"type": "array"}
   (their full schema is the resource infra://tools/{name}/output-schema). A result still validates against it;
   the server validates every result against the full model before it is sent.
-- `description_text`: a docstring without its code indentation, paragraphs as lines.
+- `description_text`: a docstring without its code indentation, paragraphs as lines (tool descriptions, and the
+  descriptions in published input schemas, where a model's docstring is its description).
 
 Plain functions over JSON data, no MCP imports.
 """
@@ -75,6 +76,8 @@ def _compact_input(node: Any) -> Any:
             out[key] = {name: _compact_input(sub) for name, sub in value.items()}
         elif key == "title" and isinstance(value, str):
             continue
+        elif key == "description" and isinstance(value, str):
+            out[key] = description_text(value)  # a model's docstring keeps its line breaks and indentation
         elif key == "default":
             if not _is_empty_default(value):
                 out[key] = value

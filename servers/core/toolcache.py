@@ -34,11 +34,10 @@ def _version(dist: str) -> str:
         return "?"
 
 
-def code_digest() -> str:
-    """A digest of everything the published definitions depend on (see the module's docstring). Each source file
-    of the package counts by its path, size and modification time, as Python's own bytecode cache does."""
+def source_digest() -> str:
+    """The package's source files by path, size and modification time, as Python's own bytecode cache counts them,
+    as they are now."""
     digest = hashlib.sha256()
-    digest.update(f"{FORMAT}|{sys.version}|mcp {_version('mcp')}|pydantic {_version('pydantic')}".encode())
     root = Path(__file__).resolve().parents[1]
     for dirpath, dirnames, filenames in sorted(os.walk(root)):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
@@ -49,6 +48,25 @@ def code_digest() -> str:
                 digest.update(f"{path}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
             except OSError:
                 digest.update(f"{path}|?\n".encode())
+    return digest.hexdigest()
+
+
+# The sources as this process found them when it imported this module, which mcp_layer does before any server
+# module is imported. A process that lives on while the files change (a test session, an upgrade under a running
+# server) keeps this digest, and `save` then writes nothing: what it built may be older code than the files.
+_SOURCES_AT_START: str = source_digest()
+
+
+def sources_at_start() -> str:
+    return _SOURCES_AT_START
+
+
+def code_digest() -> str:
+    """A digest of everything the published definitions depend on (see the module's docstring): the package's
+    sources as this process started with them, the prompt files, the versions and the settings."""
+    digest = hashlib.sha256()
+    digest.update(f"{FORMAT}|{sys.version}|mcp {_version('mcp')}|pydantic {_version('pydantic')}".encode())
+    digest.update(sources_at_start().encode())
     from servers.core.paths import prompts_dir  # the prompt files: what prompts/list shows is kept too
 
     for path in sorted(prompts_dir().glob("*.md")):
@@ -119,6 +137,9 @@ class ToolCache:
     def save(self) -> None:
         """Write the definitions of this start (loaded and built) if any was built; remove older files."""
         if not self.built and not self.built_parts and self.built_prompts is None:
+            return
+        if source_digest() != sources_at_start():
+            log.info("tool cache %s not written: the package's files changed since this process started", self.path)
             return
         tools = {**self.loaded, **self.built}
         parts = {**self.loaded_parts, **self.built_parts}
