@@ -84,10 +84,9 @@ def ray_head() -> Iterator[Any]:
     from servers.launch.ray_backend import ray_installed
 
     if not ray_installed():
-        message = "ray is not installed (pip install -e '.[ray]'): the Ray backend tests need a real local Ray head"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{message}; CI=true, and CI must install the ray extra")
-        pytest.skip(message)
+        skip_unless_present(
+            "ray is not installed (pip install -e '.[ray]'): the Ray backend tests need a real local Ray head"
+        )
     from tests.fixtures.launch.ray_head import start_head
 
     head = start_head()
@@ -116,13 +115,18 @@ def slurm_missing() -> str | None:
     return None
 
 
-def need_slurm() -> None:
-    """Skip (fail under CI=true, where Slurm is installed on purpose) when the cluster cannot run here."""
-    why = slurm_missing()
+def skip_unless_present(why: str | None) -> None:
+    """Skip the test when `why` says what this machine lacks; under CI=true, where .ci/run installs everything the
+    tests use, fail instead: a missing part there is a broken CI, not a reason to pass."""
     if why is not None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true but {why}")
         pytest.skip(why)
+
+
+def need_slurm() -> None:
+    """Skip (fail under CI=true) when the cluster cannot run here."""
+    skip_unless_present(slurm_missing())
 
 
 @pytest.fixture(scope="session")

@@ -38,7 +38,7 @@ import pytest
 import yaml
 
 from servers.cli import SERVER_MODULES, SERVER_NAMES
-from tests.conftest import PYTHON, REPO_ROOT, server_env
+from tests.conftest import PYTHON, REPO_ROOT, server_env, skip_unless_present
 from tests.test_http import MCP_HEADERS, free_port, stop, wait_for_port
 
 CONFORMANCE_DIR = REPO_ROOT / "tests" / "conformance"
@@ -103,11 +103,7 @@ def npm_tools_missing() -> str | None:
 @pytest.fixture(scope="module")
 def npm_tools() -> None:
     """Skip (fail under CI=true, where .ci/run installs them) when the pinned npm tools are not installed."""
-    why = npm_tools_missing()
-    if why is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but {why}")
-        pytest.skip(why)
+    skip_unless_present(npm_tools_missing())
 
 
 @pytest.fixture(scope="module")
