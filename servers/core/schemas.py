@@ -27,11 +27,11 @@ _MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSc
 _DATA = ("enum", "const", "default", "examples")
 _EMPTY_DEFAULTS: tuple[Any, ...] = (None, False, "", [], {})
 _CAP_KEYS = ("maxLength", "maxItems", "maxProperties")
-_BOUND_KEYS = ("maximum", "minimum", "exclusiveMaximum", "exclusiveMinimum")
 _CAP_AT = 64
-_UPPER_AT = 1000
 _UPPER_KEYS = ("maximum", "exclusiveMaximum")
-_FLOORS = {"minimum": (0, 1), "exclusiveMinimum": (0,)}
+_UPPER_AT = 1000
+_FLOORS = {"minimum": (0, 1), "exclusiveMinimum": (0,)}  # the lower-bound keys, and the floors a name implies
+_FAR = 1e6  # a lower bound this far from zero guards, like a cap
 _NULL = {"type": "null"}
 
 
@@ -55,9 +55,9 @@ def _is_cap(key: str, value: Any) -> bool:
         return value >= _CAP_AT
     if key in _UPPER_KEYS:
         return value >= _UPPER_AT
-    if key in _FLOORS and value in _FLOORS[key]:
-        return True
-    return key in _BOUND_KEYS and abs(value) >= 1e6
+    if key in _FLOORS:
+        return value in _FLOORS[key] or abs(value) >= _FAR
+    return False
 
 
 def published_input(schema: dict[str, Any]) -> dict[str, Any]:
