@@ -114,10 +114,6 @@ def check_progress(files: JobFiles) -> tuple[Progress | None, str | None]:
     return Progress(done=data.done, total=data.total, message=data.message, updated_at=updated), None
 
 
-def read_progress(files: JobFiles) -> Progress | None:
-    return check_progress(files)[0]
-
-
 def _regular_size(path: Path) -> int | None:
     """Size of a regular file (not followed through a symbolic link); None if absent; BadJobFileError if not
     a regular file."""
