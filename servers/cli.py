@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, TextIO
 
 from servers import __version__
 
@@ -131,18 +132,21 @@ def write_claude_config(path: Path, fragment: dict) -> str:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    lines = [f"{'updated' if old_bytes is not None else 'created'} {path}"]
-    added = [name for name in ours if name not in replaced]
+    from servers.core.display import visible  # names from the person's file: shown escaped
+
+    lines = [f"{'updated' if old_bytes is not None else 'created'} {visible(path)}"]
+    added = [visible(name) for name in ours if name not in replaced]
     if added:
         lines.append(f"  added: {', '.join(added)}")
     if replaced:
-        lines.append(f"  replaced: {', '.join(replaced)}")
-    lines.append(f"  kept {len(kept)} other server(s){': ' + ', '.join(kept) if kept else ''}")
-    others = [key for key in config if key != "mcpServers"]
+        lines.append(f"  replaced: {', '.join(visible(name) for name in replaced)}")
+    shown_kept = ", ".join(visible(name) for name in kept)
+    lines.append(f"  kept {len(kept)} other server(s){': ' + shown_kept if kept else ''}")
+    others = [visible(key) for key in config if key != "mcpServers"]
     if others:
         lines.append(f"  kept the other top-level keys: {', '.join(others)}")
     if backup is not None:
-        lines.append(f"  previous file saved as {backup}")
+        lines.append(f"  previous file saved as {visible(backup)}")
     lines.append("  restart Claude Desktop to load the change")
     return "\n".join(lines)
 
@@ -157,48 +161,166 @@ def refuse_broad_roots(roots: Sequence[Path]) -> str | None:
     return None
 
 
-def approve(plan_id: str, *, yes: bool) -> int:
-    """`llm-infra-mcp approve PLAN_ID`: show a plan waiting for the person and record their approval."""
+def _hours(value: object) -> str:
+    """Hours for the person: 5,120.0, 0.167 (three decimals at most, never a bare integer)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        from servers.core.display import visible
+
+        return visible(value) if value is not None else "(not recorded)"
+    text = f"{value:,.3f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
+
+
+def _wall(value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        from servers.core.display import visible
+
+        return visible(value)
+    return f"{value:,g} s ({_hours(value / 3600)} h)"
+
+
+def approval_lines(plan_id: str, summary: dict[str, Any]) -> list[str]:
+    """What `approve` shows of a waiting plan, every value escaped (servers/core/display.py): a fixed layout with
+    every field that decides what runs and what it costs, those that decide the cost last (nearest the prompt)."""
+    from servers.core.display import quoted, quoted_list, visible
+    from servers.launch.training import SUMMARY_LAYOUT, SWEEP_SUMMARY_LAYOUT
+
+    layout = summary.get("layout")
+    if layout not in (SUMMARY_LAYOUT, SWEEP_SUMMARY_LAYOUT):  # an older version's summary: every key, escaped
+        lines = [f"Plan {visible(plan_id)} (recorded by an older version: plan it again to see every field):"]
+        lines += [f"  {visible(k)}: {visible(json.dumps(v, ensure_ascii=False))}" for k, v in summary.items()]
+        return lines
+    sweep = layout == SWEEP_SUMMARY_LAYOUT
+    script = f"script {quoted(summary.get('script'))}"
+    what = f"recipe {quoted(summary['recipe'])} ({script})" if summary.get("recipe") else script
+    lines = [
+        f"Plan {visible(plan_id)}: "
+        + (f"a sweep of {visible(summary.get('runs'))} runs" if sweep else "a training job")
+        + f" on {visible(summary.get('backend'))}",
+        f"  what: {what}",
+        "  command" + (" of run 0" if sweep else "") + " (argv, one element a line, quoted):",
+        *(f"    {quoted(item)}" for item in summary.get("argv") or []),
+    ]
+    if sweep:
+        lines.append("  args of each run:")
+        lines += [f"    run {i}: {quoted_list(args)}" for i, args in enumerate(summary.get("args_of_each_run") or [])]
+    env = summary.get("env") or {}
+    lines.append(f"  env names: {', '.join(visible(k) for k in env) or '(none)'}")
+    lines += [f"    {visible(k)}={quoted(v)}" for k, v in env.items()]
+    packages = summary.get("pip_packages") or []
+    lines.append(f"  pip_packages: {quoted_list(packages) if packages else '(none)'}")
+    lines.append(f"  workdir: {quoted(summary['workdir']) if summary.get('workdir') else '(none)'}")
+    lines.append(f"  cwd: {quoted(summary.get('cwd'))}")
+    for key, value in (summary.get("placement") or {}).items():
+        lines.append(f"  {visible(key)}: {quoted(value) if isinstance(value, str) else visible(value)}")
+    for key in ("name", "max_restarts", "share_gpus"):
+        if summary.get(key) not in (None, "", 0, False):
+            lines.append(f"  {key}: {visible(summary[key])}")
+    lines.append(f"  network: {visible(str(summary.get('network')).removeprefix('network: '))}")
+    lines += [f"  warning: {visible(w)}" for w in summary.get("warnings") or []]
+    lines += [
+        f"  backend: {visible(summary.get('backend'))}",
+        f"  image: {quoted(summary['image']) if summary.get('image') else '(none: the machines as they are)'}",
+        f"  nnodes: {visible(summary.get('nnodes'))}",
+        f"  nproc_per_node: {visible(summary.get('nproc_per_node'))}",
+        f"  gpus_per_node: {visible(summary.get('gpus_per_node'))}",
+        f"  total_gpus: {visible(summary.get('total_gpus'))}" + (" (all runs at once)" if sweep else ""),
+        f"  max_wall_s: {_wall(summary.get('max_wall_s'))}" + (" (each run)" if sweep else ""),
+        f"  estimated_gpu_hours: {_hours(summary.get('estimated_gpu_hours'))}" + (" (all runs)" if sweep else ""),
+        f"  estimated_node_hours: {_hours(summary.get('estimated_node_hours'))}" + (" (all runs)" if sweep else ""),
+    ]
+    return lines
+
+
+def approval_recap(summary: dict[str, Any]) -> str:
+    """One line of what is approved, for the prompt itself: the last thing the person reads is ours."""
+    from servers.core.display import quoted, visible
+    from servers.launch.training import SUMMARY_LAYOUT, SWEEP_SUMMARY_LAYOUT
+
+    hours = f"{_hours(summary.get('estimated_gpu_hours'))} GPU-hours"
+    if summary.get("layout") not in (SUMMARY_LAYOUT, SWEEP_SUMMARY_LAYOUT):
+        return f"up to {hours}"
+    image = f", image {quoted(summary['image'])}" if summary.get("image") else ""
+    runs = f"{visible(summary.get('runs'))} runs, " if summary.get("layout") == SWEEP_SUMMARY_LAYOUT else ""
+    return (
+        f"{runs}up to {hours} and {_hours(summary.get('estimated_node_hours'))} node-hours on "
+        f"{visible(summary.get('backend'))}{image}: {visible(summary.get('nnodes'))} node(s) x "
+        f"{visible(summary.get('gpus_per_node'))} GPU(s) = {visible(summary.get('total_gpus'))} GPU(s), "
+        f"up to {_wall(summary.get('max_wall_s'))}"
+    )
+
+
+def pending_line(row: dict[str, Any]) -> str:
+    """One waiting plan in `approve`'s list, escaped."""
+    from servers.core.display import visible
+
+    try:
+        summary = json.loads(row["summary"])
+    except (TypeError, ValueError):
+        summary = {}
+    if not isinstance(summary, dict):
+        summary = {}
+    what = summary.get("what") or summary.get("recipe") or summary.get("script")
+    return f"{visible(row.get('plan_id'))}  {visible(what)}  {approval_recap(summary)}"
+
+
+def approve(plan_id: str, *, yes: bool, tty: TextIO | None = None, out: TextIO | None = None) -> int:
+    """`llm-infra-mcp approve PLAN_ID`: show a plan waiting for the person and record their approval. The answer
+    is read from the terminal (/dev/tty), never from stdin (`tty`: a stand-in for tests); `out`: stdout."""
+    from servers.core.display import quoted, visible
     from servers.core.settings import Settings
     from servers.launch.training import PLAN_ID_PATTERN, Approvals
+
+    out = out or sys.stdout
+
+    def say(text: str = "", end: str = "\n") -> None:
+        print(text, end=end, file=out, flush=True)
 
     approvals = Approvals(Settings())
     if not plan_id:
         pending = approvals.pending()
         if not pending:
-            print("no launch waits for approval")
+            say("no launch waits for approval")
         for row in pending:
-            summary = json.loads(row["summary"])
-            what = summary.get("what") or summary.get("recipe") or summary.get("script")
-            print(f"{row['plan_id']}  {what}  up to {summary['estimated_gpu_hours']:.3g} GPU-hours")
+            say(pending_line(row))
         return 0
     if not PLAN_ID_PATTERN.fullmatch(plan_id):
-        print(f"llm-infra-mcp: {plan_id!r} is not a plan id (16 hex digits, as the submit's error names it)")
+        say(f"llm-infra-mcp: {quoted(plan_id)} is not a plan id (16 hex digits, as the submit's error names it)")
         return 2
     row = approvals.get(plan_id)
     if row is None:
-        print(f"llm-infra-mcp: no launch with plan id {plan_id} waits for approval here (state: {Settings().home})")
+        home = visible(Settings().home)
+        say(f"llm-infra-mcp: no launch with plan id {plan_id} waits for approval here (state: {home})")
         return 2
-    summary = json.loads(row["summary"])
-    print(f"Plan {plan_id}:")
-    for key, value in summary.items():
-        print(f"  {key}: {value}")
+    try:
+        summary = json.loads(row["summary"])
+    except (TypeError, ValueError):
+        summary = None
+    if not isinstance(summary, dict):
+        say(f"llm-infra-mcp: the record of plan {plan_id} cannot be read; plan it again")
+        return 2
+    for line in approval_lines(plan_id, summary):
+        say(line)
+    recap = approval_recap(summary)
     if not yes:
         try:
-            with open("/dev/tty") as tty:
-                print("Approve this launch? [y/N] ", end="", flush=True)
-                answer = tty.readline().strip().lower()
+            with contextlib.ExitStack() as stack:
+                source = tty if tty is not None else stack.enter_context(open("/dev/tty"))
+                say(f"Approve {recap}? [y/N] ", end="")
+                answer = source.readline().strip().lower()
         except OSError:
-            print("llm-infra-mcp: no terminal to ask on; run this in a terminal, or pass --yes")
+            say("llm-infra-mcp: no terminal to ask on; run this in a terminal, or pass --yes")
             return 2
         if answer not in ("y", "yes"):
-            print("not approved")
+            say("not approved")
             return 1
+    else:
+        say(f"approving (--yes): {recap}")
     who = os.environ.get("USER") or os.environ.get("LOGNAME") or str(os.getuid())
     if not approvals.approve(plan_id, f"{who} (llm-infra-mcp approve)"):
-        print(f"llm-infra-mcp: plan {plan_id} was already used by a job; plan it again")
+        say(f"llm-infra-mcp: plan {plan_id} was already used by a job; plan it again")
         return 2
-    print(f"approved: the next submit of plan {plan_id} (its plan_token) starts it, within a day")
+    say(f"approved: the next submit of plan {plan_id} (its plan_token) starts it, within a day")
     return 0
 
 
@@ -312,13 +434,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(generated_sections())
         return
     if args.command == "settings":
+        from servers.core.display import visible
         from servers.core.settings import Settings, settings_table
 
         current = Settings().model_dump()
         for env, default, description in settings_table():
             value = current[env.removeprefix("LLM_INFRA_MCP_").lower()]
             shown = "(set)" if "token" in env.lower() and value else value
-            print(f"{env}={shown}\n    default: {default}\n    {description}")
+            print(f"{env}={visible(shown)}\n    default: {visible(default)}\n    {description}")
         return
 
     # serve: logs go to stderr; stdout belongs to the protocol on stdio

@@ -79,12 +79,19 @@ class Settings(BaseSettings):
         description="Training launches estimated above this many GPU-hours need the person's "
         "confirmation (elicitation, or a plan_token when the client cannot elicit).",
     )
+    confirm_above_node_hours: float = Field(
+        default=1.0,
+        ge=0,
+        description="Cluster launches (slurm, kubernetes, skypilot, ray) that ask for no GPUs need the person's "
+        "confirmation above this many node-hours (nodes x wall-time limit): a node held costs what it costs, GPUs "
+        "asked for or not. Launches with GPUs are decided on GPU-hours.",
+    )
     auto_approve_gpu_hours: float = Field(
         default=0.0,
         ge=0,
         description="For clients that cannot ask the person: launches above the confirmation threshold but at most "
-        "this many GPU-hours start with the plan_token alone. Above it the person runs `llm-infra-mcp approve "
-        "PLAN_ID`. 0: never.",
+        "this many GPU-hours (and, for cluster nodes without GPUs, node-hours) start with the plan_token alone. "
+        "Above it the person runs `llm-infra-mcp approve PLAN_ID`. 0: never.",
     )
     job_network: Literal["isolated", "host"] = Field(
         default="isolated",

@@ -175,8 +175,9 @@ def register(server: MCPServer, app: App) -> None:
             estimated_gpu_hours=plan.estimated_gpu_hours,
         )
         text = (
-            f"would run: {' '.join(plan.argv)}\nranks {plan.nproc_per_node}, GPUs {plan.gpus}, at most "
-            f"{plan.estimated_gpu_hours:.3g} GPU-hours"
+            f"would run: {' '.join(plan.argv)}\nranks {plan.nproc_per_node}, GPUs {plan.gpus} per node, "
+            f"{plan.spec.get('nnodes') or 1} node(s), at most {plan.estimated_gpu_hours:.3g} GPU-hours, "
+            f"{plan.estimated_node_hours:.3g} node-hours"
             + (f"; needs the person's approval (plan_id {plan.plan_id})" if plan.needs_confirmation else "")
             + "".join(f"\nwarning: {w}" for w in plan.warnings)
         )
@@ -287,7 +288,7 @@ def register(server: MCPServer, app: App) -> None:
                 f"cannot ask: call {launch.plan_tool}, show the plan to the person, then submit with its "
                 f"{launch.token_name}"
             )
-        if launch.gpu_hours <= app.settings.auto_approve_gpu_hours:
+        if max(launch.gpu_hours, launch.node_hours) <= app.settings.auto_approve_gpu_hours:
             ceiling = app.settings.auto_approve_gpu_hours
             return f"auto-approved: at most LLM_INFRA_MCP_AUTO_APPROVE_GPU_HOURS={ceiling:g}"
         approvals = Approvals(app.settings)
@@ -409,6 +410,7 @@ class Launch(Model):
 
     plan_id: str
     gpu_hours: float
+    node_hours: float = Field(default=0.0, description="Nodes x wall-time limit: the token-alone ceiling bounds both")
     message: str
     summary: dict[str, Any]
     plan_tool: str
@@ -423,15 +425,23 @@ class SweepSubmitted(Model):
 
 
 def job_launch(plan: TrainingPlan) -> Launch:
+    from servers.core.display import quoted, quoted_list, visible
     from servers.launch.training import plan_summary
 
+    nnodes = plan.spec.get("nnodes") or 1
+    image = f", image {quoted(plan.spec['image'])}" if plan.spec.get("image") else ""
     return Launch(
         plan_id=plan.plan_id,
         gpu_hours=plan.estimated_gpu_hours,
-        message=(
-            f"Start training {plan.recipe or plan.script_path} with {plan.nproc_per_node} rank(s) on "
-            f"{plan.gpus} GPU(s) here ({plan.backend}), for at most {plan.spec['max_wall_s']:g} s: up to "
-            f"{plan.estimated_gpu_hours:.3g} GPU-hours. Command: {' '.join(plan.argv)}"
+        node_hours=plan.estimated_node_hours,
+        message=(  # escaped: the client shows it to the person
+            f"Start training {visible(plan.recipe or plan.script_path)} on {plan.backend}{image}: {nnodes} node(s) "
+            f"x {plan.nproc_per_node} rank(s), {plan.gpus} GPU(s) per node ({plan.gpus * nnodes} in all), for at "
+            f"most {plan.spec['max_wall_s']:g} s: up to {plan.estimated_gpu_hours:,.4g} GPU-hours, "
+            f"{plan.estimated_node_hours:,.4g} node-hours. Command: {quoted_list(plan.argv)}"
+            + (f". Env: {', '.join(visible(k) for k in plan.spec['env'])}" if plan.spec.get("env") else "")
+            + (f". pip: {quoted_list(plan.spec['pip_packages'])}" if plan.spec.get("pip_packages") else "")
+            + (f". workdir: {quoted(plan.backend_spec['workdir'])}" if plan.backend_spec.get("workdir") else "")
         ),
         summary=plan_summary(plan),
         plan_tool="plan_training_job",
@@ -441,31 +451,40 @@ def job_launch(plan: TrainingPlan) -> Launch:
 
 
 def sweep_summary(swept: SweepPlan) -> dict[str, Any]:
+    """What `llm-infra-mcp approve` shows of a sweep: run 0's plan in full, every run's args, the totals."""
+    from servers.launch.training import SWEEP_SUMMARY_LAYOUT, plan_summary
+
     first = swept.runs[0].plan
     return {
+        **plan_summary(first),
+        "layout": SWEEP_SUMMARY_LAYOUT,
         "what": f"sweep of {first.recipe or first.script_path}",
         "runs": len(swept.runs),
-        "args of each run": [" ".join(r.args) for r in swept.runs],
-        "gpus at once": swept.gpus_at_once,
-        "max_wall_s of each run": first.spec.get("max_wall_s"),
+        "args_of_each_run": [list(r.args) for r in swept.runs],
+        "total_gpus": swept.gpus_at_once * (first.spec.get("nnodes") or 1),
         "estimated_gpu_hours": swept.total_gpu_hours,
-        "network": first.network,
+        "estimated_node_hours": sum(r.plan.estimated_node_hours for r in swept.runs),
     }
 
 
 def sweep_launch(swept: SweepPlan) -> Launch:
+    from servers.core.display import visible
+
     first = swept.runs[0].plan
+    node_hours = sum(r.plan.estimated_node_hours for r in swept.runs)
     return Launch(
         plan_id=swept.plan_id,
         gpu_hours=swept.total_gpu_hours,
+        node_hours=node_hours,
         message=(
-            f"Start a sweep of {len(swept.runs)} runs of {first.recipe or first.script_path} "
+            f"Start a sweep of {len(swept.runs)} runs of {visible(first.recipe or first.script_path)} "
             + (
                 "on Slurm as one job array (tasks start as nodes free up)"
                 if swept.array_script is not None
                 else f"on {first.backend}, all at once ({swept.gpus_at_once} GPU(s) together)"
             )
-            + f": up to {swept.total_gpu_hours:.3g} GPU-hours in all."
+            + f", {first.spec.get('nnodes') or 1} node(s) each: up to {swept.total_gpu_hours:.3g} GPU-hours, "
+            f"{node_hours:.3g} node-hours in all."
         ),
         summary=sweep_summary(swept),
         plan_tool="plan_sweep",

@@ -23,7 +23,7 @@ from pydantic import Field
 from servers.core.errors import InputError, QuotaError
 from servers.core.models import Model
 from servers.core.settings import Settings
-from servers.launch.training import TrainingJobSpec, TrainingPlan, sign, unsign
+from servers.launch.training import TrainingJobSpec, TrainingPlan, confirmation_needed, sign, unsign
 
 MAX_RUNS = 64
 SWEEP_ID_PATTERN = r"^sweep-[0-9a-f]{16}$"
@@ -45,7 +45,10 @@ class SweepPlan(Model):
     runs: list[SweepRun]
     total_gpu_hours: float = Field(description="Sum of the runs' upper bounds (GPUs x wall-time limit)")
     gpus_at_once: int = Field(description="GPUs the runs hold together when they all run at once")
-    needs_confirmation: bool = Field(description="True when the total is above LLM_INFRA_MCP_CONFIRM_ABOVE_GPU_HOURS")
+    needs_confirmation: bool = Field(
+        description="True when the total is above LLM_INFRA_MCP_CONFIRM_ABOVE_GPU_HOURS (or, cluster nodes without "
+        "GPUs, the node-hours above LLM_INFRA_MCP_CONFIRM_ABOVE_NODE_HOURS)"
+    )
     quotas: list[str]
     warnings: list[str]
     array_script: str | None = Field(
@@ -172,7 +175,13 @@ def build(
         ],
         total_gpu_hours=total,
         gpus_at_once=gpus,
-        needs_confirmation=total > settings.confirm_above_gpu_hours,
+        needs_confirmation=confirmation_needed(
+            settings,
+            backend=base.backend,
+            gpus_per_node=plans[0].gpus,
+            gpu_hours=total,
+            node_hours=sum(p.estimated_node_hours for p in plans),
+        ),
         quotas=[
             f"max_concurrent_jobs {settings.max_concurrent_jobs} ({active_jobs} active)",
             f"max_concurrent_gpus {settings.max_concurrent_gpus} ({gpus_in_use} in use)",

@@ -161,8 +161,12 @@ class TrainingPlan(Model):
     nproc_per_node: int
     gpus: int = Field(description="GPUs the job will hold")
     estimated_gpu_hours: float = Field(description="Upper bound: GPUs x wall-time limit")
+    estimated_node_hours: float = Field(description="Upper bound: nodes x wall-time limit")
     expected_runtime: str | None = Field(default=None, description="The recipe's typical run time, when known")
-    needs_confirmation: bool = Field(description="True above LLM_INFRA_MCP_CONFIRM_ABOVE_GPU_HOURS")
+    needs_confirmation: bool = Field(
+        description="True above LLM_INFRA_MCP_CONFIRM_ABOVE_GPU_HOURS, or for cluster nodes without GPUs above "
+        "LLM_INFRA_MCP_CONFIRM_ABOVE_NODE_HOURS"
+    )
     plan_id: str = Field(description="What the person names to approve this plan: `llm-infra-mcp approve PLAN_ID`")
     network: str = Field(description="Where the job's sockets live, and the trust that assumes")
     quotas: list[str] = Field(description="The quotas checked, with their values")
@@ -195,6 +199,31 @@ def check_env(env: dict[str, str]) -> None:
             "\n".join(problems) + f"\naccepted: {accepted} (not CUDA_VISIBLE_DEVICES, TORCHELASTIC_*, {suffixes}); "
             "put the script's own settings in JOB_* variables or its args"
         )
+
+
+def confirmation_needed(
+    settings: Settings, *, backend: str, gpus_per_node: int, gpu_hours: float, node_hours: float
+) -> bool:
+    """Whether a launch needs the person: above LLM_INFRA_MCP_CONFIRM_ABOVE_GPU_HOURS, or, on a cluster with no
+    GPUs asked for (GPU-hours 0, yet every node held costs), above LLM_INFRA_MCP_CONFIRM_ABOVE_NODE_HOURS. A
+    careful operator's rule: nodes count whether or not their GPUs are asked for."""
+    if gpu_hours > settings.confirm_above_gpu_hours:
+        return True
+    return backend != "local" and gpus_per_node == 0 and node_hours > settings.confirm_above_node_hours
+
+
+def state_dir_refusal(settings: Settings, folder: Path) -> str | None:
+    """Why `folder` (resolved) may not be a job's workdir, or None: the state directory (the signing key, the
+    database, every job's folder) must never be a job's working directory nor travel in an upload, so a workdir may
+    neither be it, lie inside it, nor contain it."""
+    home = settings.home
+    if folder == home:
+        return "is the state directory"
+    if folder.is_relative_to(home):
+        return "lies inside the state directory"
+    if home.is_relative_to(folder):
+        return "contains the state directory"
+    return None
 
 
 def key_file(settings: Settings) -> Path:
@@ -392,19 +421,56 @@ class Approvals:
                 conn.execute("UPDATE launch_approvals SET used_by_job = ? WHERE plan_id = ?", (job_id, plan_id))
 
 
+SUMMARY_LAYOUT = "training-job/2"  # what `llm-infra-mcp approve` knows how to show field by field
+SWEEP_SUMMARY_LAYOUT = "sweep/2"  # the same, with the sweep's runs and totals (server.sweep_summary)
+# Where the job runs, per backend: shown to the person when set.
+PLACEMENT_FIELDS = (
+    "partition",
+    "account",
+    "qos",
+    "constraint",
+    "exclude",
+    "nodelist",
+    "dependency",
+    *K8S_FIELDS,
+    *(f for f in SKY_FIELDS if f != "pip_packages"),
+)
+
+
 def plan_summary(plan: "TrainingPlan") -> dict[str, Any]:
-    """What a person approving this plan is shown."""
+    """What a person approving this plan is shown (`llm-infra-mcp approve`, which escapes every value): every
+    field that decides what runs and what it costs. Plain JSON values; `SUMMARY_LAYOUT` names the layout."""
+    spec = plan.spec
+    nnodes = int(spec.get("nnodes") or 1)
+    placement = {f: spec.get(f) for f in PLACEMENT_FIELDS if spec.get(f) not in (None, False, 0, "", [])}
+    for field in ("namespace", "context", "server"):  # Kubernetes: what the kubeconfig decided
+        value = getattr(plan.backend_plan, field, None)
+        if isinstance(value, str) and value and field not in placement:
+            placement[field] = value
     return {
+        "layout": SUMMARY_LAYOUT,
+        "backend": plan.backend,
         "recipe": plan.recipe,
         "script": plan.script_path,
-        "args": plan.spec.get("args"),
-        "command": " ".join(plan.argv),
+        "image": spec.get("image"),
+        "nnodes": nnodes,
         "nproc_per_node": plan.nproc_per_node,
-        "gpus": plan.gpus,
-        "max_wall_s": plan.spec.get("max_wall_s"),
+        "gpus_per_node": plan.gpus,
+        "total_gpus": plan.gpus * nnodes,
+        "max_wall_s": spec.get("max_wall_s"),
         "estimated_gpu_hours": plan.estimated_gpu_hours,
-        "env": plan.spec.get("env"),
+        "estimated_node_hours": plan.estimated_node_hours,
+        "argv": list(plan.argv),
+        "env": dict(spec.get("env") or {}),
+        "pip_packages": list(spec.get("pip_packages") or []),
+        "workdir": plan.backend_spec.get("workdir"),
+        "cwd": plan.cwd,
+        "placement": placement,
+        "max_restarts": spec.get("max_restarts"),
+        "share_gpus": spec.get("share_gpus"),
+        "name": spec.get("name"),
         "network": plan.network,
+        "warnings": list(plan.warnings),
     }
 
 
@@ -547,6 +613,12 @@ def plan(
             f"{settings.max_concurrent_gpus} at once (LLM_INFRA_MCP_MAX_CONCURRENT_GPUS)"
         )
     workdir = resolve_inside_roots(spec.workdir, settings.roots(), what="workdir") if spec.workdir else None
+    if workdir is not None and (why := state_dir_refusal(settings, workdir)):
+        raise InputError(
+            f"workdir: {spec.workdir!r} {why} (it would be the job's working directory, and ray and skypilot upload "
+            "it); accepted: a folder inside the roots that neither is nor contains the state directory "
+            f"({settings.home})"
+        )
     if workdir is not None and not workdir.is_dir():
         raise InputError(f"workdir {spec.workdir!r} is not a directory")
     from servers.launch.local import NETWORK_NOTES
@@ -599,6 +671,25 @@ def plan(
     except ValueError as exc:
         raise InputError(str(exc)) from exc
     estimated = gpus * spec.nnodes * spec.max_wall_s / 3600
+    node_hours = spec.nnodes * spec.max_wall_s / 3600
+    if spec.backend == "kubernetes" and not gpus:  # what the pods get, read from the manifest planned
+        if backend_plan.env.get("NVIDIA_VISIBLE_DEVICES") == "void":
+            given = (
+                "the pods get an nvidia.com/gpu limit of 0 and NVIDIA_VISIBLE_DEVICES=void: no GPU, whatever the "
+                "runtime's template or the image say; the ranks run on CPU"
+            )
+        else:
+            given = (
+                "the pods get no nvidia.com/gpu limit ("
+                + (
+                    f"unless the runtime {spec.runtime!r} gives them some: its template decides"
+                    if spec.runtime and spec.runtime != "torch-distributed"
+                    else "the torch-distributed runtime sets none"
+                )
+                + "), so the scheduler counts none; on a GPU node whose default container runtime is NVIDIA's, an "
+                "image that sets NVIDIA_VISIBLE_DEVICES=all (CUDA images do) still sees all of the node's GPUs"
+            )
+        warnings.append(f"no GPU asked for: {given}. The cost is counted in node-hours ({node_hours:.3g})")
     if any(a.strip().startswith(("$(", "`")) or ";" in a or "&&" in a or "|" in a for a in spec.args):
         warnings.append("some args look like shell syntax: they reach the script as literal strings, no shell runs")
     digest = plan_digest(normalised, backend_plan)
@@ -619,8 +710,11 @@ def plan(
         nproc_per_node=nproc,
         gpus=gpus,
         estimated_gpu_hours=estimated,
+        estimated_node_hours=node_hours,
         expected_runtime=expected,
-        needs_confirmation=estimated > settings.confirm_above_gpu_hours,
+        needs_confirmation=confirmation_needed(
+            settings, backend=spec.backend, gpus_per_node=gpus, gpu_hours=estimated, node_hours=node_hours
+        ),
         plan_id=digest,
         network=(
             "network: the cluster's; the ranks' rendezvous store listens on the nodes' network without "
