@@ -41,9 +41,16 @@ from servers.core.errors import InputError, NotFoundError, QuotaError
 from servers.core.jobfiles import BadJobFileError, JobFiles, atomic_write_json, load_json, worker_error
 from servers.core.jobstore import ACTIVE_STATES, JobPage, JobRecord, JobState, JobStore
 from servers.core.models import Model
-from servers.core.procs import ProcessIdentity, boot_id, process_start_time, terminate_group
+from servers.core.procs import (
+    ProcessIdentity,
+    boot_id,
+    child_command,
+    group_alive,
+    group_members,
+    process_start_time,
+    terminate_group,
+)
 from servers.core.settings import Settings
-from servers.core.supervisor import child_command
 
 JOB_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,95}$"
 MAX_FOLLOWERS = 5  # times a resumable job is taken up again after its processes here were lost
@@ -150,6 +157,18 @@ def _first_error(exc: Exception) -> str:
     return str(exc)[:300]
 
 
+def private_folder(folder: Path) -> None:
+    """Make `folder` (the state directory) this user's alone: other local users must not read the database, the job
+    folders or the logs. Created 0700; an existing folder of this user that others may enter is tightened (logged)."""
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = folder.stat()
+    if info.st_uid == os.geteuid() and info.st_mode & 0o077:
+        os.chmod(folder, info.st_mode & 0o700)
+        log.warning(
+            "the state directory %s was open to other users (mode %o); it is now 0700", folder, info.st_mode & 0o777
+        )
+
+
 def _cmdline(pid: int) -> list[str]:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
@@ -164,6 +183,7 @@ class JobEngine:
         self.kinds: dict[str, JobKind] = {}
         self._child_env = child_env or {}
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        private_folder(settings.home)
         settings.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.store = JobStore(settings.db_path)
         self.import_missing()
@@ -525,6 +545,8 @@ class JobEngine:
         current = self._must_get(record.id)
         if current.state not in ACTIVE_STATES:
             return current
+        if self._work_alive(current):  # nothing in the folder is believed while the job's processes live
+            return self._track_orphan(current)
         files = self.files(current)
         exit_record, exit_problem = read_exit_record(files)
         if exit_record is not None:  # it wrote exit.json, then died before (or while) writing the row
@@ -536,14 +558,6 @@ class JobEngine:
                 reason=exit_record.reason,
                 ended_at=exit_record.ended_at or time.time(),
             )
-            return self._must_get(record.id)
-        if current.worker_pid is not None and self._identity(current, "worker").is_alive():
-            note = (
-                f"its supervisor (pid {current.supervisor_pid}) is gone; the worker (pid {current.worker_pid}) "
-                "still runs and is tracked directly"
-            )
-            if current.reason != note:
-                self.store.update(record.id, only_if_active=True, reason=note)
             return self._must_get(record.id)
         state, exit_code, reason = self._vanished_outcome(current, files, exit_problem)
         kind = self.kinds.get(current.kind)
@@ -595,6 +609,42 @@ class JobEngine:
             reason += "; ignored: " + "; ".join(problems)
         return state, None, f"{prefix}; {reason}" if prefix else reason
 
+    def _work_alive(self, record: JobRecord) -> bool:
+        """Whether any process of the job's work still runs: the worker, or anything left in its process group (a
+        job whose supervisor is gone, killed from outside or by the job itself, is still running while they do)."""
+        if record.worker_pid is None:
+            return False
+        if self._identity(record, "worker").is_alive():
+            return True
+        if record.boot_id and record.boot_id != boot_id():
+            return False
+        members = group_members(record.worker_pid, record.worker_start)
+        return bool(members) if members is not None else group_alive(record.worker_pid)
+
+    def _track_orphan(self, record: JobRecord) -> JobRecord:
+        """A job whose supervisor is gone while its work runs: still RUNNING (counted against the quotas,
+        cancellable); its wall-time limit is enforced here, at the next look, since nobody else is left to."""
+        assert record.worker_pid is not None
+        started = record.started_at or record.created_at
+        if time.time() > started + record.timeout_s:
+            how = terminate_group(record.worker_pid, self.settings.cancel_grace_s)
+            self.store.update(
+                record.id,
+                only_if_active=True,
+                state=JobState.FAILED,
+                ended_at=time.time(),
+                reason=f"timed out: it ran past its wall-time limit of {record.timeout_s:g} s after its supervisor "
+                f"(pid {record.supervisor_pid}) was gone; the server ended its process group ({how})",
+            )
+            return self._must_get(record.id)
+        note = (
+            f"its supervisor (pid {record.supervisor_pid}) is gone; the work (process group {record.worker_pid}) "
+            "still runs and is tracked directly; files in its folder are not believed while it runs"
+        )
+        if record.reason != note:
+            self.store.update(record.id, only_if_active=True, reason=note)
+        return self._must_get(record.id)
+
     @staticmethod
     def _identity(record: JobRecord, which: str) -> ProcessIdentity:
         pid = record.supervisor_pid if which == "supervisor" else record.worker_pid
@@ -631,6 +681,8 @@ class JobEngine:
             record = self.get(job_id)  # a supervisor gone while the cancel was asked for ends it CANCELLED
             if record.state not in ACTIVE_STATES:
                 return record
+            if record.supervisor_pid is not None and not self._supervisor_alive(record):
+                break  # no supervisor left to ask: end the work here
             if not signalled and record.supervisor_ready and self._supervisor_alive(record):
                 assert record.supervisor_pid is not None
                 with contextlib.suppress(ProcessLookupError):
@@ -645,7 +697,8 @@ class JobEngine:
         # No supervisor to do it (or it did not answer): end the processes here and record the cancel.
         record = self._must_get(job_id)
         how = "absent"
-        if record.worker_pid is not None and self._identity(record, "worker").is_alive():
+        if self._work_alive(record):
+            assert record.worker_pid is not None
             how = terminate_group(record.worker_pid, grace)
         if self._supervisor_alive(record):
             assert record.supervisor_pid is not None

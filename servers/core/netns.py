@@ -96,7 +96,7 @@ def enter() -> None:
 
 def isolated_argv(argv: list[str]) -> list[str]:
     """ARGV run in a private network namespace (by this module as a launcher)."""
-    from servers.core.supervisor import child_command
+    from servers.core.procs import child_command
 
     return [*child_command("servers.core.netns"), "--", *argv]
 
@@ -112,7 +112,7 @@ def probe() -> Probe:
     """Whether this machine lets a job have its own network namespace: tried once per process, for real."""
     if not sys.platform.startswith("linux"):
         return Probe(False, f"network namespaces are a Linux feature; this is {sys.platform}")
-    from servers.core.supervisor import child_command
+    from servers.core.procs import child_command
 
     argv = child_command("servers.core.netns", "--probe")
     try:

@@ -8,6 +8,7 @@ boot, together with the boot id, since start times restart at every boot.
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _PROC = Path("/proc")
+
+
+def child_command(module: str, *args: str) -> list[str]:
+    """argv that runs `module`'s main(args) with this package importable, installed or not."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    bootstrap = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import importlib; "
+        f"sys.exit(importlib.import_module({module!r}).main(sys.argv[2:]))"
+    )
+    return [sys.executable, "-c", bootstrap, package_root, *args]
 
 
 def boot_id() -> str:
@@ -85,6 +96,23 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def group_members(pgid: int, started_since: int | None = None) -> list[int] | None:
+    """Pids of the live processes of process group `pgid` (started at or after `started_since`, in clock ticks: a
+    group's members all started after its leader), from /proc; None where there is no /proc to read."""
+    if not _PROC.is_dir():
+        return None
+    members = []
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is None or len(fields) < 20 or fields[0] in ("Z", "X") or int(fields[2]) != pgid:
+            continue
+        if started_since is None or int(fields[19]) >= started_since:
+            members.append(int(entry.name))
+    return members
 
 
 def signal_group(pgid: int, sig: int) -> bool:

@@ -5,6 +5,7 @@ Prompts: markdown with YAML front matter naming the prompt and its arguments; th
 with {argument} replaced by the value given (other braces are left alone).
 """
 
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from mcp.server.mcpserver.prompts.base import Prompt, PromptArgument
 from mcp.server.mcpserver.resources import FileResource
 
 from servers.core.paths import prompts_dir, resources_dir
+
+log = logging.getLogger(__name__)
 
 URI_SCHEME = "infra"
 MIME_TYPES = {
@@ -141,7 +144,7 @@ def prompt_entries(root: Path) -> list[dict[str, Any]]:
         parsed = PromptFile(path)
         entries.append(
             {
-                "path": str(path),
+                "file": path.name,
                 "name": parsed.name,
                 "title": parsed.title,
                 "description": parsed.description,
@@ -153,25 +156,31 @@ def prompt_entries(root: Path) -> list[dict[str, Any]]:
 
 def register_prompts(server: MCPServer, root: Path | None = None, entries: list[dict[str, Any]] | None = None) -> None:
     """Every prompt file as a prompt; from `entries` (prompt_entries, kept by the tool cache) without reading the
-    files, each then read at its first use."""
+    files, each then read at its first use. An entry names its file by name only, and only a file of `root` is
+    read: what the cache says is never taken as a path."""
     root = root or prompts_dir()
     parsed: dict[str, PromptFile] = {}
+    present = {p.name for p in root.glob("*.md")}
 
-    def render_of(path: str) -> Any:
+    def render_of(name: str) -> Any:
         def render(**values: Any) -> str:
-            if path not in parsed:
-                parsed[path] = PromptFile(Path(path))
-            return parsed[path].render(values)
+            if name not in parsed:
+                parsed[name] = PromptFile(root / name)
+            return parsed[name].render(values)
 
         return render
 
     for entry in entries if entries is not None else prompt_entries(root):
+        name = entry.get("file")
+        if name not in present:
+            log.warning("prompt entry %r left out: it names no prompt file of %s", str(name)[:100], root)
+            continue
         server.add_prompt(
             Prompt(
                 name=entry["name"],
                 title=entry["title"],
                 description=entry["description"],
                 arguments=[PromptArgument(**a) for a in entry["arguments"]],
-                fn=render_of(entry["path"]),
+                fn=render_of(name),
             )
         )

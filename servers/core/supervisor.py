@@ -23,19 +23,16 @@ from pathlib import Path
 
 from servers.core.jobfiles import JobFiles, atomic_write_json, read_json, worker_error
 from servers.core.jobstore import JobState, JobStore
-from servers.core.procs import boot_id, group_alive, process_start_time, signal_group, terminate_group
+from servers.core.procs import (
+    boot_id,
+    child_command,
+    group_alive,
+    process_start_time,
+    signal_group,
+    terminate_group,
+)
 
 _DB_POLL_S = 1.0
-
-
-def child_command(module: str, *args: str) -> list[str]:
-    """argv that runs `module`'s main(args) with this package importable, installed or not."""
-    package_root = str(Path(__file__).resolve().parents[2])
-    bootstrap = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import importlib; "
-        f"sys.exit(importlib.import_module({module!r}).main(sys.argv[2:]))"
-    )
-    return [sys.executable, "-c", bootstrap, package_root, *args]
 
 
 def describe_exit(returncode: int, error: dict[str, str] | None) -> str:

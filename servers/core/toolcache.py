@@ -22,7 +22,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-FORMAT = 3
+FORMAT = 4  # 4: prompt entries name their file, never a path
 _ENTRY_KEYS = {"description", "input", "output", "context", "title", "annotations"}
 _caches: "weakref.WeakKeyDictionary[Any, ToolCache]" = weakref.WeakKeyDictionary()
 
