@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from servers.loop import study as loop_study
-from servers.loop.report import blocks, render_html, render_markdown
+from servers.loop.report import blocks, md_text, render_html, render_markdown
 from tests.conftest import REPO_ROOT, skip_unless_present
 
 LOOP = REPO_ROOT / "examples" / "experiment_loop.py"
@@ -193,7 +193,7 @@ def test_report_renders_the_same_blocks_twice() -> None:
     data = {"study": "t", "scaling": {}, "errors": [{"where": "runs", "tool": None, "message": "a|b <x>"}]}
     content = blocks(data, {})
     md, page = render_markdown(content), render_html(content, {}, "t")
-    assert "- runs: a|b <x>" in md
+    assert "- runs: a\\|b &lt;x&gt;" in md  # escaped for markdown (md_text)
     assert "<li>runs: a|b &lt;x&gt;</li>" in page
     assert "No decision" in md and "No decision" in page
 
@@ -258,7 +258,7 @@ def test_quick_study_writes_its_report(quick_study: QuickStudy) -> None:
     md = (out / "report.md").read_text()
     page = (out / "report.html").read_text()
     decision = study["scaling"]["decision"]
-    assert decision["text"] in md and html.escape(decision["text"]) in page
+    assert md_text(decision["text"]) in md and html.escape(decision["text"]) in page
     # self-contained: every picture inline, nothing fetched from elsewhere
     sources = re.findall(r'<img[^>]*src="([^"]*)"', page)
     assert len(sources) >= 3 and all(s.startswith("data:image/png;base64,") for s in sources)

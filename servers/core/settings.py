@@ -71,7 +71,11 @@ class Settings(BaseSettings):
     )
     max_gpus_per_job: int = Field(default=8, ge=0, le=4096, description="GPUs one training job may use.")
     max_concurrent_gpus: int = Field(
-        default=8, ge=0, le=65536, description="GPUs all running training jobs may use together."
+        default=8,
+        ge=0,
+        le=65536,
+        description="Distinct GPUs of this machine the running training jobs may hold together: a GPU that "
+        "share_gpus jobs share counts once, and a job that asks for more is refused, shared or not.",
     )
     confirm_above_gpu_hours: float = Field(
         default=1.0,

@@ -6,8 +6,9 @@ network. What they produce is validated in the tests against the CRD schemas of 
 
 - **TrainJob** (``trainer.kubeflow.org/v1alpha1``, Kubeflow Trainer **v2.3.0**): ``spec.runtimeRef`` names a
   ClusterTrainingRuntime (``torch-distributed`` by default), ``spec.trainer`` holds image, command, args, env,
-  numNodes, numProcPerNode and resourcesPerNode (``nvidia.com/gpu`` limits), ``spec.activeDeadlineSeconds`` the
-  wall-time limit (the field exists from v2.2 on; v2.1 has none). The runtime's torch plugin injects PET_NNODES,
+  numNodes, numProcPerNode and resourcesPerNode (``nvidia.com/gpu`` limits: 0 for a job without GPUs, see
+  `NO_GPU_ENV`), ``spec.activeDeadlineSeconds`` the wall-time limit (the field exists from v2.2 on; v2.1 has
+  none). The runtime's torch plugin injects PET_NNODES,
   PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT into the trainer container ("node").
 - **PyTorchJob** (``kubeflow.org/v1``, the Training Operator's last v1 release **v1.9.3**): one Master replica and
   nnodes - 1 Workers, container "pytorch", ``runPolicy.activeDeadlineSeconds``; the operator injects the same
@@ -66,6 +67,11 @@ DEFAULT_RUNTIME = "torch-distributed"
 RUNTIME_KIND = "ClusterTrainingRuntime"
 RUNTIME_PLURAL = "clustertrainingruntimes"
 GPU_RESOURCE = "nvidia.com/gpu"
+# A job that asks for no GPU says so: an explicit limit (and request) of 0, which replaces whatever GPUs the
+# ClusterTrainingRuntime's template asks for, and NVIDIA_VISIBLE_DEVICES=void, which tells NVIDIA's container runtime
+# to give the container no GPU even where it is the node's default runtime and the image sets
+# NVIDIA_VISIBLE_DEVICES=all (CUDA images do). The job cannot undo it: NVIDIA_* is not on the env allow-list.
+NO_GPU_ENV = {"NVIDIA_VISIBLE_DEVICES": "void"}
 PYTORCHJOB_PORT_NAME = "pytorchjob-port"  # the operator's default port (pytorch_types.go); set explicitly here
 PYTORCHJOB_PORT = 23456
 
@@ -229,7 +235,9 @@ def _metadata(shape: JobShape) -> dict[str, Any]:
 
 
 def _env(shape: JobShape, *, unbuffered: bool) -> list[dict[str, str]]:
-    env = [{"name": k, "value": escape(v)} for k, v in shape.env.items()]
+    env = [{"name": k, "value": escape(v)} for k, v in shape.env.items() if k not in NO_GPU_ENV]
+    if not shape.gpus_per_node:
+        env += [{"name": k, "value": v} for k, v in NO_GPU_ENV.items()]
     if unbuffered:  # Python's output reaches the pod log as it is written (the PyTorchJob operator sets it itself)
         env.append({"name": "PYTHONUNBUFFERED", "value": "1"})
     return env
@@ -239,7 +247,10 @@ def render(shape: JobShape) -> dict[str, Any]:
     """The manifest (a plain dict, as the API takes it) of `shape`. ValueError when `shape` is not valid."""
     shape.check()
     command, args = torchrun_command(shape.target, shape.args, shape.max_restarts)
-    resources = {"limits": {GPU_RESOURCE: shape.gpus_per_node}} if shape.gpus_per_node else None
+    if shape.gpus_per_node:
+        resources = {"limits": {GPU_RESOURCE: shape.gpus_per_node}}
+    else:  # explicit: no GPU from the runtime's template either
+        resources = {"limits": {GPU_RESOURCE: 0}, "requests": {GPU_RESOURCE: 0}}
     deadline = deadline_seconds(shape.max_wall_s)
     if shape.kind == TRAINJOB.kind:
         trainer: dict[str, Any] = {
@@ -250,8 +261,7 @@ def render(shape: JobShape) -> dict[str, Any]:
             "numNodes": shape.nnodes,
             "numProcPerNode": shape.nproc_per_node,
         }
-        if resources:
-            trainer["resourcesPerNode"] = resources
+        trainer["resourcesPerNode"] = resources
         spec: dict[str, Any] = {
             "runtimeRef": {
                 "apiGroup": TRAINJOB.group,
@@ -274,8 +284,7 @@ def render(shape: JobShape) -> dict[str, Any]:
     env = _env(shape, unbuffered=False)
     if env:
         container["env"] = env
-    if resources:
-        container["resources"] = resources
+    container["resources"] = resources
 
     def replica(count: int) -> dict[str, Any]:  # each replica its own copy (the YAML has no anchors then)
         spec = {"containers": [copy.deepcopy(container)]}
@@ -308,9 +317,30 @@ def with_identity(manifest: Mapping[str, Any], *, name: str, key: str, job_id: s
     return bound
 
 
+# What YAML reads as a line break besides \n (NEL U+0085, LS U+2028, PS U+2029) and the other characters PyYAML's
+# emitter may write raw (C0 and C1 controls, DEL, BOM, surrogates, non-characters): a string holding one is written
+# double-quoted, where each is an escape (\N, \L, \P, \x..), so that yaml.safe_load gives back exactly the string.
+YAML_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff\ufffe\uffff]")
+
+
+class _ExactDumper(yaml.SafeDumper):
+    """yaml.safe_dump's output, but a string holding a character of `YAML_UNSAFE` is written double-quoted."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    if YAML_UNSAFE.search(data):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style='"')
+    return dumper.represent_str(data)
+
+
+_ExactDumper.add_representer(str, _represent_str)
+
+
 def to_yaml(manifest: Mapping[str, Any]) -> str:
-    """The manifest as YAML, in its own key order; yaml.safe_load gives the same dict back."""
-    return yaml.safe_dump(dict(manifest), sort_keys=False, default_flow_style=False, allow_unicode=True, width=100)
+    """The manifest as YAML, in its own key order; yaml.safe_load gives the same dict back, every string exact."""
+    return yaml.dump(
+        dict(manifest), Dumper=_ExactDumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=100
+    )
 
 
 # ---- the user's kubeconfig (read, never written) ---------------------------------------------------------------------

@@ -262,7 +262,13 @@ class LocalBackend:
 
     def _admission(self, plan: BackendPlan, spec: dict[str, Any]) -> Callable[[list[Any]], dict[str, Any]] | None:
         """GPU assignment, run by the engine inside the transaction that admits the job, so that two submits
-        (from this server or another) never count the same free GPU."""
+        (from this server or another) never count the same free GPU.
+
+        LLM_INFRA_MCP_MAX_CONCURRENT_GPUS bounds the distinct GPUs that active training jobs hold, shared or not:
+        a GPU that several share_gpus jobs use counts once, and a job that asks for more GPUs than the quota is
+        refused whether it shares or not. A job without share_gpus gets GPUs no active job uses; one with it may
+        also get GPUs that only other share_gpus jobs use (never one a job without it holds): free GPUs first, as
+        many as the quota leaves room for, then the shared GPUs fewest jobs use."""
         wanted = plan.gpus_wanted
         if not wanted:
             return None
@@ -273,21 +279,43 @@ class LocalBackend:
         limit = self._engine().settings.max_concurrent_gpus
 
         def admit(active: list[Any]) -> dict[str, Any]:
-            held: set[int] = set()
-            in_use = 0
+            in_use: dict[int, int] = {}  # GPU -> active jobs using it, shared or not
+            held: set[int] = set()  # the GPUs of jobs that do not share
             for record in active:
                 if record.kind == self.kind:
-                    gpus = [g for g in record.spec.get("gpus") or [] if isinstance(g, int)]
-                    in_use += len(gpus)
+                    gpus = {g for g in record.spec.get("gpus") or [] if isinstance(g, int)}
+                    for g in gpus:
+                        in_use[g] = in_use.get(g, 0) + 1
                     if not record.spec.get("share_gpus"):
                         held.update(gpus)
             share = bool(spec.get("share_gpus"))
-            if not share and in_use + wanted > limit:
+            quota = "LLM_INFRA_MCP_MAX_CONCURRENT_GPUS, distinct GPUs in use by training jobs, shared or not"
+            if wanted > limit:
                 raise QuotaError(
-                    f"{in_use} GPUs are in use and this job needs {wanted}; at most {limit} at once "
-                    "(LLM_INFRA_MCP_MAX_CONCURRENT_GPUS)"
+                    f"this job needs {wanted} GPUs and at most {limit} may be in use at once ({quota}); "
+                    "share_gpus does not change that: ask for fewer"
                 )
-            return {**spec, "gpus": assign_gpus(wanted, set() if share else held, present, share_gpus=share)}
+            if not share:
+                if len(in_use) + wanted > limit:
+                    raise QuotaError(
+                        f"{len(in_use)} GPUs are in use and this job needs {wanted}; at most {limit} at once ({quota})"
+                    )
+                return {**spec, "gpus": assign_gpus(wanted, set(in_use), present)}
+            if present <= 0:
+                return {**spec, "gpus": []}  # as assign_gpus: no GPU here, the ranks run on CPU
+            if wanted > present:
+                raise ValueError(f"{wanted} ranks need {wanted} GPUs, and this machine has {present}")
+            room = max(0, limit - len(in_use))
+            free = [g for g in range(present) if g not in in_use][: min(room, wanted)]
+            shared = sorted((g for g in in_use if g not in held and g < present), key=lambda g: (in_use[g], g))
+            picked = free + shared[: wanted - len(free)]
+            if len(picked) < wanted:
+                raise QuotaError(
+                    f"{len(in_use)} GPUs are in use ({len(held)} by jobs that do not share) and this job needs "
+                    f"{wanted}: the quota leaves room for {room} more, and {len(shared)} are shared; at most {limit} "
+                    f"at once ({quota}); wait for a job to end or ask for fewer"
+                )
+            return {**spec, "gpus": sorted(picked)}
 
         return admit
 

@@ -278,8 +278,15 @@ class _Dumper(yaml.SafeDumper):
     """Block style for multi-line strings (run, setup), so the rendered task reads like a hand-written one."""
 
 
+# What YAML reads as a line break besides \n (NEL U+0085, LS U+2028, PS U+2029) and the other characters PyYAML's
+# emitter may write raw (C0 and C1 controls, DEL, BOM, surrogates, non-characters): a string holding one is written
+# double-quoted, where each is an escape (\N, \L, \P, \x..), so that yaml.safe_load gives back exactly the string.
+YAML_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff\ufffe\uffff]")
+
+
 def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|" if "\n" in data else None)
+    style = '"' if YAML_UNSAFE.search(data) else "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
 
 
 _Dumper.add_representer(str, _represent_str)

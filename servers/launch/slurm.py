@@ -1228,7 +1228,7 @@ class _SpecReader:
             if not isinstance(k, str) or not isinstance(v, str):
                 problems.append(f"env: {k!r} must map a name to a string")
                 continue
-            why = "not a valid name" if not ENV_NAME_PATTERN.fullmatch(k) else env_refusal(k)
+            why = "not a valid name" if not ENV_NAME_PATTERN.fullmatch(k) else env_refusal(k, v)
             if k.startswith("SLURM_"):
                 why = "Slurm's own variables are set by Slurm"
             if why is None and CONTROL.search(v):

@@ -13,6 +13,7 @@ import html
 import io
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -480,8 +481,38 @@ def blocks(data: dict[str, Any], images: dict[str, bytes]) -> list[Block]:
 # ---- rendering -----------------------------------------------------------------------------------------------------
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+# Characters that would not show as themselves in report.md: controls (C0, DEL, C1), the Unicode line and
+# paragraph separators, and the bidirectional overrides and isolates that reorder what is shown.
+MD_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# Markdown's inline syntax: links and images ([ ]), emphasis (* ~, and _ unless inside a word), code spans (`),
+# headings (#), table cells (|), and the backslash itself.
+MD_SPECIAL = re.compile(r"[\\`*~\[\]#|]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+MD_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}  # raw HTML, autolinks, entities, block quotes
+
+
+def md_text(text: str) -> str:
+    """`text` (a value from a job, a tool or the study's configuration) as markdown that shows exactly it and
+    nothing more: on one line (a line break, tab or other control becomes a space or a visible \\uXXXX escape),
+    every markdown metacharacter backslash-escaped, and & < > as entities, so that no link, image, raw HTML,
+    heading or table cell can come from it. The one escape of report.md: every block's text goes through it."""
+
+    def control(m: re.Match[str]) -> str:
+        return " " if m.group() in "\t\n\r" else f"\\u{ord(m.group()):04x}"  # its backslash escaped below
+
+    text = MD_CONTROL.sub(control, str(text))
+    text = MD_SPECIAL.sub(lambda m: "\\" + m.group(), text)
+    return "".join(MD_ENTITIES.get(c, c) for c in text)
+
+
+def _md_fence(text: str) -> str:
+    """A code fence longer than any run of backticks in `text`, so that no line of it closes the block."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def _md_pre(text: str) -> str:
+    """A preformatted block's text: its lines kept, other controls as visible \\uXXXX escapes."""
+    return MD_CONTROL.sub(lambda m: m.group() if m.group() in "\n\t" else f"\\u{ord(m.group()):04x}", text)
 
 
 def render_markdown(content: list[Block]) -> str:
@@ -489,20 +520,22 @@ def render_markdown(content: list[Block]) -> str:
     for block in content:
         kind = block[0]
         if kind == "h":
-            lines += ["#" * block[1] + " " + block[2], ""]
+            lines += ["#" * block[1] + " " + md_text(block[2]), ""]
         elif kind == "p":
-            lines += [block[1], ""]
+            lines += [md_text(block[1]), ""]
         elif kind == "pre":
-            lines += ["```", block[1].rstrip("\n"), "```", ""]
+            text = _md_pre(block[1].rstrip("\n"))
+            fence = _md_fence(text)
+            lines += [fence, text, fence, ""]
         elif kind == "ul":
-            lines += [f"- {item}" for item in block[1]] + [""]
+            lines += [f"- {md_text(item)}" for item in block[1]] + [""]
         elif kind == "img":
-            lines += [f"![{block[2]}]({block[1]})", ""]
+            lines += [f"![{md_text(block[2])}]({md_text(block[1])})", ""]
         elif kind == "table":
             headers, rows = block[1], block[2]
-            lines.append("| " + " | ".join(_md_cell(h) for h in headers) + " |")
+            lines.append("| " + " | ".join(md_text(h) for h in headers) + " |")
             lines.append("|" + "---|" * len(headers))
-            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
+            lines += ["| " + " | ".join(md_text(c) for c in row) + " |" for row in rows]
             lines.append("")
     return "\n".join(lines)
 
