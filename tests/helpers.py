@@ -74,3 +74,24 @@ async def finish_job(client: Any, job_id: str, limit_s: float = 240) -> dict[str
         if waited["job"]["finished"]:
             return waited["job"]
     raise AssertionError(f"job {job_id} did not finish in {limit_s} s")
+
+
+def host_pids(ns_pids: list[int], marker: str) -> list[int]:
+    """The host's pids of processes that a sandboxed job saw (and logged) as `ns_pids` in its own PID namespace: the
+    processes whose command line holds `marker` and whose innermost pid (NSpid in /proc/PID/status) is one of them."""
+    import re
+    from pathlib import Path
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        nspid = re.search(r"^NSpid:\s*(.*)$", status, re.M)
+        if marker in cmdline and nspid and int(nspid.group(1).split()[-1]) in ns_pids:
+            found.append(int(entry.name))
+    return found

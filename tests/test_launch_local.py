@@ -27,6 +27,7 @@ from servers.launch.local import (
     torchrun_argv,
 )
 from tests.conftest import CHILD_ENV
+from tests.helpers import host_pids
 
 FIXTURES = Path(__file__).parent / "fixtures" / "launch"
 HOSTILE_ARGS = ["; rm -rf /", "$(whoami)", "`id`", "a b  c", "*", "--lr", "3e-4", "'quoted'", ""]
@@ -102,7 +103,7 @@ def test_plan_has_no_side_effects_and_binds_to_the_job_folder(tmp_path: Path) ->
     spec = spec_for("echo_args.py", args=HOSTILE_ARGS, gpus=[2, 5], env={"FOO": "1"})
     before = sorted(tmp_path.rglob("*"))
     unbound = backend.plan(spec, Settings(home=tmp_path / "home"))
-    bound = backend.plan(spec, job_dir=job_dir)
+    bound = backend.plan(spec, Settings(home=tmp_path / "home"), job_dir=job_dir)
     assert sorted(tmp_path.rglob("*")) == before  # nothing created: no job folder, no log folder, no home
     assert f"{JOB_DIR_PLACEHOLDER}/torchrun-logs" in unbound.argv
     assert unbound.bind(job_dir) == bound
@@ -267,9 +268,8 @@ def test_cancel_ends_torchrun_and_every_rank(tmp_path: Path) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not all("waiting" in backend.logs(handle, f"rank{r}") for r in (0, 1)):
         time.sleep(0.2)
-    ranks = [
-        ProcessIdentity.of(int(m)) for r in (0, 1) for m in re.findall(r"pid (\d+)", backend.logs(handle, f"rank{r}"))
-    ]
+    logged = [int(m) for r in (0, 1) for m in re.findall(r"pid (\d+)", backend.logs(handle, f"rank{r}"))]
+    ranks = [ProcessIdentity.of(pid) for pid in host_pids(logged, "wait_go.py")]  # the job has its own PID namespace
     assert len(ranks) == 2 and all(p.is_alive() for p in ranks)
     assert backend.cancel(handle) is JobState.CANCELLED
     assert backend.poll(handle) is JobState.CANCELLED

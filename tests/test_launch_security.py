@@ -177,7 +177,8 @@ def test_the_plan_says_where_the_sockets_live(settings: Settings) -> None:
     from servers.launch import training
 
     plan = training.plan(settings, TrainingJobSpec(recipe="tiny-gpt"), gpus_present=0, gpus_in_use=0)
-    assert "private namespace" in plan.network and "servers.core.netns" in " ".join(plan.argv)
+    assert "private namespace" in plan.network and "'servers.core.sandbox'" in " ".join(plan.argv)
+    assert plan.argv[plan.argv.index("--network") + 1] == "isolated"
     host = training.plan(
         settings.model_copy(update={"job_network": "host"}),
         TrainingJobSpec(recipe="tiny-gpt"),
@@ -185,7 +186,14 @@ def test_the_plan_says_where_the_sockets_live(settings: Settings) -> None:
         gpus_in_use=0,
     )
     assert "every interface" in host.network and any("every interface" in w for w in host.warnings)
-    assert "servers.core.netns" not in " ".join(host.argv)
+    assert host.argv[host.argv.index("--network") + 1] == "host"  # still sandboxed, in the host's network
+    unsandboxed = training.plan(
+        settings.model_copy(update={"job_sandbox": "off"}),
+        TrainingJobSpec(recipe="tiny-gpt"),
+        gpus_present=0,
+        gpus_in_use=0,
+    )
+    assert "'servers.core.netns'" in " ".join(unsandboxed.argv)  # the network namespace alone
 
 
 def test_without_namespaces_an_isolated_plan_is_refused_and_says_what_to_set(
@@ -195,8 +203,9 @@ def test_without_namespaces_an_isolated_plan_is_refused_and_says_what_to_set(
     from servers.launch import training
 
     monkeypatch.setattr(netns, "probe", lambda: netns.Probe(False, "unshare(CLONE_NEWUSER|CLONE_NEWNET) failed: EPERM"))
+    unsandboxed = settings.model_copy(update={"job_sandbox": "off"})  # with the sandbox on, its own probe decides
     with pytest.raises(InputError, match="LLM_INFRA_MCP_JOB_NETWORK=host") as caught:
-        training.plan(settings, TrainingJobSpec(recipe="tiny-gpt"), gpus_present=0, gpus_in_use=0)
+        training.plan(unsandboxed, TrainingJobSpec(recipe="tiny-gpt"), gpus_present=0, gpus_in_use=0)
     assert "EPERM" in str(caught.value)
 
 

@@ -29,6 +29,7 @@ from servers.launch.slurm import (
     STATE_RECORD,
     SUBMIT_RECORD,
     SlurmBackend,
+    SlurmJob,
     SlurmUnavailableError,
     array_tasks,
     from_record,
@@ -585,3 +586,19 @@ def test_the_global_rank_of_a_local_rank_is_read_from_the_worker(tmp_path: Path)
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.timeout(60)
+def test_an_exit_record_is_not_believed_while_slurm_says_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21, 13: the training script can write JOB/slurm-exit.json itself and run on. While Slurm says RUNNING
+    the job is RUNNING; once Slurm says COMPLETING (the batch script ended) the record answers."""
+    backend = SlurmBackend(job_root=tmp_path)
+    (tmp_path / EXIT_RECORD).write_text(json.dumps({"job_id": "41", "exit_code": 0, "state": "COMPLETED"}))
+    handle = BackendHandle(backend="slurm", key="k", native_id="41", job_dir=str(tmp_path))
+    seen = {"state": "RUNNING"}
+    monkeypatch.setattr(backend, "query", lambda job_id: SlurmJob(job_id=job_id, state=seen["state"]))
+    assert backend.status(handle).state is JobState.RUNNING
+    seen["state"] = "COMPLETING"
+    assert backend.status(handle).state is JobState.SUCCEEDED

@@ -103,6 +103,13 @@ class Settings(BaseSettings):
         "(isolated), so torchrun's unauthenticated rendezvous store is reachable from no other machine; 'host' runs "
         "them in the host's network (the store then listens on every interface).",
     )
+    job_sandbox: Literal["on", "off"] = Field(
+        default="on",
+        description="Local training jobs run in a sandbox (mount, PID and user namespaces) in which the state "
+        "directory shows only the job's own outputs and this package and Python are read-only, so a job cannot reach "
+        "the database, approvals, keys, tool cache, other jobs or the server's processes; where the kernel refuses "
+        "namespaces, planning refuses. 'off' runs jobs with the server's full access: only for trusted jobs.",
+    )
     max_log_bytes_per_job: int = Field(
         default=256 * 1024 * 1024,
         ge=64 * 1024,

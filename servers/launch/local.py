@@ -35,12 +35,21 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from servers.core.jobfiles import JobContext, JobFiles
+from servers.core.jobfiles import (
+    BadJobFileError,
+    JobContext,
+    JobFiles,
+    open_beneath,
+    open_regular,
+    subfolders_beneath,
+)
 from servers.core.jobstore import JobState
 from servers.core.netns import LOOPBACK_ENV, isolated_argv
 from servers.core.procs import stop_on_sigterm
+from servers.core.sandbox import Layout, code_folders, sandbox_argv
+from servers.core.settings import ENV_PREFIX as SETTINGS_PREFIX
 from servers.core.settings import Settings
 from servers.launch.backend import (
     GPUS_PLACEHOLDER,
@@ -69,6 +78,14 @@ NETWORK_NOTES = {
     "host": "network: the host's (LLM_INFRA_MCP_JOB_NETWORK=host); torchrun's rendezvous store listens on every "
     "interface without authentication, and anyone who reaches its port can run code as the job's user: use only "
     "on a trusted network",
+}
+SANDBOXES = ("on", "off")
+SANDBOX_NOTES = {
+    "on": "sandbox: the job's processes see the state directory {state_dir} as an empty folder holding only their "
+    "own run folder, torchrun logs, checkpoints and metrics.jsonl (no database, keys, approvals, cache or other "
+    "jobs), this package and the Python installation read-only, and only their own processes (servers/core/sandbox.py)",
+    "off": "sandbox: off (LLM_INFRA_MCP_JOB_SANDBOX=off): the job runs as this server's user with the state directory "
+    "(database, launch key, approvals, tool cache, other jobs' folders) writable: only for jobs you trust",
 }
 POLL_S = 0.5
 # After SIGTERM, how long torchrun gets to stop its ranks before it is killed (the supervisor's grace still rules).
@@ -219,13 +236,23 @@ class LocalBackend:
             notes.append(f"GPUs {env['CUDA_VISIBLE_DEVICES']} (CUDA_VISIBLE_DEVICES); rank r uses cuda:r")
         else:
             notes.append("no GPU: CUDA_VISIBLE_DEVICES is empty, the ranks run on CPU (gloo)")
-        if network == "isolated":
+        sandbox = str(spec.get("sandbox") or "on")
+        if sandbox not in SANDBOXES:
+            raise ValueError(f"sandbox must be one of {', '.join(SANDBOXES)}, got {sandbox!r}")
+        if sandbox == "on":
+            state_dir = spec.get("state_dir") or str((settings or Settings()).home)
+            writable = [cwd, *(str(Path(folder) / name) for name in (LOG_DIR_NAME, "checkpoints", "metrics.jsonl"))]
+            layout = Layout(hide=(str(state_dir),), readonly=code_folders(), writable=tuple(writable), network=network)
+            argv = sandbox_argv(argv, layout)
+            notes.append(SANDBOX_NOTES["on"].format(state_dir=state_dir))
+        elif network == "isolated":
             argv = isolated_argv(argv)
+        if sandbox == "off":
+            notes.append(SANDBOX_NOTES["off"])
+        if network == "isolated":
             for key, value in LOOPBACK_ENV.items():
                 env.setdefault(key, value)
-            notes.append(NETWORK_NOTES["isolated"])
-        else:
-            notes.append(NETWORK_NOTES["host"])
+        notes.append(NETWORK_NOTES[network])
         notes.append(f"working directory {cwd}" + ("" if workdir else " (a folder apart from the job's own files)"))
         if max_restarts:
             notes.append(f"torchrun restarts all ranks in place up to {max_restarts} time(s) after a failure")
@@ -360,22 +387,23 @@ class LocalBackend:
 
 
 # ---- per-rank logs -------------------------------------------------------------------------------------------------
-def _numbered(parent: Path, prefix: str = "") -> list[tuple[int, Path]]:
+# The job's ranks write below torchrun's log folder, and the worker reading it runs outside the job's sandbox: every
+# folder and file there is reached without following a symbolic link (open_beneath), so that a rank cannot make the
+# worker copy, or punch holes in, a file elsewhere.
+def _numbered(log_dir: Path, parent: Path, prefix: str = "") -> list[tuple[int, Path]]:
     found = []
-    with contextlib.suppress(OSError):
-        for child in parent.iterdir():
-            suffix = child.name[len(prefix) :] if child.name.startswith(prefix) else ""
-            if suffix.isdigit() and child.is_dir():
-                found.append((int(suffix), child))
+    for name in subfolders_beneath(log_dir, parent):
+        suffix = name[len(prefix) :] if name.startswith(prefix) else ""
+        if suffix.isdigit():
+            found.append((int(suffix), parent / name))
     return sorted(found)
 
 
 def attempt_dirs(log_dir: Path) -> list[tuple[int, Path]]:
     """(attempt number, folder) for every attempt torchrun started under `log_dir`, in order."""
     attempts: list[tuple[int, Path]] = []
-    with contextlib.suppress(OSError):
-        for run_dir in sorted(p for p in log_dir.iterdir() if p.is_dir()):
-            attempts.extend(_numbered(run_dir, "attempt_"))
+    for name in subfolders_beneath(log_dir, log_dir):
+        attempts.extend(_numbered(log_dir, log_dir / name, "attempt_"))
     return sorted(attempts)
 
 
@@ -402,7 +430,7 @@ class RankLogMirror:
 
     def sync(self, *, final: bool = False) -> None:
         for attempt, attempt_dir in attempt_dirs(self.log_dir):
-            for rank, rank_dir in _numbered(attempt_dir):
+            for rank, rank_dir in _numbered(self.log_dir, attempt_dir):
                 self.log_path(f"rank{rank}").touch(exist_ok=True)  # a silent rank still has a (empty) log
                 for stream in ("stdout.log", "stderr.log"):
                     self._copy(attempt, rank, rank_dir / stream, final)
@@ -410,24 +438,25 @@ class RankLogMirror:
     def _copy(self, attempt: int, rank: int, source: Path, final: bool) -> None:
         offset = self._offsets.get(source, 0)
         try:
-            size = source.stat().st_size
-        except OSError:
+            fd = open_beneath(self.log_dir, source)
+        except (OSError, ValueError):
             return
-        while size > offset:
-            with open(source, "rb") as f:
+        with os.fdopen(fd, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            while size > offset:
                 f.seek(offset)
                 chunk = f.read(min(size - offset, _CHUNK))
-            if not final and len(chunk) < _CHUNK:
-                end = chunk.rfind(b"\n")
-                if end < 0:
-                    return  # a line still being written: copied once it ends
-                chunk = chunk[: end + 1]
-            self._append(attempt, rank, chunk)
-            offset += len(chunk)
-            self._offsets[source] = offset
-            self._release(source, offset)
-            if not final:
-                return
+                if not final and len(chunk) < _CHUNK:
+                    end = chunk.rfind(b"\n")
+                    if end < 0:
+                        return  # a line still being written: copied once it ends
+                    chunk = chunk[: end + 1]
+                self._append(attempt, rank, chunk)
+                offset += len(chunk)
+                self._offsets[source] = offset
+                self._release(f, source, offset)
+                if not final:
+                    return
 
     def _append(self, attempt: int, rank: int, chunk: bytes) -> None:
         process = f"rank{rank}"
@@ -459,11 +488,11 @@ class RankLogMirror:
             out.write(data)
         self.written += len(data)
 
-    def _release(self, source: Path, copied: int) -> None:
-        """Punch out what was copied from `source`, keeping its last _TAIL bytes."""
+    def _release(self, f: IO[bytes], source: Path, copied: int) -> None:
+        """Punch out what was copied from `source` (open as `f`), keeping its last _TAIL bytes."""
         upto = max(0, copied - _TAIL) // _PAGE * _PAGE
         done = self._released.get(source, 0)
-        if upto > done and punch_hole(source, done, upto - done):
+        if upto > done and punch_hole(f"/proc/self/fd/{f.fileno()}", done, upto - done):
             self._released[source] = upto
         elif upto > done:
             self._released[source] = upto  # not supported here: both copies stay, nothing else to do
@@ -494,7 +523,7 @@ def _fallocate() -> Callable[..., int] | None:
     return fn
 
 
-def punch_hole(path: Path, offset: int, length: int) -> bool:
+def punch_hole(path: Path | str, offset: int, length: int) -> bool:
     """Free the disk blocks of bytes [offset, offset + length) of `path`, keeping its size (they read as zeros).
     False where the platform or the file system cannot."""
     fn = _fallocate()
@@ -522,9 +551,15 @@ class RootCause:
 _BLOCK_START = "Root Cause (first observed failure):"
 
 
-def _tail_text(path: Path, limit: int = _TAIL) -> str:
+def _tail_text(path: Path, limit: int = _TAIL, *, beneath: Path | None = None) -> str:
+    """The last `limit` bytes of a regular file, as text ("" when it cannot be read); with `beneath`, reached
+    without following links from that folder down (a file the job's ranks can write)."""
     try:
-        with open(path, "rb") as f:
+        f = os.fdopen(open_beneath(beneath, path), "rb") if beneath is not None else open_regular(path)
+    except (OSError, ValueError, BadJobFileError):
+        return ""
+    try:
+        with f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - limit))
@@ -554,11 +589,12 @@ def parse_root_cause_block(text: str) -> dict[str, Any] | None:
     return info
 
 
-def read_error_file(path: Path) -> tuple[str, float | None] | None:
+def read_error_file(path: Path, log_dir: Path) -> tuple[str, float | None] | None:
     """(message, timestamp) from a torchelastic error.json: {"message": {"message": "Type: text", "extraInfo":
     {"py_callstack": ..., "timestamp": "..."}}} (older or hand-written files: {"message": "text"})."""
     try:
-        data = json.loads(path.read_text())
+        with os.fdopen(open_beneath(log_dir, path), "rb") as f:
+            data = json.loads(f.read(_TAIL))
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict):
@@ -602,15 +638,15 @@ def find_root_cause(log_dir: Path, torchrun_output: Path) -> RootCause | None:
     # One node: the local rank (the folder name) is the rank.
     rank = block["local_rank"] if block.get("local_rank") is not None else block.get("rank")
     error: str | None = None
-    named = Path(block["error_file"]).resolve() if block.get("error_file") else None
-    if named is not None and named.is_relative_to(log_dir.resolve()):  # only files torchrun wrote for this job
-        found = read_error_file(named)
+    named = Path(os.path.normpath(block["error_file"])) if block.get("error_file") else None
+    if named is not None and named.is_relative_to(log_dir):  # only files torchrun wrote for this job
+        found = read_error_file(named, log_dir)
         error = found[0] if found else None
     if error is None and last_dir is not None:
         # The earliest error file of the last attempt: the rank that failed first.
         candidates = []
-        for r, rank_dir in _numbered(last_dir):
-            found = read_error_file(rank_dir / "error.json")
+        for r, rank_dir in _numbered(log_dir, last_dir):
+            found = read_error_file(rank_dir / "error.json", log_dir)
             if found and (rank is None or r == rank):
                 candidates.append((found[1] if found[1] is not None else float("inf"), r, found[0]))
         if candidates:
@@ -620,7 +656,7 @@ def find_root_cause(log_dir: Path, torchrun_output: Path) -> RootCause | None:
     if error is None and traceback and "Traceback" in traceback:
         error = last_exception_line(traceback)
     if error is None and rank is not None and last_dir is not None:
-        stderr = _tail_text(last_dir / str(rank) / "stderr.log")
+        stderr = _tail_text(last_dir / str(rank) / "stderr.log", beneath=log_dir)
         error = last_exception_line(stderr)
         if error is None:
             lines = [line.strip() for line in stderr.splitlines() if line.strip()]
@@ -687,7 +723,10 @@ def run_training_job(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     log_dir.mkdir(parents=True, exist_ok=True)
     ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     Path(plan.cwd).mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **plan.env, JOB_ID_ENV: ctx.job_id}
+    ctx.files.metrics.touch(exist_ok=True)  # shown to the sandboxed job as it is: it must exist
+    # The server's settings (an HTTP token among them) are not the job's business: only the plan's own variables.
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
+    env = {**inherited, **plan.env, JOB_ID_ENV: ctx.job_id}
     total = spec.get("total_steps")
     total_steps = float(total) if isinstance(total, int | float) else None
     torchrun_output = ctx.log_path("torchrun")

@@ -21,8 +21,8 @@ helper cannot run, the shell writes a plain record instead (exit code, signal, t
 
 status reads, in order: the job's exit record (a file read); ``scontrol show job -o ID`` while Slurm knows the job
 (``squeue --json`` as the fallback: on 22.05 it ignores ``-j`` and lists every job; both JSON layouts are read), whose
-state wins, except that a job Slurm still calls RUNNING/COMPLETING whose batch script already wrote its exit record is
-reported from that record; once Slurm forgot the job (MinJobAge, 300 s by default): ``sacct`` where accounting exists,
+state wins, except that a job Slurm calls COMPLETING whose batch script already wrote its exit record is reported from
+that record (not while Slurm says RUNNING: the job's own processes could have written it); once Slurm forgot the job (MinJobAge, 300 s by default): ``sacct`` where accounting exists,
 then what this backend saw Slurm say of the ended job (slurm-state.json), then the exit record, then a cancel this
 backend requested of a job that never started (slurm-cancel.json); a job with none of these is LOST with the reason,
 never SUCCEEDED. If Slurm cannot be asked, the exit record answers, else SlurmUnavailableError.
@@ -1031,12 +1031,10 @@ class SlurmBackend:
                 raise
             return from_record(record, None, note=f"from the job's exit record; Slurm did not answer ({exc})")
         if job is not None:
-            if (
-                record is not None
-                and SLURM_STATES.get(job.state) == JobState.RUNNING
-                and record_is_current(record, job)
-            ):
+            if record is not None and job.state == "COMPLETING" and record_is_current(record, job):
                 return from_record(record, job)  # the batch script has ended; Slurm is still cleaning up
+            # While Slurm says RUNNING the record is not believed: the job's own processes can write its folder
+            # (a script that writes slurm-exit.json and runs on must not end as SUCCEEDED).
             status = from_slurm(job, record)
             if status.state.terminal and folder is not None:
                 _remember(folder, job)

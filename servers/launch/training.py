@@ -789,8 +789,26 @@ def plan(
         raise InputError(f"workdir {spec.workdir!r} is not a directory")
     from servers.launch.local import NETWORK_NOTES
 
+    if script.is_relative_to(settings.home.resolve()):  # the database, launch.key, the cache: never a script
+        raise InputError(
+            f"script: {str(script)!r} is inside the state directory (which a local job's sandbox hides and a cluster "
+            f"backend would copy from); accepted: a script inside the roots and outside {settings.home}"
+        )
     if remote:
         pass  # the cluster's network: the backend's notes state the trust it assumes
+    elif settings.job_sandbox == "on":
+        from servers.core.sandbox import probe as sandbox_probe
+
+        found = sandbox_probe(settings.job_network)
+        if not found.available:
+            raise InputError(
+                f"this machine cannot sandbox the job ({found.detail}); without the sandbox the job's script could "
+                "write the state database (approvals, job records), the launch key and the tool cache. To run "
+                "jobs with the server's full access anyway (trusted scripts only), the person sets "
+                "LLM_INFRA_MCP_JOB_SANDBOX=off"
+            )
+        if settings.job_network == "host":
+            warnings.append(NETWORK_NOTES["host"])
     elif settings.job_network == "isolated":
         from servers.core.netns import probe
 
@@ -804,6 +822,10 @@ def plan(
             )
     else:
         warnings.append(NETWORK_NOTES["host"])
+    if not remote and settings.job_sandbox == "off":
+        from servers.launch.local import SANDBOX_NOTES
+
+        warnings.append(SANDBOX_NOTES["off"])
     normalised = spec.model_copy(update={"nproc_per_node": nproc, "gpus_per_node": gpus})
     backend_spec = {
         "script": str(script),
@@ -814,6 +836,8 @@ def plan(
         "gpus_wanted": gpus,
         "share_gpus": spec.share_gpus,
         "network": settings.job_network,
+        "sandbox": settings.job_sandbox,
+        "state_dir": str(settings.home.resolve()),
         "workdir": str(workdir) if spec.workdir else None,
         "max_log_bytes": settings.max_log_bytes_per_job,
         "run_id": spec_hash(normalised),
