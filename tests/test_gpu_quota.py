@@ -123,3 +123,22 @@ def test_the_plan_refuses_a_shared_job_above_the_quota(settings: Settings, tmp_p
     spec = TrainingJobSpec(script=str(script), nproc_per_node=8, gpus_per_node=8, share_gpus=True)
     with pytest.raises(QuotaError, match="at most 2 may be in use at once, shared or not"):
         training.plan(quota, spec, gpus_present=8, gpus_in_use=0)
+
+
+def test_plans_count_a_shared_gpu_once_as_admission_does() -> None:
+    from servers.core.jobstore import JobRecord, JobState
+    from servers.launch.server import TRAINING_KIND, gpus_in_use
+
+    def job(n: int, gpus: list[int]) -> JobRecord:
+        return JobRecord(
+            id=f"train-{n}",
+            kind=TRAINING_KIND,
+            spec={"gpus": gpus, "share_gpus": True},
+            state=JobState.RUNNING,
+            created_at=0.0,
+            timeout_s=60.0,
+            owner="test",
+            job_dir=f"/nowhere/{n}",
+        )
+
+    assert gpus_in_use([job(1, [0, 1]), job(2, [0, 1]), job(3, [2])]) == 3

@@ -85,8 +85,10 @@ class Confirmation(Model):
 
 
 def gpus_in_use(active: list[JobRecord]) -> int:
-    """GPUs held by the active training jobs among `active` (their spec records the assignment)."""
-    return sum(len(record.spec.get("gpus") or []) for record in active if record.kind == TRAINING_KIND)
+    """Distinct GPUs held by the active training jobs among `active` (their spec records the assignment): a GPU that
+    jobs share (share_gpus) counts once, as admission counts it."""
+    held = {g for r in active if r.kind == TRAINING_KIND for g in r.spec.get("gpus") or [] if isinstance(g, int)}
+    return len(held)
 
 
 def make_plan(
