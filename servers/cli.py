@@ -470,7 +470,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     port = args.port or settings.http_port
     token = settings.http_token.get_secret_value() if settings.http_token else None
     try:
-        serve_http(server, host, port, token, body_timeout_s=settings.http_body_timeout_s)
+        serve_http(
+            server,
+            host,
+            port,
+            token,
+            body_timeout_s=settings.http_body_timeout_s,
+            token_file=settings.home / "http-token",  # made only where the peer's user cannot be told (not Linux)
+        )
     except TransportConfigError as exc:
         print(f"llm-infra-mcp: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -238,12 +238,17 @@ def test_dns_rebinding_protection_on_every_loopback_spelling(host: str) -> None:
 
     from servers.core.transport import http_app
 
-    app = http_app(MCPServer("t"), host, None)
-    with TestClient(app, base_url="http://127.0.0.1:9") as http:
+    # In process there is no TCP peer whose user could be looked up (and such a request is refused, 403): the
+    # token, which a loopback server takes instead of the user check, lets the requests reach the Host check.
+    app = http_app(MCPServer("t"), host, TOKEN)
+    with TestClient(app, base_url="http://127.0.0.1:9", headers={"Authorization": f"Bearer {TOKEN}"}) as http:
         refused = http.post("/mcp", json=INITIALIZE, headers={**MCP_HEADERS, "Host": "evil.example.com"})
         assert refused.status_code == 421
         accepted = http.post("/mcp", json=INITIALIZE, headers={**MCP_HEADERS, "Host": "127.0.0.1:9"})
         assert accepted.status_code == 200
+    with TestClient(http_app(MCPServer("t"), host, None), base_url="http://127.0.0.1:9") as http:
+        unknown_peer = http.post("/mcp", json=INITIALIZE, headers={**MCP_HEADERS, "Host": "127.0.0.1:9"})
+        assert unknown_peer.status_code == 403 and "cannot be determined" in unknown_peer.json()["error_description"]
 
 
 # ---- issue 9: the bearer scheme is case-insensitive; a body that trickles in is timed out -------------------------

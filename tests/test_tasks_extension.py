@@ -554,3 +554,116 @@ async def test_the_task_methods_only_exist_in_the_stateless_era(app: App) -> Non
         caps = scaling.session.server_capabilities
         assert caps is not None and not caps.extensions
         assert caps.resources is not None and not caps.resources.subscribe
+
+
+# ---- issue 21, defect 10: subscriptions to jobs that do not exist, caps, and the watcher at rest --------------------
+
+
+def job_watcher(server: Any) -> Any:
+    """The JobWatcher a server of the suite observes subscriptions/listen with (its listen middleware's owner)."""
+    from servers.core.tasks import JobWatcher
+
+    for middleware in server.middleware:
+        owner = getattr(middleware, "__self__", None)
+        if isinstance(owner, JobWatcher):
+            return owner
+    raise AssertionError("the server has no JobWatcher")
+
+
+@contextmanager
+def suite_over_http(app: App) -> Iterator[tuple[str, Any]]:
+    """The test suite served over streamable HTTP by uvicorn in a thread of this process (so that the test can look
+    at its watcher); yields (the /mcp URL, the watcher)."""
+    from servers.core.transport import http_app
+    from tests.helpers import create_test_suite
+    from tests.test_http import uvicorn_in_thread
+
+    server = create_test_suite(app)
+    with uvicorn_in_thread(http_app(server, "127.0.0.1", None)) as port:
+        yield f"http://127.0.0.1:{port}/mcp", job_watcher(server)
+
+
+async def eventually(check: Any, limit_s: float = 10) -> None:
+    with anyio.fail_after(limit_s):
+        while not check():
+            await anyio.sleep(0.05)
+
+
+@pytest.mark.filterwarnings("ignore:resources/(un)?subscribe is removed as of 2026-07-28")
+async def test_subscriptions_to_jobs_that_do_not_exist_are_refused_and_the_watcher_rests(app: App) -> None:
+    """The reviewer's reproduction, scaled down: many sessions subscribing to infra://jobs/fake-* kept the watcher
+    polling them forever. Each is refused now (-32602, the job unknown), nothing is held, and the watcher is not
+    running once the clients go idle."""
+    sessions, fakes = 10, 20
+    with suite_over_http(app) as (url, watcher):
+        refused: list[str] = []
+
+        async def subscriber(i: int) -> None:
+            async with Client(url, mode="legacy") as client:
+                for j in range(fakes):
+                    error = await expect_error(
+                        INVALID_PARAMS, client.session.subscribe_resource(f"infra://jobs/fake-{i}-{j}")
+                    )
+                    refused.append(error.message)
+                await anyio.sleep(1.0)  # idle, still connected: nothing may be polled meanwhile
+                assert not watcher.watching and watcher.held() == 0
+
+        async with anyio.create_task_group() as group:
+            for i in range(sessions):
+                group.start_soon(subscriber, i)
+        assert len(refused) == sessions * fakes
+        assert all(re.search(r"^uri: no job 'fake-\d+-\d+' here; .*list_jobs", m) for m in refused), refused[:3]
+        # 2026-07-28: a listen stream naming a job that does not exist is refused the same way
+        async with Client(url) as modern:
+            with pytest.raises(MCPError) as caught:
+                async with modern.listen(resource_subscriptions=["infra://jobs/fake-listen"]):
+                    pass
+            assert caught.value.code == INVALID_PARAMS and "fake-listen" in caught.value.message
+        assert watcher.held() == 0 and not watcher.watching and not watcher._states
+
+
+@pytest.mark.filterwarnings("ignore:resources/(un)?subscribe is removed as of 2026-07-28")
+async def test_the_watcher_stops_when_the_job_ends_and_the_subscription_goes_with_its_session(app: App) -> None:
+    with suite_over_http(app) as (url, watcher):
+        async with Client(url, mode="legacy") as client:
+            start = {"kind": "test_count", "spec": {"steps": 5, "step_s": 0.1}, "wait_s": 0}
+            job = (await call_ok(client, "start_test_job", start)).structured_content
+            await client.session.subscribe_resource(job["resource_uri"])
+            assert watcher.held() == 1
+            await call_ok(client, "wait_for_job", {"job_id": job["job_id"], "wait_s": 45})
+            await eventually(lambda: not watcher.watching)  # the job ended: nothing left to poll
+            assert watcher.held() == 1  # still subscribed, and nothing is polled for it
+        await eventually(lambda: watcher.held() == 0)  # the session ended: its subscriptions with it
+        assert not watcher._states
+
+
+@pytest.mark.filterwarnings("ignore:resources/(un)?subscribe is removed as of 2026-07-28")
+async def test_subscriptions_are_capped_per_connection_and_in_total(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+    from servers.core import tasks
+
+    monkeypatch.setattr(tasks, "MAX_SUBSCRIPTIONS_PER_CONNECTION", 2)
+    monkeypatch.setattr(tasks, "MAX_SUBSCRIPTIONS", 3)
+    static = ["infra://gpus.json", "infra://xid-catalog.json"]
+    with suite_over_http(app) as (url, watcher):
+        async with Client(url, mode="legacy") as first, Client(url, mode="legacy") as second:
+            job = (
+                await call_ok(first, "start_test_job", {"kind": "test_count", "spec": {"steps": 1}, "wait_s": 20})
+            ).structured_content
+            for uri in static:
+                await first.session.subscribe_resource(uri)
+            await first.session.subscribe_resource(static[0])  # again: still one subscription
+            error = await expect_error(INVALID_PARAMS, first.session.subscribe_resource(job["resource_uri"]))
+            assert "this connection holds 2 subscriptions" in error.message
+            await second.session.subscribe_resource(static[0])
+            error = await expect_error(INVALID_PARAMS, second.session.subscribe_resource(job["resource_uri"]))
+            assert "the server holds 3 subscriptions" in error.message
+            assert watcher.held() == 3
+            await first.session.unsubscribe_resource(static[1])
+            await second.session.subscribe_resource(job["resource_uri"])  # room again
+            assert watcher.held() == 3
+        async with Client(url) as modern:  # a listen request naming more than a connection may hold
+            with pytest.raises(MCPError) as caught:
+                async with modern.listen(resource_subscriptions=[*static, job["resource_uri"]]):
+                    pass
+            assert caught.value.code == INVALID_PARAMS and "2 at most" in caught.value.message
+        await eventually(lambda: watcher.held() == 0)

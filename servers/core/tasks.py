@@ -28,7 +28,10 @@ schema, modelcontextprotocol/ext-tasks schema/draft/schema.ts, and its specifica
 Subscriptions: resources/subscribe and resources/unsubscribe (handshake era) and subscriptions/listen resource
 subscriptions (2026-07-28) for the jobs' resources infra://jobs/{id}: a watcher polls the engine for the
 subscribed, still active jobs only, and sends notifications/resources/updated when a job's state changes. It runs
-while somebody is subscribed and ends when nobody is.
+while somebody is subscribed to a job that may still change, and ends when nobody is (ended and vanished jobs are
+not polled). A subscription to a job that does not exist is refused (-32602); a connection holds at most
+MAX_SUBSCRIPTIONS_PER_CONNECTION, the server MAX_SUBSCRIPTIONS (subscriptions and listened resources of every
+connection together); a connection's subscriptions end with it.
 """
 
 import logging
@@ -389,7 +392,21 @@ class TasksExtension(Extension):
 
 
 JOB_URI = re.compile(rf"^infra://jobs/(?P<job_id>{JOB_ID_PATTERN.removeprefix('^').removesuffix('$')})$")
-MAX_SUBSCRIPTIONS_PER_CONNECTION = 256
+MAX_SUBSCRIPTIONS_PER_CONNECTION = 256  # resources/subscribe of one connection; resources one listen request names
+MAX_SUBSCRIPTIONS = 4096  # all connections and listen streams together
+
+
+class _Gone:
+    """The state of a subscribed job that no longer exists (its folder and row were removed): it never changes."""
+
+    terminal = True
+
+    def __repr__(self) -> str:
+        return "GONE"
+
+
+GONE = _Gone()
+WatchedState = JobState | _Gone | None  # None: not read yet (or the state database could not be read)
 
 
 class JobWatcher:
@@ -397,9 +414,9 @@ class JobWatcher:
     that subscribed: resources/subscribe (handshake era: to that connection) and subscriptions/listen naming the
     resource (2026-07-28: through the server's subscription bus, which routes it to those streams).
 
-    One task polls the engine (one thread hop per round, the subscribed jobs only, ended jobs no more) every
-    `interval_s`; it starts with the first subscription and ends when nobody is subscribed. It runs in the task
-    group of the server's lifespan (`running`)."""
+    One task polls the engine (one thread hop per round, the subscribed jobs only, ended and vanished jobs no
+    more) every `interval_s`; it starts with the first subscription to a job that may still change and ends when
+    there is none (`watching`). It runs in the task group of the server's lifespan (`running`)."""
 
     def __init__(self, app: App, bus: InMemorySubscriptionBus, interval_s: float = 0.5) -> None:
         self.app = app
@@ -408,7 +425,7 @@ class JobWatcher:
         # uri -> {connection key: (connection, session)} for resources/subscribe
         self._subscribed: dict[str, dict[int, tuple[Any, Any]]] = {}
         self._listening: dict[str, int] = {}  # uri -> open subscriptions/listen streams naming it
-        self._states: dict[str, JobState | None] = {}
+        self._states: dict[str, WatchedState] = {}
         self._cleanups: set[int] = set()
         self._group: anyio.abc.TaskGroup | None = None
         self._running = False
@@ -430,6 +447,10 @@ class JobWatcher:
 
     def uris(self) -> set[str]:
         return set(self._subscribed) | {uri for uri, n in self._listening.items() if n > 0}
+
+    def held(self) -> int:
+        """Subscriptions held now: each connection's resources/subscribe, each listen stream's job resources."""
+        return sum(len(subs) for subs in self._subscribed.values()) + sum(self._listening.values())
 
     def _ensure_running(self) -> None:
         if self._running:
@@ -468,28 +489,55 @@ class JobWatcher:
                 out.append(uri)
         return out
 
-    def _read_states(self, uris: list[str]) -> dict[str, JobState | None]:
+    def _read_states(self, uris: list[str]) -> dict[str, WatchedState]:
         return {uri: self._state_of(uri) for uri in uris}
 
-    def _state_of(self, uri: str) -> JobState | None:
+    def _state_of(self, uri: str) -> WatchedState:
         match = JOB_URI.match(uri)
         if match is None:
             return None
         try:
             return self.app.engine.get(match["job_id"]).state
         except NotFoundError:
-            return None
+            return GONE
 
-    async def _baseline(self, uris: list[str]) -> None:
-        fresh = [u for u in uris if JOB_URI.match(u) and u not in self._states]
-        if fresh:
-            try:
-                states = await in_thread(self._read_states, fresh)
-            except Exception:  # the state database: the watcher reads again later
-                log.exception("reading the subscribed jobs failed")
-                states = dict.fromkeys(fresh)
-            for uri in fresh:
-                self._states.setdefault(uri, states.get(uri))
+    async def _existing(self, uris: list[str]) -> dict[str, WatchedState]:
+        """The state of each job resource among `uris`; MCPError -32602 naming those whose job does not exist
+        (nothing would ever be sent for them), -32603 when the job table cannot be read now."""
+        jobs = [u for u in uris if JOB_URI.match(u)]
+        if not jobs:
+            return {}
+        try:
+            states = await in_thread(self._read_states, jobs)
+        except Exception as exc:  # the state database
+            log.exception("reading the jobs of a subscription failed")
+            raise MCPError(
+                code=INTERNAL_ERROR, message=f"the job table cannot be read now ({exc}); try again"
+            ) from None
+        unknown = [u.removeprefix("infra://jobs/") for u in jobs if states.get(u) is GONE]
+        if unknown:
+            shown = ", ".join(repr(j) for j in unknown[:5]) + (
+                f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+            )
+            raise MCPError(
+                code=INVALID_PARAMS,
+                message=f"uri: no job {shown} here; subscribe to the resource_uri of a job a tool returned "
+                "(list_jobs shows them)",
+            )
+        return states
+
+    def _check_room(self, adding: int) -> None:
+        held = self.held()
+        if held + adding > MAX_SUBSCRIPTIONS:
+            raise MCPError(
+                code=INVALID_PARAMS,
+                message=f"uri: the server holds {held} subscriptions, the most it allows is {MAX_SUBSCRIPTIONS}; "
+                "unsubscribe from ended jobs, or try again later",
+            )
+
+    def _baseline(self, states: dict[str, WatchedState]) -> None:
+        for uri, state in states.items():
+            self._states.setdefault(uri, state)
         self._ensure_running()
 
     def _forget(self, uris: list[str]) -> None:
@@ -513,17 +561,21 @@ class JobWatcher:
         uri = str(params.uri)
         connection = getattr(ctx.session, "_connection", ctx.session)  # the SDK names the connection privately
         key = id(connection)
-        mine = sum(1 for subs in self._subscribed.values() if key in subs)
-        if mine >= MAX_SUBSCRIPTIONS_PER_CONNECTION and key not in self._subscribed.get(uri, {}):
-            raise MCPError(
-                code=INVALID_PARAMS,
-                message=f"uri: this connection holds {mine} subscriptions, the most allowed; unsubscribe some first",
-            )
+        states = await self._existing([uri])  # checked first: nothing below awaits, so the counts hold
+        if key not in self._subscribed.get(uri, {}):
+            mine = sum(1 for subs in self._subscribed.values() if key in subs)
+            if mine >= MAX_SUBSCRIPTIONS_PER_CONNECTION:
+                raise MCPError(
+                    code=INVALID_PARAMS,
+                    message=f"uri: this connection holds {mine} subscriptions, the most allowed; unsubscribe some "
+                    "first",
+                )
+            self._check_room(1)
         self._subscribed.setdefault(uri, {})[key] = (connection, ctx.session)
         if key not in self._cleanups and hasattr(connection, "exit_stack"):
             self._cleanups.add(key)
             connection.exit_stack.callback(self._drop_connection, key)  # the client went away without unsubscribing
-        await self._baseline([uri])
+        self._baseline(states)
         return EmptyResult()
 
     async def unsubscribe(self, ctx: ServerRequestContext[Any, Any], params: UnsubscribeRequestParams) -> EmptyResult:
@@ -553,13 +605,22 @@ class JobWatcher:
     ) -> Any:
         if ctx.method != "subscriptions/listen" or ctx.request_id is None:
             return await call_next(ctx)
-        uris = _listen_uris(ctx.params)
+        named = _listen_names(ctx.params)
+        if len(named) > MAX_SUBSCRIPTIONS_PER_CONNECTION:
+            raise MCPError(
+                code=INVALID_PARAMS,
+                message=f"notifications.resourceSubscriptions: {len(named)} resources; a listen request may name "
+                f"{MAX_SUBSCRIPTIONS_PER_CONNECTION} at most",
+            )
+        uris = sorted({u for u in named if JOB_URI.match(u)})
         if not uris:
             return await call_next(ctx)
+        states = await self._existing(uris)
+        self._check_room(len(uris))  # nothing awaits between this check and the count below
         for uri in uris:
             self._listening[uri] = self._listening.get(uri, 0) + 1
         try:
-            await self._baseline(uris)
+            self._baseline(states)
             return await call_next(ctx)
         finally:
             for uri in uris:
@@ -571,13 +632,13 @@ class JobWatcher:
             self._forget(uris)
 
 
-def _listen_uris(params: Any) -> list[str]:
-    """The job resources a subscriptions/listen request names (its notifications.resourceSubscriptions)."""
+def _listen_names(params: Any) -> list[str]:
+    """The resources a subscriptions/listen request names (its notifications.resourceSubscriptions)."""
     notifications = params.get("notifications") if isinstance(params, dict) else None
     wanted = notifications.get("resourceSubscriptions") if isinstance(notifications, dict) else None
     if not isinstance(wanted, list):
         return []
-    return sorted({u for u in wanted[:MAX_SUBSCRIPTIONS_PER_CONNECTION] if isinstance(u, str) and JOB_URI.match(u)})
+    return [u for u in wanted if isinstance(u, str)]
 
 
 # ---- what new_server installs ----------------------------------------------------------------------------------
