@@ -271,3 +271,19 @@ def test_the_state_directory_is_the_users_alone(tmp_path: Path) -> None:
     os.chmod(old, 0o755)
     JobEngine(Settings(home=old, allowed_roots=[tmp_path]), owner="test")
     assert old.stat().st_mode & 0o077 == 0
+
+
+def test_a_workdir_in_the_packages_folder_is_refused(settings: Settings) -> None:
+    """The sandbox makes the package read-only; a workdir mounted writable inside it would undo that."""
+    from servers.core.errors import InputError
+    from servers.launch import training
+
+    inside = REPO_ROOT / "servers" / "launch"
+    wide = settings.model_copy(update={"allowed_roots": [REPO_ROOT, settings.home.parent]})
+    with pytest.raises(InputError, match="never write"):
+        training.plan(
+            wide,
+            training.TrainingJobSpec(recipe="tiny-gpt", workdir=str(inside)),
+            gpus_present=0,
+            gpus_in_use=0,
+        )

@@ -797,8 +797,15 @@ def plan(
     if remote:
         pass  # the cluster's network: the backend's notes state the trust it assumes
     elif settings.job_sandbox == "on":
+        from servers.core.sandbox import code_folders
         from servers.core.sandbox import probe as sandbox_probe
 
+        if workdir is not None and (code := next((c for c in code_folders() if workdir.is_relative_to(c)), None)):
+            raise InputError(
+                f"workdir: {spec.workdir!r} lies in {code}, this package's folder or the Python installation, which "
+                "a job may read but never write (the next server start would run what it planted); accepted: a "
+                "folder inside the roots and outside those"
+            )
         found = sandbox_probe(settings.job_network)
         if not found.available:
             raise InputError(
