@@ -22,7 +22,8 @@ helper cannot run, the shell writes a plain record instead (exit code, signal, t
 status reads, in order: the job's exit record (a file read); ``scontrol show job -o ID`` while Slurm knows the job
 (``squeue --json`` as the fallback: on 22.05 it ignores ``-j`` and lists every job; both JSON layouts are read), whose
 state wins, except that a job Slurm calls COMPLETING whose batch script already wrote its exit record is reported from
-that record (not while Slurm says RUNNING: the job's own processes could have written it); once Slurm forgot the job (MinJobAge, 300 s by default): ``sacct`` where accounting exists,
+that record (not while Slurm says RUNNING: the job's own processes could have written it); once Slurm forgot the job
+(MinJobAge, 300 s by default): ``sacct`` where accounting exists,
 then what this backend saw Slurm say of the ended job (slurm-state.json), then the exit record, then a cancel this
 backend requested of a job that never started (slurm-cancel.json); a job with none of these is LOST with the reason,
 never SUCCEEDED. If Slurm cannot be asked, the exit record answers, else SlurmUnavailableError.
