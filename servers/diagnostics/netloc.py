@@ -50,16 +50,25 @@ spines and its two leaf-spine links is put on the probe's path with weight 1/k: 
 which is the exact average over uniform ECMP when one of them is faulty. Blame is spread, and a spine is only named
 when its failures span many leaf pairs. In a full leaf-spine mesh all k spines then explain ambiguous failures
 equally: the suspect chosen lists the others in ``ambiguous_with``, and the result says to probe with routes.
+Stored without the expansion: an ambiguous probe is a member of three rows of an ECMP table (its two leaves' uplink
+groups, whose row holds the k spines; each end's leaf with the other end's group, whose row holds that leaf's k
+links), so memory is probes x path length plus the table, not probes x k. Leaves with one spine in common have one
+path: that spine is taken as known.
 
 Overlay and underlay. When probes carry both layers, each layer is localized on its own; a suspect faulty in the
 underlay is an underlay fault (overlay probes ride on it), one faulty in the overlay only while underlay probes
 through it pass is an overlay fault (container network, virtual NIC, vSwitch rules), ``unknown`` when the underlay
 does not cross it. Probes without ``layer`` form their own group.
 
-Bounds: at most 16,384 nodes (32 NICs each), 65,536 switches, 1,024 uplinks per leaf, 1,000,000 probes per call;
-only components with at least ``min_failed`` bad probes are candidates; the work is about (probes x path length x 8
-fits) per greedy step, numpy-vectorised, rows checked a column at a time: ~0.4 s for the 130k probes of a 4,096-node
-fleet, ~3-4 s for 510k at 16,384 nodes, on one core. numpy is imported with this module.
+Bounds: at most 16,384 nodes (32 NICs each), 65,536 switches, 1,024 uplinks per leaf, and per call 1,000,000 probes
+and 16,000,000 path entries, counted before anything of that size is allocated. A probe holds at most 9 (its NICs,
+nodes and leaves, a known spine and its two links; an ambiguous one 6 and its 3 table memberships), so 1,000,000
+probes always fit, with an ECMP table of up to 7,000,000 entries (the sum over its rows of the spines shared: small
+unless many leaves have distinct uplink sets); a call over the bound is refused with its numbers. About 300 MB of
+arrays at 1,000,000 probes. Only components with at least ``min_failed`` bad probes are candidates; their gains (8
+fits each) are computed once per search, and after each pick only the terms of the bad probes through it are
+updated, so the time is linear in probes: ~0.75 s for the 130k probes of a 4,096-node fleet, ~3 s for 510k at
+16,384 nodes (reading the rows included), on one core. numpy is imported with this module.
 """
 
 from __future__ import annotations
@@ -1198,67 +1207,207 @@ def _load_probes(idx: _Index, probes: Sequence[ProbeRow | Mapping[str, Any]]) ->
 # ---- localization ------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Incidence:
-    """Probe -> component incidence of one layer (probe indices are into the whole probe set)."""
-
-    probe: np.ndarray
-    comp: np.ndarray
-    weight: np.ndarray
+MAX_INCIDENCE = 16_000_000  # path entries one call may hold (module docstring, Bounds): at most 9 per probe
+PATH_COLUMNS = 9  # a probe's exact components: its NICs, their nodes, their leaves, a known spine and its two links
 
 
-def _incidence(idx: _Index, pr: _Probes, rows: np.ndarray) -> _Incidence:
-    off = idx.offsets
+def _ranges(start: np.ndarray, sel: np.ndarray) -> np.ndarray:
+    """The positions start[s] .. start[s + 1] - 1 of every s in sel, concatenated (a gather from CSR rows)."""
+    lo = start[sel]
+    n = start[sel + 1] - lo
+    ends = np.cumsum(n)
+    return np.repeat(lo - ends + n, n) + np.arange(int(ends[-1]) if len(ends) else 0)
+
+
+class _Routes(NamedTuple):
+    """A layer's probes as paths, worked out before the incidence is allocated (sizes only: O(probes) memory).
+    ``spine``: the spine crossed, known from the row or because the two leaves share only one (-1: same leaf or
+    ECMP-ambiguous). ECMP-ambiguous probes (cross leaf, k >= 2 shared spines, none named) are members of three
+    rows of an ECMP table: their pair of leaf groups (the row's components: the k spines) and each end's (leaf, other
+    end's group) (the k links from that leaf to those spines)."""
+
+    a: np.ndarray
+    b: np.ndarray
+    na: np.ndarray
+    nb: np.ndarray
+    la: np.ndarray
+    lb: np.ndarray
+    spine: np.ndarray
+    amb_at: np.ndarray  # positions (in the layer's rows) of the ECMP-ambiguous probes
+    gp_of: np.ndarray  # per ambiguous probe: its leaf-group pair row
+    gp_shared: list[tuple[int, ...]]  # per leaf-group pair row: the spines shared
+    lh_of: np.ndarray  # (2, ambiguous): each end's (leaf, other group) row, numbered from 0
+    lh_leaf: np.ndarray  # per (leaf, other group) row: the leaf
+    lh_gp: np.ndarray  # per (leaf, other group) row: its leaf-group pair row
+    exact: int  # entries of weight 1
+    table: int  # ECMP table entries: sum over its rows of the spines shared
+
+    @property
+    def rows(self) -> int:
+        return len(self.gp_shared) + len(self.lh_leaf)
+
+    @property
+    def work(self) -> int:
+        return self.exact + 3 * len(self.amb_at) + self.table
+
+
+def _routes(idx: _Index, pr: _Probes, rows: np.ndarray) -> _Routes:
     a, b = pr.src[rows].astype(np.int64), pr.dst[rows].astype(np.int64)
     la, lb = idx.nic_leaf[a].astype(np.int64), idx.nic_leaf[b].astype(np.int64)
     na, nb = idx.nic_node[a].astype(np.int64), idx.nic_node[b].astype(np.int64)
-    parts_p = [rows, rows, rows, rows, rows]
-    parts_c = [a, b, off["node"] + na, off["leaf"] + la, off["node"] + nb]
-    parts_w = [np.ones(len(rows))] * 5
-    keep_nb = na != nb
-    parts_p[4], parts_c[4], parts_w[4] = rows[keep_nb], parts_c[4][keep_nb], parts_w[4][keep_nb]
     cross = la != lb
-    parts_p.append(rows[cross])
-    parts_c.append(off["leaf"] + lb[cross])
-    parts_w.append(np.ones(int(cross.sum())))
-    sp = pr.spine[rows].astype(np.int64)
-    known = cross & (sp >= 0)
-    if known.any():
-        r, s = rows[known], sp[known]
-        for comp in (
-            off["spine"] + s,
-            off["leaf_spine_link"] + idx.links(la[known], s),
-            off["leaf_spine_link"] + idx.links(lb[known], s),
-        ):
-            parts_p.append(r)
-            parts_c.append(comp)
-            parts_w.append(np.ones(len(r)))
-    amb = cross & (sp < 0)
-    if amb.any():
-        ra, la_a, lb_a = rows[amb], la[amb], lb[amb]
-        ga = idx.leaf_group[la_a].astype(np.int64)
-        gb = idx.leaf_group[lb_a].astype(np.int64)
-        key = np.minimum(ga, gb) * (len(idx.group_uplinks) + 1) + np.maximum(ga, gb)
-        for k in np.unique(key):
-            sel = key == k
-            shared = idx.shared(int(la_a[sel][0]), int(lb_a[sel][0]))
-            kk = len(shared)
-            s = np.tile(np.array(shared, dtype=np.int64), int(sel.sum()))
-            r = np.repeat(ra[sel], kk)
-            l1, l2 = np.repeat(la_a[sel], kk), np.repeat(lb_a[sel], kk)
-            w = np.full(len(r), 1.0 / kk)
-            for comp in (
-                off["spine"] + s,
-                off["leaf_spine_link"] + idx.links(l1, s),
-                off["leaf_spine_link"] + idx.links(l2, s),
-            ):
-                parts_p.append(r)
-                parts_c.append(comp)
-                parts_w.append(w)
+    spine = np.where(cross, pr.spine[rows].astype(np.int64), -1)
+    width = len(idx.group_uplinks) + 1
+    amb_at = np.flatnonzero(cross & (spine < 0))
+    gp_shared: list[tuple[int, ...]] = []
+    gp_of = np.zeros(0, np.int64)
+    if len(amb_at):
+        ga, gb = idx.leaf_group[la[amb_at]].astype(np.int64), idx.leaf_group[lb[amb_at]].astype(np.int64)
+        _, first, inv = np.unique(
+            np.minimum(ga, gb) * width + np.maximum(ga, gb), return_index=True, return_inverse=True
+        )
+        shared = [idx.shared(int(la[amb_at[f]]), int(lb[amb_at[f]])) for f in first]
+        single = np.array([s[0] if len(s) == 1 else -1 for s in shared], np.int64)
+        spine[amb_at] = single[inv]  # leaves with one spine in common: one path, known
+        wide = np.flatnonzero(single < 0)
+        renumber = np.full(len(shared), -1, np.int64)
+        renumber[wide] = np.arange(len(wide))
+        keep = single[inv] < 0
+        amb_at, gp_of = amb_at[keep], renumber[inv[keep]]
+        gp_shared = [shared[i] for i in wide]
+    if len(amb_at):
+        ga, gb = idx.leaf_group[la[amb_at]].astype(np.int64), idx.leaf_group[lb[amb_at]].astype(np.int64)
+        lh = np.concatenate([la[amb_at] * width + gb, lb[amb_at] * width + ga])
+        lh_keys, lh_first, lh_inv = np.unique(lh, return_index=True, return_inverse=True)
+        lh_of = lh_inv.reshape(2, len(amb_at))
+        lh_leaf = lh_keys // width
+        lh_gp = np.concatenate([gp_of, gp_of])[lh_first]
+    else:
+        lh_of, lh_leaf, lh_gp = np.zeros((2, 0), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    gp_k = np.array([len(s) for s in gp_shared], np.int64)
+    exact = 4 * len(rows) + int((na != nb).sum()) + int(cross.sum()) + 3 * int((spine >= 0).sum())
+    table = int(gp_k.sum() + gp_k[lh_gp].sum()) if len(gp_k) else 0
+    return _Routes(a, b, na, nb, la, lb, spine, amb_at, gp_of, gp_shared, lh_of, lh_leaf, lh_gp, exact, table)
+
+
+def _check_work(n_probes: int, routes: Sequence[_Routes]) -> None:
+    """Refuse, before anything of the size of the incidence is allocated, a call whose incidence exceeds
+    MAX_INCIDENCE entries, with the numbers."""
+    exact = sum(r.exact for r in routes)
+    amb = sum(len(r.amb_at) for r in routes)
+    table = sum(r.table for r in routes)
+    work = exact + 3 * amb + table
+    if work <= MAX_INCIDENCE:
+        return
+    rows = sum(r.rows for r in routes)
+    k = max((len(s) for r in routes for s in r.gp_shared), default=0)
+    raise InputError(
+        f"probes: {n_probes:,} probes make {work:,} path entries, over the bound: {exact:,} NIC, node, leaf and known "
+        f"spine and link entries ({exact / max(1, n_probes):.1f} per probe), 3 per ECMP-ambiguous probe ({amb:,}), "
+        f"and an ECMP table of {table:,} entries ({rows:,} rows: leaf-group pairs and (leaf, other leaf's group) "
+        f"pairs the ambiguous probes join, each with its shared spines, up to {k:,}); accepted: at most "
+        f"{MAX_INCIDENCE:,} entries per call ({MAX_PROBES:,} probes fit with an ECMP table of up to "
+        f"{MAX_INCIDENCE - PATH_COLUMNS * MAX_PROBES:,} entries): split the probes (by time window or by leaves) or "
+        "name the spine each cross-leaf probe crossed"
+    )
+
+
+@dataclass
+class _Incidence:
+    """Probe -> component incidence of one layer (probe ids are into the whole probe set). Exact part: one entry
+    (probe, component) of weight 1 per component on a probe's path (at most PATH_COLUMNS), kept probe-major
+    (``path``) and sorted by component. ECMP part (_Routes): each ambiguous probe is a member of three table rows, and
+    each component of a row is on its members' paths with weight 1/k. So the size is about probes x path length plus
+    the table, not probes x shared spines."""
+
+    rows: np.ndarray  # the layer's probes, ascending
+    path: np.ndarray  # (PATH_COLUMNS, probes) int32: each probe's exact components, -1: none
+    path_rows: np.ndarray  # (3, probes) int32: each probe's ECMP table rows, -1: none
+    probe: np.ndarray  # exact entries sorted by component (stable: a NIC's probes as source, then as destination)
+    comp: np.ndarray
+    member: np.ndarray  # ECMP members (probe ids) by table row
+    member_row: np.ndarray
+    member_start: np.ndarray  # row r's members: member[member_start[r] : member_start[r + 1]]
+    row_k: np.ndarray  # shared spines per table row
+    row_comp: np.ndarray  # the components of the rows, row after row (row r has row_k[r])
+    sorted_comp: np.ndarray  # row_comp sorted, and each one's row
+    sorted_row: np.ndarray
+
+    def table_rows(self, cc: int) -> np.ndarray:
+        """The ECMP table rows that hold component cc."""
+        key = np.int32(cc)  # a needle of the array's type: another one makes searchsorted copy the whole array
+        lo, hi = np.searchsorted(self.sorted_comp, key), np.searchsorted(self.sorted_comp, key, side="right")
+        return self.sorted_row[lo:hi].astype(np.int64)
+
+    def through(self, cc: int) -> tuple[np.ndarray, np.ndarray]:
+        """The probes whose path has component cc, and its weight on each (1, or 1/k when ECMP-ambiguous)."""
+        key = np.int32(cc)
+        lo, hi = np.searchsorted(self.comp, key), np.searchsorted(self.comp, key, side="right")
+        rws = self.table_rows(cc)
+        lens = self.member_start[rws + 1] - self.member_start[rws]
+        probes = np.concatenate([self.probe[lo:hi], self.member[_ranges(self.member_start, rws)]])
+        weights = np.concatenate([np.ones(hi - lo), np.repeat(1.0 / self.row_k[rws], lens)])
+        return probes.astype(np.int64), weights
+
+
+def _incidence(idx: _Index, rows: np.ndarray, rt: _Routes) -> _Incidence:
+    off = idx.offsets
+    n = len(rows)
+    path = np.full((PATH_COLUMNS, n), -1, np.int32)
+    path[0], path[1] = rt.a, rt.b
+    path[2], path[3] = off["node"] + rt.na, off["leaf"] + rt.la
+    path[4] = np.where(rt.na != rt.nb, off["node"] + rt.nb, -1)
+    path[5] = np.where(rt.la != rt.lb, off["leaf"] + rt.lb, -1)
+    known = np.flatnonzero(rt.spine >= 0)
+    s = rt.spine[known]
+    path[6, known] = off["spine"] + s
+    path[7, known] = off["leaf_spine_link"] + idx.links(rt.la[known], s)
+    path[8, known] = off["leaf_spine_link"] + idx.links(rt.lb[known], s)
+    flat = path.ravel()  # column after column: the order of the entries within a component (sources first)
+    valid = flat >= 0
+    comp = flat[valid]
+    probe = np.tile(rows.astype(np.int32), PATH_COLUMNS)[valid]
+    del flat, valid
+    order = np.argsort(comp, kind="stable")
+    comp, probe = comp[order], probe[order]
+    del order
+    # The ECMP table: leaf-group pair rows, then (leaf, other group) rows.
+    n_gp = len(rt.gp_shared)
+    gp_k = np.array([len(x) for x in rt.gp_shared], np.int64)
+    row_k = np.concatenate([gp_k, gp_k[rt.lh_gp]]) if n_gp else np.zeros(0, np.int64)
+    if n_gp:
+        gp_spines = np.concatenate([np.array(x, np.int64) for x in rt.gp_shared])
+        gp_start = np.concatenate([[0], np.cumsum(gp_k)])
+        lh_spines = gp_spines[_ranges(gp_start, rt.lh_gp)]
+        lh_links = idx.links(np.repeat(rt.lh_leaf, gp_k[rt.lh_gp]), lh_spines)
+        row_comp = np.concatenate([off["spine"] + gp_spines, off["leaf_spine_link"] + lh_links]).astype(np.int32)
+    else:
+        row_comp = np.zeros(0, np.int32)
+    entry_row = np.repeat(np.arange(len(row_k), dtype=np.int32), row_k)
+    order = np.argsort(row_comp, kind="stable")
+    sorted_comp, sorted_row = row_comp[order], entry_row[order]
+    path_rows = np.full((3, n), -1, np.int32)
+    path_rows[0, rt.amb_at] = rt.gp_of
+    path_rows[1, rt.amb_at] = n_gp + rt.lh_of[0]
+    path_rows[2, rt.amb_at] = n_gp + rt.lh_of[1]
+    m_row = path_rows[:, rt.amb_at].ravel()
+    m_probe = np.tile(rows[rt.amb_at].astype(np.int32), 3)
+    order = np.argsort(m_row, kind="stable")
+    member, member_row = m_probe[order], m_row[order]
+    member_start = np.searchsorted(member_row, np.arange(len(row_k) + 1))
     return _Incidence(
-        probe=np.concatenate(parts_p).astype(np.int64),
-        comp=np.concatenate(parts_c).astype(np.int64),
-        weight=np.concatenate(parts_w),
+        rows=rows,
+        path=path,
+        path_rows=path_rows,
+        probe=probe,
+        comp=comp,
+        member=member,
+        member_row=member_row,
+        member_start=member_start,
+        row_k=row_k,
+        row_comp=row_comp,
+        sorted_comp=sorted_comp,
+        sorted_row=sorted_row,
     )
 
 
@@ -1349,6 +1498,38 @@ class _LayerResult:
     noise: float
 
 
+class _Sums:
+    """Sums by key of values given per entry (keys < n): a bincount over the keys present (np.unique, for a few
+    entries) or over all n (for many: linear, no sort)."""
+
+    def __init__(self, keys: np.ndarray, n: int) -> None:
+        self.dense = len(keys) > n // 4
+        if self.dense:
+            self.keys, self.inv = np.arange(n), keys
+        else:
+            self.keys, self.inv = np.unique(keys, return_inverse=True)
+
+    def sums(self, values: np.ndarray) -> np.ndarray:
+        return np.bincount(self.inv, weights=values, minlength=len(self.keys))
+
+    def add_to(self, out: np.ndarray, values: np.ndarray) -> None:
+        if self.dense:
+            out += self.sums(values)
+        else:
+            out[self.keys] += self.sums(values)
+
+
+def _leaf_pairs(idx: _Index, pr: _Probes, rows: np.ndarray) -> int:
+    """Distinct (unordered) leaf pairs of the probes `rows`, in time linear in them when the pairs fit a bitmap."""
+    la, lb = idx.nic_leaf[pr.src[rows]].astype(np.int64), idx.nic_leaf[pr.dst[rows]].astype(np.int64)
+    keys = np.minimum(la, lb) * idx.n_leaves + np.maximum(la, lb)
+    if idx.n_leaves**2 <= max(1 << 20, 4 * len(keys)):
+        seen = np.zeros(idx.n_leaves**2, bool)
+        seen[keys] = True
+        return int(np.count_nonzero(seen))
+    return len(np.unique(keys))
+
+
 def _layer_search(
     idx: _Index,
     inc: _Incidence,
@@ -1360,92 +1541,163 @@ def _layer_search(
     pr: _Probes,
 ) -> _LayerResult:
     # Candidates: components with at least min_failed bad probes through them (no other can be named faulty).
-    bad_counts = np.bincount(inc.comp[bad[inc.probe]], minlength=idx.n_components)
+    n_rows = len(inc.row_k)
+    exact_bad = bad[inc.probe]
+    member_bad = bad[inc.member]
+    row_bad = np.bincount(inc.member_row[member_bad], minlength=n_rows)
+    bad_counts = np.bincount(inc.comp[exact_bad], minlength=idx.n_components)
+    if n_rows:
+        ecmp_bad = np.bincount(inc.row_comp, weights=np.repeat(row_bad, inc.row_k), minlength=idx.n_components)
+        bad_counts = bad_counts + np.rint(ecmp_bad).astype(np.int64)
     cand_ids = np.flatnonzero(bad_counts >= th.min_failed)
     base_noise = float(bad[layer_rows].mean()) if len(layer_rows) else 0.0
     noise = th.noise_rate if th.noise_rate is not None else min(NOISE_CEIL, max(NOISE_FLOOR, base_noise))
     if len(cand_ids) == 0:
         return _LayerResult([], {}, noise)
-    remap = np.full(idx.n_components, -1, np.int64)
-    remap[cand_ids] = np.arange(len(cand_ids))
-    keep = remap[inc.comp] >= 0
-    p, c, w = inc.probe[keep], remap[inc.comp[keep]], inc.weight[keep]
-    b = bad[p]
     n_cand = len(cand_ids)
-    order = np.argsort(c, kind="stable")
-    p, c, w, b = p[order], c[order], w[order], b[order]
+    remap = np.full(idx.n_components, -1, np.int32)
+    remap[cand_ids] = np.arange(n_cand, dtype=np.int32)
+    # Exact entries of candidates (still sorted by candidate: remap is increasing); only the bad ones depend on the
+    # fit (a good probe adds log(1 - q w) whatever else is on its path).
+    ec = remap[inc.comp]
+    keep = ec >= 0
+    p, c, b = inc.probe[keep], ec[keep], exact_bad[keep]
+    del ec, keep
     starts = np.searchsorted(c, np.arange(n_cand + 1))
-    n_bad = np.bincount(c, weights=b.astype(float), minlength=n_cand)
+    n_good = np.bincount(c[~b], minlength=n_cand).astype(float)
+    # The bad probes of the layer, numbered: their exact candidates and ECMP rows, probe-major, for the updates.
+    bad_at = np.flatnonzero(bad[layer_rows])
+    bad_probe = layer_rows[bad_at].astype(np.int64)
+    bad_index = np.full(n_probes, -1, np.int32)
+    bad_index[bad_probe] = np.arange(len(bad_probe), dtype=np.int32)
+    bad_path = inc.path[:, bad_at]
+    bad_path = np.where(bad_path >= 0, remap[np.maximum(bad_path, 0)], -1)
+    bad_path_rows = inc.path_rows[:, bad_at]
+    eb_c, eb_i = c[b], bad_index[p[b]]
+    # ECMP table entries of candidates, row after row (a candidate's own rows: inc.table_rows).
+    row_w = 1.0 / np.maximum(inc.row_k, 1)
+    t_c = remap[inc.row_comp]
+    t_keep = t_c >= 0
+    t_c = t_c[t_keep]
+    t_r = np.repeat(np.arange(n_rows, dtype=np.int32), inc.row_k)[t_keep]
+    del t_keep
+    t_start = np.searchsorted(t_r, np.arange(n_rows + 1))
+    mb_row, mb_probe = inc.member_row[member_bad].astype(np.int64), inc.member[member_bad].astype(np.int64)
+    mb_start = np.searchsorted(mb_row, np.arange(n_rows + 1))
+    mb_w = row_w[mb_row]
+    row_good = (np.diff(inc.member_start) - row_bad).astype(float)
+    n_bad = bad_counts[cand_ids]
     kinds = idx.kind_of(cand_ids)
     spine_kind = KINDS.index("spine")
     logq = np.log1p(-QGRID)
 
     def gains(good: np.ndarray) -> np.ndarray:
-        gi = good[p]
+        gi = good[bad_probe]
         base = np.log1p(-gi)
+        gm = good[mb_probe]
+        mbase = np.log1p(-gm)
         out = np.empty((len(QGRID), n_cand))
-        ones = w == 1.0
         for k, q in enumerate(QGRID):
-            f = 1.0 - q * w
-            good_term = np.where(ones, logq[k], np.log(f))
-            contrib = np.where(b, np.log1p(-gi * f) - base, good_term)
-            out[k] = np.bincount(c, weights=contrib, minlength=n_cand)
+            term = np.log1p(-gi * (1.0 - q)) - base
+            out[k] = np.bincount(eb_c, weights=term[eb_i], minlength=n_cand) + n_good * logq[k]
+            if n_rows:
+                row = np.bincount(mb_row, weights=np.log1p(-gm * (1.0 - q * mb_w)) - mbase, minlength=n_rows)
+                row += row_good * np.log(1.0 - q * row_w)
+                out[k] += np.bincount(t_c, weights=row[t_r], minlength=n_cand)
         return out
+
+    def update(out: np.ndarray, which: np.ndarray, old: np.ndarray, new: np.ndarray) -> None:
+        """Gains after the bad probes `which` (numbers) went from P(good) `old` to `new`: only their terms change."""
+        m = len(which)
+        if not m:
+            return
+        ents = bad_path[:, which].ravel()
+        valid = ents >= 0
+        cols = _Sums(ents[valid], n_cand)
+        owner = np.tile(np.arange(m), PATH_COLUMNS)[valid]
+        rws = bad_path_rows[:, which].ravel()
+        r_valid = rws >= 0
+        rws, r_owner = rws[r_valid].astype(np.int64), np.tile(np.arange(m), 3)[r_valid]
+        urows = _Sums(rws, n_rows)
+        epos = _ranges(t_start, urows.keys)
+        e_row = np.repeat(np.arange(len(urows.keys)), t_start[urows.keys + 1] - t_start[urows.keys])
+        ucols = _Sums(t_c[epos], n_cand)
+        w = row_w[rws]
+        go, gn = old[r_owner], new[r_owner]
+        for k, q in enumerate(QGRID):
+            d = np.log1p(-new * (1.0 - q)) - np.log1p(-new) - (np.log1p(-old * (1.0 - q)) - np.log1p(-old))
+            cols.add_to(out[k], d[owner])
+            if len(rws):
+                f = 1.0 - q * w
+                d2 = np.log1p(-gn * f) - np.log1p(-gn) - (np.log1p(-go * f) - np.log1p(-go))
+                ucols.add_to(out[k], urows.sums(d2)[e_row])
+
+    def through(cc: int) -> tuple[np.ndarray, np.ndarray]:
+        return inc.through(int(cand_ids[cc]))
 
     def one_gain(good: np.ndarray, cc: int) -> tuple[float, float]:
         sl = slice(starts[cc], starts[cc + 1])
-        gi, ww, bb = good[p[sl]], w[sl], b[sl]
+        gi = good[p[sl][b[sl]]]
         base = np.log1p(-gi)
+        rws = inc.table_rows(int(cand_ids[cc]))
+        at = _ranges(mb_start, rws)
+        gm, wm = good[mb_probe[at]], mb_w[at]
+        mbase = np.log1p(-gm)
+        good_rows, w_rows = row_good[rws], row_w[rws]
         best, best_q = -math.inf, float(QGRID[-1])
         for q in QGRID:
-            f = 1.0 - q * ww
-            v = float(np.where(bb, np.log1p(-gi * f) - base, np.log(f)).sum())
+            v = float((np.log1p(-gi * (1.0 - q)) - base).sum()) + n_good[cc] * math.log(1.0 - q)
+            if len(rws):
+                v += float((np.log1p(-gm * (1.0 - q * wm)) - mbase).sum())
+                v += float((good_rows * np.log(1.0 - q * w_rows)).sum())
             if v > best:
                 best, best_q = v, float(q)
         return best, best_q
 
     def leaf_pairs(cc: int) -> int:
-        sl = slice(starts[cc], starts[cc + 1])
-        rows = p[sl][b[sl]]
-        la = idx.nic_leaf[pr.src[rows]].astype(np.int64)
-        lb = idx.nic_leaf[pr.dst[rows]].astype(np.int64)
-        return len(np.unique(np.minimum(la, lb) * idx.n_leaves + np.maximum(la, lb)))
+        probes, _ = through(cc)
+        rows = probes[bad[probes]]
+        return _leaf_pairs(idx, pr, rows)
 
-    def apply(good: np.ndarray, cc: int, q: float, sign: int) -> None:
-        sl = slice(starts[cc], starts[cc + 1])
-        f = 1.0 - q * w[sl]
-        good[p[sl]] *= f if sign > 0 else 1.0 / f  # a component is on a probe's path once
+    def apply(good: np.ndarray, cc: int, q: float, sign: int, out: np.ndarray | None = None) -> None:
+        probes, w = through(cc)
+        f = 1.0 - q * w
+        which = bad_index[probes]
+        hit = which >= 0
+        old = good[probes[hit]]
+        good[probes] *= f if sign > 0 else 1.0 / f  # a component is on a probe's path once
+        if out is not None:
+            update(out, which[hit], old, good[probes[hit]])
 
     def search(noise: float) -> tuple[list[_Pick], np.ndarray]:
         good = np.full(n_probes, 1.0 - noise)
         picks: list[_Pick] = []
         blocked = np.zeros(n_cand, bool)
+        g = gains(good)  # kept up to date pick by pick (update): a pick changes only the probes through it
         for _ in range(MAX_STEPS):
-            g = gains(good)
             best = g.max(axis=0)
             best_q = QGRID[g.argmax(axis=0)]
             best[blocked] = -math.inf
             chosen = None
-            for cc in np.argsort(-best):
+            while True:  # the best candidate that may be named (an argmax at a time, not a sort per step)
+                cc = int(np.argmax(best))
                 if best[cc] <= cost:
                     break
-                if n_bad[cc] < th.min_failed or (
-                    kinds[cc] == spine_kind and leaf_pairs(int(cc)) < th.min_spine_leaf_pairs
-                ):
+                if n_bad[cc] < th.min_failed or (kinds[cc] == spine_kind and leaf_pairs(cc) < th.min_spine_leaf_pairs):
                     blocked[cc] = True
+                    best[cc] = -math.inf
                     continue
-                chosen = int(cc)
+                chosen = cc
                 break
             if chosen is None:
                 break
             ties: list[int] = []
-            sl = slice(starts[chosen], starts[chosen + 1])
-            if (w[sl] < 1).any():
+            if len(inc.table_rows(int(cand_ids[chosen]))):  # ECMP-ambiguous probes cross it (weight 1/k)
                 near = np.flatnonzero((best >= best[chosen] - TIE_NATS) & (kinds == kinds[chosen]) & ~blocked)
                 ties = [int(x) for x in near if x != chosen][:MAX_AMBIGUOUS_LISTED]
             picks.append(_Pick(chosen, float(best_q[chosen]), float(best[chosen]), ties))
             blocked[chosen] = True
-            apply(good, chosen, float(best_q[chosen]), +1)
+            apply(good, chosen, float(best_q[chosen]), +1, g)
         # Drop picks the later ones made redundant; re-fit each given the others.
         kept: list[_Pick] = []
         for pick in picks:
@@ -1461,7 +1713,7 @@ def _layer_search(
         for _ in range(2):
             explained = np.zeros(n_probes, bool)
             for pick in picks:
-                explained[p[starts[pick.comp] : starts[pick.comp + 1]]] = True
+                explained[through(pick.comp)[0]] = True
             rest = layer_rows[~explained[layer_rows]]
             estimate = min(NOISE_CEIL, max(NOISE_FLOOR, float(bad[rest].mean()) if len(rest) else NOISE_FLOOR))
             if abs(math.log(estimate / noise)) < 0.2:
@@ -1532,11 +1784,13 @@ def localize_network_fault(
     cost = th.min_score if th.min_score is not None else math.log(idx.n_components) + COST_EXTRA_NATS
     n = len(pr)
     layers_present = [layer for layer in range(3) if (pr.layer == layer).any()]
+    layer_rows = {layer: np.flatnonzero(pr.layer == layer) for layer in layers_present}
+    routes = {layer: _routes(idx, pr, rows) for layer, rows in layer_rows.items()}
+    _check_work(n, list(routes.values()))  # before the incidence is allocated
     incidences: dict[int, _Incidence] = {}
     results: dict[int, _LayerResult] = {}
-    for layer in layers_present:
-        rows = np.flatnonzero(pr.layer == layer)
-        inc = _incidence(idx, pr, rows)
+    for layer, rows in layer_rows.items():
+        inc = _incidence(idx, rows, routes.pop(layer))
         incidences[layer] = inc
         results[layer] = _layer_search(idx, inc, rows, cls.bad, n, th, cost, pr)
 
@@ -1556,22 +1810,14 @@ def localize_network_fault(
     listed = ranked[offset : offset + limit]
 
     # Evidence for the listed components, from every layer's full incidence.
-    ids = np.array(listed, dtype=np.int64)
-    ev_rows: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]] = {cc: {} for cc in listed}
-    for layer, inc in incidences.items():
-        if not len(ids):
-            break
-        mask = np.isin(inc.comp, ids)
-        sub_c, sub_p, sub_w = inc.comp[mask], inc.probe[mask], inc.weight[mask]
-        order = np.argsort(sub_c, kind="stable")
-        sub_c, sub_p, sub_w = sub_c[order], sub_p[order], sub_w[order]
-        bounds = np.searchsorted(sub_c, ids), np.searchsorted(sub_c, ids, side="right")
-        for cc, lo, hi in zip(listed, bounds[0], bounds[1], strict=True):
-            ev_rows[cc][layer] = (sub_p[lo:hi], sub_w[lo:hi])
+    ev_rows: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]] = {
+        cc: {layer: inc.through(cc) for layer, inc in incidences.items()} for cc in listed
+    }
     multi = 1 in layers_present and 2 in layers_present
     crossed_underlay = np.zeros(idx.n_components, bool)
     if 1 in incidences:
         crossed_underlay[incidences[1].comp] = True
+        crossed_underlay[incidences[1].row_comp] = True
     suspects: list[Suspect] = []
     for cc in listed:
         kind, name, extra = idx.describe(cc)
@@ -1602,9 +1848,7 @@ def localize_network_fault(
         median_loss = float(np.median(losses)) if len(losses) else None
         pairs_count = None
         if kind in ("spine", "leaf_spine_link") and len(all_bad):
-            la = idx.nic_leaf[pr.src[all_bad]].astype(np.int64)
-            lb = idx.nic_leaf[pr.dst[all_bad]].astype(np.int64)
-            pairs_count = len(np.unique(np.minimum(la, lb) * idx.n_leaves + np.maximum(la, lb)))
+            pairs_count = _leaf_pairs(idx, pr, all_bad)
         picks = faulty_in.get(cc, {})
         is_faulty = bool(picks)
         score = max(pk.score for pk in picks.values()) if picks else near.get(cc, 0.0)
@@ -1655,7 +1899,8 @@ def localize_network_fault(
     crossed_any = np.zeros(idx.n_components, bool)
     for inc in incidences.values():
         crossed_any[inc.comp] = True
-        crossed_exact[inc.comp[inc.weight == 1.0]] = True
+        crossed_any[inc.row_comp] = True
+        crossed_exact[inc.comp] = True
     kinds_all = idx.kind_of(np.arange(idx.n_components))
     counts = {k: int((~crossed_any & (kinds_all == i)).sum()) for i, k in enumerate(KINDS)}
     ecmp_only = {
