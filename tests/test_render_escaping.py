@@ -23,6 +23,7 @@ from servers.launch import k8s_manifests as m
 from servers.launch.skypilot import TASK_FIELDS, TASK_NAME_PATTERN, SkyPilotBackend, check_structure
 from servers.loop.report import blocks, md_text, render_markdown
 from tests.fixtures.k8s import goldens
+from tests.test_skypilot_backend import base_spec
 
 # Characters YAML reads as line breaks, C1 controls, separators, BOM, bidi overrides, and YAML's own syntax.
 HOSTILE_VALUES = [
@@ -52,29 +53,12 @@ HOSTILE_VALUES = [
 
 
 # ---- (b) the SkyPilot task YAML -------------------------------------------------------------------------------------
-def sky_spec(script: Path, **extra: Any) -> dict[str, Any]:
-    return {
-        "script": str(script),
-        "args": [],
-        "nproc_per_node": 1,
-        "max_restarts": 0,
-        "env": {},
-        "gpus_per_node": 0,
-        "nnodes": 1,
-        "max_wall_s": 600.0,
-        "run_id": "run1",
-        "idempotency_key": None,
-        "recipe": None,
-        "name": None,
-    } | extra
-
-
 def test_skypilot_task_values_round_trip_exactly(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     args = [v for v in HOSTILE_VALUES if not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", v)]  # C0: refused by plan
     env = {f"JOB_V{i}": v for i, v in enumerate(HOSTILE_VALUES)}
-    plan = SkyPilotBackend().plan(sky_spec(script, args=args, env=env, name="evil\x85name: x\u2028y"))
+    plan = SkyPilotBackend().plan(base_spec(script, args=args, env=env, name="evil\x85name: x\u2028y"))
     task = yaml.safe_load(plan.rendered or "")
     assert set(task) <= set(TASK_FIELDS) and check_structure(task) == []
     assert TASK_NAME_PATTERN.fullmatch(task["name"])
@@ -90,7 +74,7 @@ def test_skypilot_paths_with_line_separators_round_trip(tmp_path: Path) -> None:
     folder.mkdir()
     script = folder / "train.py"
     script.write_text("print('hi')\n")
-    plan = SkyPilotBackend().plan(sky_spec(script))
+    plan = SkyPilotBackend().plan(base_spec(script))
     task = yaml.safe_load(plan.rendered or "")
     assert str(script) in task["file_mounts"].values()
 
