@@ -235,3 +235,26 @@ async def test_prompts_from_the_cache_are_the_same_and_read_their_file_at_first_
             got = await client.get_prompt("triage-gpu-node", {"node": "n1", "symptom": "Xid 79"})
             rendered.append(got.model_dump(mode="json"))
     assert listings[0] == listings[1] and rendered[0] == rendered[1]
+
+
+@pytest.mark.anyio
+async def test_a_rewritten_cache_never_makes_prompts_get_read_a_file_of_its_choosing(tmp_path: Path) -> None:
+    """Issue 21, 6: a job had rewritten the cache so that a prompt's path named a 0600 file outside the roots, and
+    prompts/get returned it. A cached entry names its prompt file only, looked up in the package's prompts folder;
+    an entry naming anything else is left out."""
+    create_server(_app(tmp_path / "p"))  # writes the cache
+    secret = tmp_path / "secret.md"
+    secret.write_text("---\nname: stolen\n---\nTHE SECRET\n")
+    secret.chmod(0o600)
+    (path,) = (tmp_path / "p" / "cache").glob("tools-*.json")
+    data = json.loads(path.read_text())
+    planted = {"name": "stolen", "title": None, "description": "", "arguments": []}
+    data["prompts"] += [
+        {**planted, "path": str(secret)},
+        {**planted, "file": str(secret)},
+        {**planted, "file": "../x.md"},
+    ]
+    path.write_text(json.dumps(data))
+    async with Client(create_server(_app(tmp_path / "p"))) as client:
+        names = [p.name for p in (await client.list_prompts()).prompts]
+        assert "stolen" not in names and "triage-gpu-node" in names
