@@ -37,7 +37,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from servers.core.netns import CLONE_NEWNET, CLONE_NEWUSER, IsolationError, _libc, _loopback_up, _write
+from servers.core.netns import CLONE_NEWNET, CLONE_NEWUSER, IsolationError, Probe, _libc, _loopback_up, _write
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
@@ -157,18 +157,22 @@ def _mount(
         raise _fail(f"mount {target} ({fstype or 'bind'})")
 
 
-def _map_user(uid: int, gid: int, *, full: bool) -> None:
-    """Write this process's new user namespace's maps: the caller's own ids, or (a privileged caller) all of them."""
+def _map_ids(proc: str, uid: int, gid: int, *, every_id: bool) -> None:
+    """Write the id maps of the user namespace of the process at `proc` (/proc/self, or the init's /proc/1): every id
+    to itself (a writer with the privilege to, so root keeps its access to files), else the caller's own uid and gid
+    (all an unprivileged writer may map)."""
     try:
-        if full:
-            _write("/proc/self/uid_map", "0 0 4294967295\n")
-            _write("/proc/self/gid_map", "0 0 4294967295\n")
+        if every_id:
+            _write(f"{proc}/uid_map", "0 0 4294967295\n")
+            _write(f"{proc}/gid_map", "0 0 4294967295\n")
         else:
-            _write("/proc/self/setgroups", "deny")
-            _write("/proc/self/uid_map", f"{uid} {uid} 1\n")
-            _write("/proc/self/gid_map", f"{gid} {gid} 1\n")
+            _write(f"{proc}/setgroups", "deny")
+            _write(f"{proc}/uid_map", f"{uid} {uid} 1\n")
+            _write(f"{proc}/gid_map", f"{gid} {gid} 1\n")
     except OSError as exc:
-        raise SandboxError(exc.errno or errno.EPERM, f"mapping the user into its namespace failed: {exc}") from exc
+        raise SandboxError(
+            exc.errno or errno.EPERM, f"mapping the user into the job's namespace failed: {exc}"
+        ) from exc
 
 
 def _kept_flags(path: str) -> int:
@@ -255,7 +259,7 @@ def enter(layout: Layout) -> tuple[ctypes.CDLL, bool]:
         )
         if libc.unshare(CLONE_NEWUSER) != 0:
             raise SandboxError(ctypes.get_errno(), f"unshare(user): {os.strerror(ctypes.get_errno())}{hint}")
-        _map_user(uid, gid, full=False)
+        _map_ids("/proc/self", uid, gid, every_id=False)
         _unshare(libc, flags, "mount, pid, net")
     if layout.network == "isolated":
         try:
@@ -279,19 +283,8 @@ def lock(libc: ctypes.CDLL) -> None:
 
 def map_init(in_userns: bool, uid: int, gid: int) -> None:
     """From the launcher: the id maps of the init's new user namespace (pid 1 of the /proc the init mounted, which
-    the launcher shares until then). As root, every id maps to itself, so root keeps its access to files; otherwise
-    the caller's own uid and gid (all a user namespace of the caller maps)."""
-    ids = "0 0 4294967295\n" if not in_userns else None
-    try:
-        _write("/proc/1/uid_map", ids or f"{uid} {uid} 1\n")
-        if ids is None:
-            with contextlib.suppress(OSError):
-                _write("/proc/1/setgroups", "deny")
-        _write("/proc/1/gid_map", ids or f"{gid} {gid} 1\n")
-    except OSError as exc:
-        raise SandboxError(
-            exc.errno or errno.EPERM, f"mapping the user into the job's namespace failed: {exc}"
-        ) from exc
+    the launcher shares until then). As root every id maps to itself; otherwise the caller's own ids."""
+    _map_ids("/proc/1", uid, gid, every_id=not in_userns)
 
 
 # ---- the processes ---------------------------------------------------------------------------------------------------
@@ -398,12 +391,6 @@ def run(layout: Layout, command: list[str]) -> int:
         os.kill(os.getpid(), sig)
         return 128 + sig  # only if the signal did not end us
     return code
-
-
-@dataclass(frozen=True)
-class Probe:
-    available: bool
-    detail: str
 
 
 @functools.lru_cache(maxsize=4)
