@@ -221,8 +221,9 @@ class LocalBackend:
         cwd = str(workdir) if workdir else str(Path(folder) / RUN_DIR_NAME)
 
         env = dict(user_env)
-        env[METRICS_ENV] = str(Path(folder) / "metrics.jsonl")
-        env[CHECKPOINT_ENV] = str(Path(folder) / "checkpoints")
+        files = JobFiles(folder)
+        env[METRICS_ENV] = str(files.metrics)
+        env[CHECKPOINT_ENV] = str(files.checkpoints)
         env.setdefault("PYTHONUNBUFFERED", "1")
         if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = "1"
@@ -241,8 +242,8 @@ class LocalBackend:
             raise ValueError(f"sandbox must be one of {', '.join(SANDBOXES)}, got {sandbox!r}")
         if sandbox == "on":
             state_dir = spec.get("state_dir") or str((settings or Settings()).home)
-            writable = [cwd, *(str(Path(folder) / name) for name in (LOG_DIR_NAME, "checkpoints", "metrics.jsonl"))]
-            layout = Layout(hide=(str(state_dir),), readonly=code_folders(), writable=tuple(writable), network=network)
+            writable = (cwd, str(log_dir), str(files.checkpoints), str(files.metrics))
+            layout = Layout(hide=(str(state_dir),), readonly=code_folders(), writable=writable, network=network)
             argv = sandbox_argv(argv, layout)
             notes.append(SANDBOX_NOTES["on"].format(state_dir=state_dir))
         elif network == "isolated":
