@@ -374,9 +374,9 @@ def confirmation_needed(
 
 
 def state_dir_refusal(settings: Settings, folder: Path) -> str | None:
-    """Why `folder` (resolved) may not be a job's workdir, or None: the state directory (the signing key, the
-    database, every job's folder) must never be a job's working directory nor travel in an upload, so a workdir may
-    neither be it, lie inside it, nor contain it."""
+    """Why `folder` (resolved) may not be a job's workdir or script, or None: the state directory (the signing key,
+    the database, every job's folder) must never be a job's working directory nor travel in an upload, so a path
+    may neither be it, lie inside it, nor contain it."""
     home = settings.home
     if folder == home:
         return "is the state directory"
@@ -789,10 +789,10 @@ def plan(
         raise InputError(f"workdir {spec.workdir!r} is not a directory")
     from servers.launch.local import NETWORK_NOTES
 
-    if script.is_relative_to(settings.home.resolve()):  # the database, launch.key, the cache: never a script
+    if why := state_dir_refusal(settings, script):  # the database, launch.key, the cache: never a script
         raise InputError(
-            f"script: {str(script)!r} is inside the state directory (which a local job's sandbox hides and a cluster "
-            f"backend would copy from); accepted: a script inside the roots and outside {settings.home}"
+            f"script: {str(script)!r} {why} (which a local job's sandbox hides and a cluster backend would copy "
+            f"from); accepted: a script inside the roots and outside {settings.home}"
         )
     if remote:
         pass  # the cluster's network: the backend's notes state the trust it assumes
@@ -844,7 +844,7 @@ def plan(
         "share_gpus": spec.share_gpus,
         "network": settings.job_network,
         "sandbox": settings.job_sandbox,
-        "state_dir": str(settings.home.resolve()),
+        "state_dir": str(settings.home),
         "workdir": str(workdir) if spec.workdir else None,
         "max_log_bytes": settings.max_log_bytes_per_job,
         "run_id": spec_hash(normalised),
