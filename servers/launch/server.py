@@ -465,7 +465,7 @@ def sweep_summary(swept: SweepPlan) -> dict[str, Any]:
         "args_of_each_run": [list(r.args) for r in swept.runs],
         "total_gpus": swept.gpus_at_once * (first.spec.get("nnodes") or 1),
         "estimated_gpu_hours": swept.total_gpu_hours,
-        "estimated_node_hours": sum(r.plan.estimated_node_hours for r in swept.runs),
+        "estimated_node_hours": swept.total_node_hours,
     }
 
 
@@ -473,7 +473,7 @@ def sweep_launch(swept: SweepPlan) -> Launch:
     from servers.core.display import visible
 
     first = swept.runs[0].plan
-    node_hours = sum(r.plan.estimated_node_hours for r in swept.runs)
+    node_hours = swept.total_node_hours
     return Launch(
         plan_id=swept.plan_id,
         gpu_hours=swept.total_gpu_hours,

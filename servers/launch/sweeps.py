@@ -56,6 +56,11 @@ class SweepPlan(Model):
         description="Slurm: the job array submitted for the whole sweep (task i runs run i's script in its folder)",
     )
 
+    @property
+    def total_node_hours(self) -> float:
+        """Sum of the runs' node-hours (nodes x wall-time limit): what approval weighs for nodes without GPUs."""
+        return sum(run.plan.estimated_node_hours for run in self.runs)
+
 
 def with_values(args: list[str], values: dict[str, str]) -> list[str]:
     """`args` with each flag's value replaced (`--lr 0.1` or `--lr=0.1`), or the flag and value appended."""
