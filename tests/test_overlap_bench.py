@@ -5,6 +5,7 @@ the per-rank logs and the error paths are the real ones. Spawning costs ~2 s per
 method of one pattern in a single run.
 """
 
+import json
 import os
 import re
 import time
@@ -323,6 +324,23 @@ def test_a_rank_that_raises_is_named(tmp_path: Path) -> None:
 def test_a_rank_that_exits_without_an_exception_is_named() -> None:
     with pytest.raises(RuntimeError, match="rank 0 failed: exited with code 7"):
         run_ranks(2, rank_exits_hard, backend="gloo", timeout_s=120)
+
+
+def test_a_hard_exit_is_named_before_the_peer_that_lost_its_connection(tmp_path: Path) -> None:
+    """The peer's error may be recorded before the supervisor sees the hard exit: the exit is still the cause."""
+    from types import SimpleNamespace
+
+    from servers.overlap.distributed import _failure
+
+    (tmp_path / "rank1.err").write_text(
+        json.dumps({"type": "DistNetworkError", "message": "Connection reset by peer", "time": 1000.0})
+    )
+    procs = [SimpleNamespace(returncode=7), SimpleNamespace(returncode=1)]
+    error = _failure(tmp_path, tmp_path, procs, set(), {0: 1000.02, 1: 1000.03})  # type: ignore[arg-type]
+    assert str(error).startswith("rank 0 failed: exited with code 7 (then rank 1: DistNetworkError")
+    # Alone, a lost connection is still what is reported.
+    alone = _failure(tmp_path, tmp_path, procs[1:] * 2, {0}, {})  # type: ignore[arg-type]
+    assert str(alone).startswith("rank 1 failed: DistNetworkError: Connection reset by peer")
 
 
 def test_a_hung_collective_times_out_and_the_ranks_are_ended(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import pickle
+import re
 import signal
 import socket
 import subprocess
@@ -192,6 +193,7 @@ def _launch_and_wait(
     start = time.monotonic()
     progress_path = run_dir / "progress.json"
     last_progress = None
+    exited_at: dict[int, float] = {}  # wall-clock time each rank was first seen ended, to order the failures
     try:
         for r in range(world_size):
             log = open(logs / f"rank{r}.log", "ab")  # noqa: SIM115 (closed in finally)
@@ -210,6 +212,9 @@ def _launch_and_wait(
             )
         while True:
             codes = [p.poll() for p in procs]
+            for r, c in enumerate(codes):
+                if c is not None:
+                    exited_at.setdefault(r, time.time())
             if on_progress is not None and progress_path.exists():
                 with contextlib.suppress(OSError, ValueError):
                     report = json.loads(progress_path.read_text())
@@ -222,7 +227,7 @@ def _launch_and_wait(
                 while time.monotonic() < deadline and any(p.poll() is None for p in procs):
                     time.sleep(_POLL_S)
                 killed = _kill_all(procs)
-                raise _failure(run_dir, logs, procs, killed)
+                raise _failure(run_dir, logs, procs, killed, exited_at)
             if all(c == 0 for c in codes):
                 break
             if time.monotonic() - start > timeout_s:
@@ -259,30 +264,52 @@ def _kill_all(procs: list[subprocess.Popen[bytes]]) -> set[int]:
     return killed
 
 
-def _failure(run_dir: Path, logs: Path, procs: list[subprocess.Popen[bytes]], killed: set[int]) -> Exception:
-    """The error that names the rank that failed first (by the time it recorded), and mentions the others."""
+# Errors a rank raises because a peer went away: a consequence of another rank's failure, never its cause while
+# another rank failed otherwise (a rank killed by the OOM killer makes every peer's collective fail like this).
+_PEER_LOST = re.compile(
+    r"connection (reset|closed) by peer|broken pipe|connection refused|socket closed|peer.{0,20}(closed|gone|lost)",
+    re.IGNORECASE,
+)
+_PEER_LOST_TYPES = {"DistNetworkError", "DistStoreError", "ConnectionResetError", "BrokenPipeError"}
+
+
+def _failure(
+    run_dir: Path,
+    logs: Path,
+    procs: list[subprocess.Popen[bytes]],
+    killed: set[int],
+    exited_at: dict[int, float],
+) -> Exception:
+    """The error that names the rank that failed first, and mentions the others.
+
+    Order: a rank whose error says a peer went away comes after every other failure; within each group, by
+    time (the time a rank recorded its error, or, for one that ended without recording, when it was seen
+    ended, less one poll interval: it may have ended that much earlier).
+    """
     reports = []
     for r, p in enumerate(procs):
         err_path = run_dir / f"rank{r}.err"
         if err_path.exists():
             with contextlib.suppress(OSError, ValueError):
                 err = json.loads(err_path.read_text())
-                reports.append((err["time"], r, f"{err['type']}: {err['message']}", err["type"]))
+                secondary = err["type"] in _PEER_LOST_TYPES or bool(_PEER_LOST.search(err["message"]))
+                reports.append((secondary, err["time"], r, f"{err['type']}: {err['message']}", err["type"]))
                 continue
         if r not in killed and p.returncode not in (None, 0):
             tail = _log_tail(logs / f"rank{r}.log")
             oom = p.returncode == -signal.SIGKILL
             hint = " (SIGKILL from outside is often the out-of-memory killer)" if oom else ""
             detail = _describe_returncode(p.returncode) + hint + (f"; last log lines:\n{tail}" if tail else "")
-            reports.append((float("inf"), r, detail, "exit"))
+            seen = exited_at.get(r, time.time()) - _POLL_S
+            reports.append((False, seen, r, detail, "exit"))
     if not reports:
         return RuntimeError("a rank ended without recording why; see the rank logs")
     reports.sort()
-    if any(kind == "_PortTakenError" for _, _, _, kind in reports):
+    if any(kind == "_PortTakenError" for *_, kind in reports):
         return _PortTakenError()
-    _, first, detail, _ = reports[0]
+    _, _, first, detail, _ = reports[0]
     message = f"rank {first} failed: {detail}"
-    others = [f"rank {r}: {d.splitlines()[0][:200]}" for _, r, d, _ in reports[1:]]
+    others = [f"rank {r}: {d.splitlines()[0][:200]}" for _, _, r, d, _ in reports[1:]]
     if others:
         message += " (then " + "; ".join(others) + ")"
     return RuntimeError(message)
