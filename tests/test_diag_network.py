@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import random
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,14 @@ from servers.diagnostics.netloc import (
     plan_network_probes,
     plan_pairs,
     topology_from_probe_table,
+)
+from servers.diagnostics.netmodels import (
+    DEFAULT_BUDGET_BYTES,
+    DEFAULT_FAULTY_LISTED,
+    DEFAULT_NEAR_MISSES,
+    DEFAULT_PLAN_PAIRS,
+    SUMMARY_MAX_BYTES,
+    summary_text,
 )
 from servers.diagnostics.netsim import FAULT_KINDS, Fleet, build_fleet, make_scenario, simulate_probes
 
@@ -548,3 +557,107 @@ def test_the_real_probe_table_sample_reads_and_localizes_to_nothing() -> None:
     assert len(table.rows) == 3 and all(r["layer"] == "overlay" for r in table.rows)
     result = localize_network_fault(topo, table.rows)
     assert result.faulty_count == 0 and result.probes.total == 3
+
+
+# ---- what a default call returns (issue 22, defect 9) and the `text` error (defect 11) ----------------------------
+
+
+def compact_bytes(model: Any) -> int:
+    return len(json.dumps(model.model_dump(mode="json"), separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def test_a_default_plan_is_compact_and_its_pages_give_every_pair() -> None:
+    # The reproduction: 64 nodes x 8 NICs, the default call listed 1,000 pairs, 96 KB behind a one-line summary.
+    topo = fleet(64).topology
+    whole = plan_network_probes(topo, "skeleton", limit=5000)
+    assert whole.count == 1058 and len(whole.pairs) == 1058 and not whole.has_more
+    first = plan_network_probes(topo)
+    assert compact_bytes(first) <= DEFAULT_BUDGET_BYTES
+    assert len(first.pairs) == DEFAULT_PLAN_PAIRS and first.has_more and first.next_offset == DEFAULT_PLAN_PAIRS
+    assert first.coverage == whole.coverage and first.count == whole.count  # the plan is whole; only pairs page
+    pages, offset = [first], first.next_offset
+    while offset is not None:
+        pages.append(plan_network_probes(topo, offset=offset))
+        offset = pages[-1].next_offset
+    assert [p for page in pages for p in page.pairs] == whole.pairs
+
+
+def test_a_default_plan_with_hostile_names_still_fits_and_says_where_to_go_on() -> None:
+    long = "x" * 200
+    topo = {
+        "nodes": [
+            {"name": f"{long}n{i}", "nics": [{"name": f"{long}n{i}r{r}", "rail": r, "leaf": f"{long}l{r}"}]}
+            for i in range(40)
+            for r in [0]
+        ],
+        "switches": [{"name": f"{long}l0", "tier": "leaf", "uplinks": []}],
+    }
+    plan = plan_network_probes(topo, "full_mesh")
+    assert compact_bytes(plan) <= DEFAULT_BUDGET_BYTES
+    assert 0 < len(plan.pairs) < DEFAULT_PLAN_PAIRS and plan.next_offset == len(plan.pairs) and plan.has_more
+    asked = plan_network_probes(topo, "full_mesh", limit=DEFAULT_PLAN_PAIRS)  # asking for more gives more
+    assert len(asked.pairs) == DEFAULT_PLAN_PAIRS and asked.pairs[: len(plan.pairs)] == plan.pairs
+
+
+def test_a_default_localization_lists_the_faulty_first_and_three_near_misses() -> None:
+    # The reproduction: a leaf fault on 64 nodes listed 48 suspects (46 KB), 47 of them not faulty.
+    scenario, result = run(64, {"leaf_down": 1}, seed=1)
+    assert faulty(result) == scenario.truth and result.faulty_count == 1
+    assert [s.faulty for s in result.suspects] == [True, False, False, False]
+    assert compact_bytes(result) <= DEFAULT_BUDGET_BYTES
+    everything = localize_network_fault(scenario.fleet.topology, scenario.probes, limit=500)
+    assert result.suspects_total == everything.suspects_total > DEFAULT_NEAR_MISSES + 1
+    assert result.has_more and result.next_offset == 4
+    assert [s.name for s in result.suspects] == [s.name for s in everything.suspects[:4]]
+    rest = localize_network_fault(scenario.fleet.topology, scenario.probes, offset=4)
+    assert [s.name for s in rest.suspects] == [s.name for s in everything.suspects[4:7]]
+
+
+def test_many_faulty_suspects_are_listed_up_to_the_default_bound_and_counted() -> None:
+    scenario, result = run(64, {"nic_down": 25}, seed=2)
+    assert result.faulty_count > DEFAULT_FAULTY_LISTED
+    assert all(s.faulty for s in result.suspects) and len(result.suspects) <= DEFAULT_FAULTY_LISTED
+    assert result.has_more and result.next_offset == len(result.suspects)
+    assert compact_bytes(result) <= DEFAULT_BUDGET_BYTES
+    asked = localize_network_fault(scenario.fleet.topology, scenario.probes, limit=result.faulty_count)
+    assert len(faulty(asked)) == result.faulty_count == len(asked.suspects)
+    assert faulty(asked) == faulty(localize_network_fault(scenario.fleet.topology, scenario.probes, limit=500))
+
+
+def test_the_summary_text_is_cut_to_its_share() -> None:
+    wide = "\u00e9" * 300  # two bytes each in UTF-8
+    lines = ["first line", *(f"- suspect {wide} {i}" for i in range(40))]
+    text = summary_text(lines)
+    assert len(json.dumps(text, ensure_ascii=False).encode()) <= SUMMARY_MAX_BYTES
+    assert text.startswith("first line\n") and text.endswith("(summary cut; the structured content has it all)")
+    assert summary_text(["one", "two"]) == "one\ntwo"
+    assert len(json.dumps(summary_text(["\u00e9" * 10_000]), ensure_ascii=False).encode()) <= SUMMARY_MAX_BYTES
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_the_topology_text_error_names_only_what_the_schema_documents(app: Any) -> None:
+    # Defect 11: the error named a table format (src_/dst_ asw, dsw, node_id, ip) the schema never documented.
+    from mcp import Client
+
+    from servers.diagnostics.server import create_server
+
+    async with Client(create_server(app), mode="legacy") as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        documented = tools["plan_network_probes"].input_schema["properties"]["text"]["description"]
+        result = await client.call_tool("plan_network_probes", {"text": "a,b\n1,2\n"})
+        assert result.is_error
+        error = result.content[0].text
+        assert "Topology JSON" in documented and "probe table CSV" in documented
+        for column in ("ip", "real_ip", "node_id", "asw", "dsw"):
+            assert re.search(rf"\b{column}\b", documented), column
+            assert re.search(rf"\b{column}\b", error), (column, error)
+        assert "['dst_asw', 'src_asw']" in error and '"nodes"' in error  # what is missing, and the JSON form
+        # A table in the documented format is read.
+        table = "\n".join(
+            ["src_ip,src_node_id,src_asw,src_dsw,dst_ip,dst_node_id,dst_asw,dst_dsw,latency,loss_rate"]
+            + [f"10.0.0.{i},h{i},asw{i % 2},dsw0,10.0.0.{i + 1},h{i + 1},asw{(i + 1) % 2},dsw0,5,0" for i in range(4)]
+        )
+        planned = await client.call_tool("plan_network_probes", {"text": table})
+        assert not planned.is_error, planned.content[0].text
+        assert planned.structured_content["coverage"]["nic"]["total"] == 5

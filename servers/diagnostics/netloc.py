@@ -88,14 +88,19 @@ import numpy as np
 from pydantic import ValidationError
 
 from servers.core.errors import InputError, validation_problems
+from servers.diagnostics.bounds import MAX_RESULT_BYTES, fit, scaled
 
 # ---- bounds and defaults -----------------------------------------------------------------------------------------
 from servers.diagnostics.netmodels import (  # noqa: F401 (re-exported: the models are part of this API)
     BANDWIDTH_BASELINE_QUANTILE,
     COST_EXTRA_NATS,
     DEFAULT_BANDWIDTH_FACTOR,
+    DEFAULT_BUDGET_BYTES,
+    DEFAULT_FAULTY_LISTED,
     DEFAULT_LATENCY_FACTOR,
     DEFAULT_LOSS_THRESHOLD,
+    DEFAULT_NEAR_MISSES,
+    DEFAULT_PLAN_PAIRS,
     KINDS,
     LATENCY_BASELINE_QUANTILE,
     MAX_AMBIGUOUS_LISTED,
@@ -839,7 +844,7 @@ def plan_network_probes(
     dp: int | None = None,
     cross_leaf_per_uplink: int = 2,
     min_probes_per_nic: int = 4,
-    limit: int = 1_000,
+    limit: int | None = None,
     offset: int = 0,
 ) -> ProbePlan:
     """The pairs of NICs to probe, their count (against full mesh and rail), and what they cover.
@@ -847,9 +852,13 @@ def plan_network_probes(
     ``full_mesh``: all NIC pairs on different nodes that can reach each other; ``rail``: those on the same rail;
     ``skeleton``: the training traffic's pairs from the layout (tp, pp, dp; default tp = NICs per node, pp = 1,
     dp = nodes), plus ``cross_leaf_per_uplink`` pinned probes per leaf uplink and fill probes up to
-    ``min_probes_per_nic``. Pairs are listed from ``offset``, at most ``limit``."""
+    ``min_probes_per_nic``. Pairs are listed from ``offset``: ``limit`` of them (the whole result within
+    MAX_RESULT_BYTES), or by default up to DEFAULT_PLAN_PAIRS within DEFAULT_BUDGET_BYTES (an agent's default call
+    stays small; next_offset says where the next page starts)."""
     if mode not in ("full_mesh", "rail", "skeleton"):
         raise InputError(f"mode: got {mode!r}; accepted: 'full_mesh', 'rail' or 'skeleton'")
+    budget = MAX_RESULT_BYTES if limit is not None else DEFAULT_BUDGET_BYTES
+    limit = DEFAULT_PLAN_PAIRS if limit is None else limit
     for name, value, low, high in (
         ("limit", limit, 0, MAX_PLAN_LIMIT),
         ("offset", offset, 0, MAX_PLAN_OFFSET),
@@ -897,10 +906,9 @@ def plan_network_probes(
         )
         for a, b, v, r in chosen
     ]
-    end = offset + len(pairs)
     if not coverage.complete:
         notes.append("not every component is crossed by a probe: see coverage.*.not_covered_names")
-    return ProbePlan(
+    whole = ProbePlan(
         mode=mode,
         count=count,
         full_mesh_count=full,
@@ -909,12 +917,33 @@ def plan_network_probes(
         layout=layout,
         pairs=pairs,
         offset=offset,
-        next_offset=end if end < count else None,
-        has_more=end < count,
+        next_offset=None,
+        has_more=False,
         coverage=coverage,
         probes_per_nic=per_nic,
         notes=notes,
     )
+
+    def build(scale: float) -> ProbePlan:
+        """The plan listing fewer pairs (and not-covered names) as scale shrinks; the page still ends where it
+        says (next_offset), so paging on gives every pair."""
+        listed = pairs if scale >= 1 else pairs[: scaled(len(pairs), scale) if pairs else 0]
+        end = offset + len(listed)
+        names = scaled(MAX_NAMES_LISTED, scale)
+        cover = coverage.model_copy(
+            update={
+                kind: getattr(coverage, kind).model_copy(
+                    update={"not_covered_names": getattr(coverage, kind).not_covered_names[:names]}
+                )
+                for kind in KINDS
+            }
+        )
+        return whole.model_copy(
+            update={"pairs": listed, "next_offset": end if end < count else None, "has_more": end < count,
+                    "coverage": cover}
+        )  # fmt: skip
+
+    return fit(build, budget)
 
 
 def plan_pairs(
@@ -1757,12 +1786,17 @@ def localize_network_fault(
     probes: Sequence[ProbeRow | Mapping[str, Any]],
     thresholds: Thresholds | Mapping[str, Any] | None = None,
     *,
-    limit: int = 50,
+    limit: int | None = None,
     offset: int = 0,
 ) -> Localization:
     """Ranked suspects (NIC, node, leaf, spine, leaf-spine link) with a faulty verdict, score and evidence, from
-    probes over a topology; overlay vs underlay when the probes carry both layers. See the module docstring."""
+    probes over a topology; overlay vs underlay when the probes carry both layers. See the module docstring.
+
+    Suspects are listed from ``offset``: ``limit`` of them (the whole result within MAX_RESULT_BYTES), or by default
+    the faulty ones (at most DEFAULT_FAULTY_LISTED) and DEFAULT_NEAR_MISSES more, within DEFAULT_BUDGET_BYTES."""
     for name, value, high in (("limit", limit, MAX_SUSPECTS_LISTED), ("offset", offset, 10**9)):
+        if value is None and name == "limit":
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
             raise InputError(f"{name}: got {value!r}; accepted: an integer from 0 to {high:,}")
     if thresholds is None:
@@ -1807,7 +1841,11 @@ def localize_network_fault(
     faulty_sorted = sorted(faulty_in, key=lambda cc: -max(pk.score for pk in faulty_in[cc].values()))
     near_sorted = sorted(near, key=lambda cc: -near[cc])
     ranked = faulty_sorted + near_sorted
-    listed = ranked[offset : offset + limit]
+    if limit is None:  # the faulty ones, then a few near misses
+        end = min(max(offset, len(faulty_sorted)) + DEFAULT_NEAR_MISSES, offset + DEFAULT_FAULTY_LISTED)
+        listed = ranked[offset:end]
+    else:
+        listed = ranked[offset : offset + limit]
 
     # Evidence for the listed components, from every layer's full incidence.
     ev_rows: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]] = {
@@ -1925,19 +1963,18 @@ def localize_network_fault(
         verdicts = {_layer_verdict(faulty_in[cc], multi, bool(crossed_underlay[cc])) for cc in faulty_in}
         verdicts &= {"underlay", "overlay"}
         overall = "none" if not verdicts else ("both" if len(verdicts) == 2 else verdicts.pop())
-    end = offset + len(listed)
     bad_by = {
         "loss": int(cls.by_loss.sum()),
         "latency": int((cls.by_latency & ~cls.by_loss).sum()),
         "bandwidth": int((cls.by_bandwidth & ~cls.by_loss & ~cls.by_latency).sum()),
     }
-    return Localization(
+    whole = Localization(
         faulty_count=len(faulty_in),
         suspects=suspects,
         suspects_total=len(ranked),
         offset=offset,
-        next_offset=end if end < len(ranked) else None,
-        has_more=end < len(ranked),
+        next_offset=None,
+        has_more=False,
         layer_verdict=overall,  # type: ignore[arg-type]
         probes=ProbeSummary(
             total=n,
@@ -1965,11 +2002,34 @@ def localize_network_fault(
         warnings=warnings,
     )
 
+    def build(scale: float) -> Localization:
+        """The result listing fewer suspects (the lowest ranked go first) and not-covered names as scale shrinks;
+        next_offset says where the next page starts."""
+        shown = suspects if scale >= 1 else suspects[: scaled(len(suspects), scale) if suspects else 0]
+        end = offset + len(shown)
+        return whole.model_copy(
+            update={
+                "suspects": shown,
+                "next_offset": end if end < len(ranked) else None,
+                "has_more": end < len(ranked),
+                "not_covered": whole.not_covered.model_copy(
+                    update={"names": whole.not_covered.names[: scaled(MAX_NAMES_LISTED, scale)]}
+                ),
+            }
+        )
+
+    return fit(build, MAX_RESULT_BYTES if limit is not None else DEFAULT_BUDGET_BYTES)
+
 
 # ---- reading probe tables and topologies -------------------------------------------------------------------------
 
 # SkeletonHunter's RDMA ping record columns -> the probe row (the physical NIC is the real IP; the overlay IP of a
 # container may repeat across hosts).
+# What plan_network_probes' `text` documents of a probe table (keep the two in step): the columns read per side.
+PROBE_TABLE_ACCEPTED = (
+    "a probe table CSV with per side (src_, dst_) the columns ip (or real_ip), node_id, asw (its leaf) and "
+    "optionally dsw (a spine the leaf uplinks to)"
+)
 TABLE_COLUMNS = {"src_real_ip", "dst_real_ip", "src_ip", "dst_ip", "latency", "agent_type", "dial", "route"}
 FAILED_DIALS = {"fail", "failed", "failure", "timeout", "error", "unreachable", "lost"}
 
@@ -2147,7 +2207,8 @@ def topology_from_probe_table(text: str) -> dict[str, Any]:
     need = {"src_asw", "dst_asw"}
     if not need <= header:
         raise InputError(
-            f"probe table header: no {sorted(need - header)}; accepted: a table with src_/dst_ asw, dsw, node_id, ip"
+            f"topology text: neither JSON nor a probe table (its CSV header has no {sorted(need - header)}); "
+            f"accepted: topology JSON {TOPOLOGY_ACCEPTED}, or {PROBE_TABLE_ACCEPTED}"
         )
     nic_node: dict[str, str] = {}
     nic_leaf: dict[str, str] = {}

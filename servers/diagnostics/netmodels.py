@@ -24,6 +24,14 @@ MAX_NAMES_LISTED = 100
 MAX_PROBLEMS = 10  # problem lines one InputError lists
 MAX_STEPS = 256  # faulty components one layer's search may name
 MAX_AMBIGUOUS_LISTED = 16
+# What a call with the default listing returns (issue 22, defect 9): the whole result, structured content and text
+# summary as compact JSON, stays under RESULT_GOAL_BYTES (~4k tokens); an agent asks for more with limit / offset.
+RESULT_GOAL_BYTES = 16 * 1024
+SUMMARY_MAX_BYTES = 3 * 1024  # the text summary's share of it (summary_text clips to it)
+DEFAULT_BUDGET_BYTES = RESULT_GOAL_BYTES - SUMMARY_MAX_BYTES - 512  # the structured content's share (512: framing)
+DEFAULT_PLAN_PAIRS = 100  # pairs a plan lists by default (~95 B each)
+DEFAULT_FAULTY_LISTED = 20  # faulty suspects a default localization lists at most (~0.9 KB each)
+DEFAULT_NEAR_MISSES = 3  # near misses (not faulty) a default localization lists after the faulty ones
 
 DEFAULT_LOSS_THRESHOLD = 0.01
 DEFAULT_LATENCY_FACTOR = 2.0
@@ -52,6 +60,31 @@ TOPOLOGY_ACCEPTED = (
     '{"nodes": [{"name", "nics": [{"name", "rail", "leaf"}]}], '
     '"switches": [{"name", "tier": "leaf"|"spine", "uplinks": [spine names]}]}'
 )
+
+
+def summary_text(lines: list[str], limit: int = SUMMARY_MAX_BYTES) -> str:
+    """The lines joined, cut (whole lines first, then characters) until their JSON string is at most `limit` bytes;
+    a cut summary ends with a line saying so."""
+    import json
+
+    def size(text: str) -> int:
+        return len(json.dumps(text, ensure_ascii=False).encode())
+
+    text = "\n".join(lines)
+    if size(text) <= limit:
+        return text
+    tail = "\n... (summary cut; the structured content has it all)"
+    kept: list[str] = []
+    for line in lines:
+        if size("\n".join([*kept, line]) + tail) > limit:
+            break
+        kept.append(line)
+    if not kept:  # one line longer than the limit: its characters, cut by halves
+        line = lines[0]
+        while line and size(line + tail) > limit:
+            line = line[: len(line) // 2]
+        kept = [line]
+    return "\n".join(kept) + tail
 
 
 def link_name(leaf: str, spine: str) -> str:
@@ -176,7 +209,9 @@ class ProbePlan(Model):
     rail_count: int = Field(description="Pairs the rail mode would probe")
     ratio_to_full_mesh: float = Field(description="count / full_mesh_count")
     layout: Layout | None = None
-    pairs: list[ProbePair]
+    pairs: list[ProbePair] = Field(
+        description=f"From offset: limit of them, or by default up to {DEFAULT_PLAN_PAIRS} within ~16 KB"
+    )
     offset: int
     next_offset: int | None
     has_more: bool
@@ -256,7 +291,10 @@ class NotCovered(Model):
 
 class Localization(Model):
     faulty_count: int
-    suspects: list[Suspect] = Field(description="Faulty first (highest score first), then the nearest misses")
+    suspects: list[Suspect] = Field(
+        description="Faulty first (highest score first), then the nearest misses; from offset, limit of them, "
+        f"or by default the faulty (up to {DEFAULT_FAULTY_LISTED}) and {DEFAULT_NEAR_MISSES} more within ~16 KB"
+    )
     suspects_total: int
     offset: int
     next_offset: int | None

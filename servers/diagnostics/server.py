@@ -554,7 +554,7 @@ def register(server: MCPServer, app: App) -> None:
         lines += [f"warning: {w}" for w in result.warnings[:20]]
         return tool_result(result, "\n".join(lines))
 
-    from servers.diagnostics.netmodels import Localization, ProbePlan, ProbeRow, Topology
+    from servers.diagnostics.netmodels import Localization, ProbePlan, ProbeRow, Topology, summary_text
 
     def read_topology(topology: Topology | None, text: str, path: str | None, what: str) -> dict:
         from servers.diagnostics.netloc import parse_topology_text, topology_from_probe_table
@@ -572,7 +572,12 @@ def register(server: MCPServer, app: App) -> None:
     )
     async def plan_network_probes(
         topology: Topology | None = None,
-        text: Annotated[Text, Field(description="Topology JSON, or a probe table CSV")] = "",
+        text: Annotated[
+            Text,
+            Field(
+                description="Topology JSON, or a probe table CSV: src_/dst_ ip (or real_ip), node_id, asw (leaf), dsw"
+            ),
+        ] = "",
         path: PathArg | None = None,
         mode: Annotated[
             Literal["skeleton", "rail", "full_mesh"], Field(description="skeleton: training traffic's pairs, O(N)")
@@ -582,7 +587,7 @@ def register(server: MCPServer, app: App) -> None:
         dp: Annotated[int | None, Field(ge=1, le=1 << 20, description="Default: the rest")] = None,
         cross_leaf_per_uplink: Annotated[int, Field(ge=0, le=64)] = 2,
         min_probes_per_nic: Annotated[int, Field(ge=0, le=64)] = 4,
-        limit: Annotated[int, Field(ge=0, le=5000)] = 1000,
+        limit: Annotated[int | None, Field(ge=0, le=5000, description="Default: up to 100 (~16 KB)")] = None,
         offset: Annotated[int, Field(ge=0, le=10_000_000)] = 0,
     ) -> Annotated[CallToolResult, ProbePlan]:
         """Plan the NIC pairs to probe in a rail-optimised fat tree (tp, pp, dp: the skeleton's layout) and
@@ -598,12 +603,15 @@ def register(server: MCPServer, app: App) -> None:
 
         result = await in_thread(run)
         cover = "covers every component" if result.coverage.complete else "does NOT cover every component"
-        summary = (
+        left = result.count - result.offset - len(result.pairs)
+        lines = [
             f"{result.mode}: {result.count:,} pair(s) ({result.ratio_to_full_mesh:.3g} of full mesh's "
             f"{result.full_mesh_count:,}; rail {result.rail_count:,}); {cover}; listed {len(result.pairs)} from "
-            f"offset {result.offset}" + (f", next_offset {result.next_offset}" if result.has_more else "")
-        )
-        return tool_result(result, summary)
+            f"offset {result.offset}"
+            + (f"; {left:,} more not listed: offset={result.next_offset} (limit up to 5000)" if result.has_more else "")
+        ]
+        lines += [f"note: {n}" for n in result.notes[:5]]
+        return tool_result(result, summary_text(lines))
 
     @agent_tool(
         server,
@@ -625,7 +633,9 @@ def register(server: MCPServer, app: App) -> None:
         loss_threshold: Annotated[float, Field(ge=0, lt=1)] = 0.01,
         latency_factor: Annotated[float, Field(gt=1, le=1000, description="Bad above this x baseline")] = 2.0,
         bandwidth_factor: Annotated[float, Field(gt=0, lt=1, description="Bad below this x baseline")] = 0.5,
-        limit: Annotated[int, Field(ge=0, le=500)] = 50,
+        limit: Annotated[
+            int | None, Field(ge=0, le=500, description="Default: the faulty (up to 20) and 3 more (~16 KB)")
+        ] = None,
         offset: Annotated[int, Field(ge=0, le=1_000_000)] = 0,
     ) -> Annotated[CallToolResult, Localization]:
         """Find faulty NICs, nodes, switches and leaf-spine links from probe results: each suspect with a
@@ -667,8 +677,15 @@ def register(server: MCPServer, app: App) -> None:
 
         result = await in_thread(run)
         faulty = [s for s in result.suspects if s.faulty]
-        lines = [f"{result.faulty_count} faulty component(s); layer: {result.layer_verdict}; "
-                 f"{result.probes.bad} of {result.probes.total} probes bad"]  # fmt: skip
+        near = len(result.suspects) - len(faulty)
+        lines = [
+            f"{result.faulty_count} faulty component(s); layer: {result.layer_verdict}; {result.probes.bad} of "
+            f"{result.probes.total} probes bad; listed {len(faulty)} faulty and {near} of "
+            f"{result.suspects_total - result.faulty_count} near miss(es) from offset {result.offset}"
+        ]
+        if result.has_more:
+            left = result.suspects_total - result.offset - len(result.suspects)
+            lines[0] += f"; {left} more ranked not listed: offset={result.next_offset} (limit up to 500)"
         lines += [
             f"- {s.kind} {s.name}: {s.symptom}, score {s.score:.3g}, {s.evidence.failed} bad / {s.evidence.passed} "
             "good probes through it"
@@ -676,7 +693,7 @@ def register(server: MCPServer, app: App) -> None:
             for s in faulty[:20]
         ]
         lines += [f"warning: {w}" for w in result.warnings[:10]]
-        return tool_result(result, "\n".join(lines))
+        return tool_result(result, summary_text(lines))
 
     from servers.diagnostics.exporter import ExporterSummary
 
