@@ -24,12 +24,20 @@ Method, in order:
    gets no such verdict: ``not_enough_steps``. Since which step: the first slow step of the stretch of windows that
    hold enough slow steps, refined by the rank's change point when one lies within a window of it.
 4. Change points over time, per rank (the Greyhound rule, FALCON, ATC'25): the rank's median over its first
-   ``change_iterations`` iterations is its baseline; a change point is the first run of consecutive observations each
-   at least ``change_slowdown`` (20%) slower than the baseline that covers at least ``change_iterations`` (10)
-   iterations. When rows come every k steps (averages over k iterations), one row covers k iterations. A rank that
-   changed but is not slower than its peers is ``slowed``; when most ranks slowed, the whole job did (a fleet-wide
-   change: data, checkpointing, contention). The job as a whole (per step, the median of the ranks that are not slow
-   against their peers) is tested the same way: ``fleet_change_point``.
+   ``change_iterations`` iterations (and at least ``MIN_BASELINE_ROWS`` rows, so that a warm-up row cannot set it) is
+   its baseline; a change point is the first run of consecutive observations each at least ``change_slowdown`` (20%)
+   slower than the baseline that covers at least ``change_iterations`` (10) iterations. When rows come every k steps
+   (averages over k iterations), one row covers k iterations. A rank that changed but is not slower than its peers is
+   ``slowed``. Change points coincide when they lie within max(change_iterations, stride) iterations of the first of
+   them; when at least two ranks and half the judged ones coincide, they slowed together (``changed_together``: a
+   fleet-wide change: data, checkpointing, contention), and the ranks that changed apart from them are named. The job
+   as a whole (per step, the median of the ranks that are not slow against their peers) is tested the same way:
+   ``fleet_change_point``.
+   Likely straggler: a rank (slowed, or was_slow) of the earliest group of coinciding change points (a group that is
+   not half the judged ranks: it changed first), which since its change point (at least ``window`` scored steps) was
+   at least ``min_slowdown`` slower than its peers' median in ``min_flagged`` of its last ``window`` steps and over
+   all of them, but not beyond its peers' noise (the z-score of step 2): evidence, not a confirmed straggler. With two
+   ranks the peer comparison is weakest (each rank's one peer gives no spread: only the floors set the scale).
 5. Aggregation: to nodes (a node whose ranks are all stragglers: drain it), and with a layout (tp, pp, dp sizes and
    the rank order, fastest-varying first; Megatron's default is tp-dp-pp) to tensor-, data- and pipeline-parallel
    groups and to pipeline stages (a stage slower than the others on all its ranks is an imbalance: rebalance layers).
@@ -76,6 +84,7 @@ LOO_MAX_RANKS = 8
 MAD_TO_SIGMA = 1.4826
 ABS_MAD_FLOOR_S = 1e-9
 MIN_JITTER_DIFFS = 10
+MIN_BASELINE_ROWS = 3  # a change point's baseline is the median of at least this many rows
 SYNCHRONISED_SPREAD = 0.002  # peers' MAD under 0.2% of the median: step times of a synchronised job
 
 ROW_FIELDS = ("rank", "step", "step_time_s", "node", "compute_s", "comm_s")
@@ -88,8 +97,8 @@ TEXT_ACCEPTED = (
     "step, step_time_s and optionally node, compute_s, comm_s"
 )
 
-Verdict = Literal["straggler", "was_slow", "slowed", "ok", "not_enough_steps"]
-VERDICTS: tuple[Verdict, ...] = ("straggler", "was_slow", "slowed", "ok", "not_enough_steps")
+Verdict = Literal["straggler", "likely_straggler", "was_slow", "slowed", "ok", "not_enough_steps"]
+VERDICTS: tuple[Verdict, ...] = ("straggler", "likely_straggler", "was_slow", "slowed", "ok", "not_enough_steps")
 Signal = Literal["step_time_s", "compute_s"]
 SignalChoice = Literal["auto", "step_time_s", "compute_s"]
 Attribution = Literal["compute", "communication", "unknown"]
@@ -172,7 +181,7 @@ class ChangePoint(Model):
     since_step: int = Field(description="the first iteration of the first slow observation")
     until_step: int = Field(description="the last step of the slow run")
     iterations: int = Field(description="iterations the slow run covers")
-    baseline_s: float = Field(description="the median over the first change_iterations iterations")
+    baseline_s: float = Field(description="the median over the first change_iterations iterations (>= 3 rows)")
     median_s: float = Field(description="the median over the slow run")
     ratio: float = Field(description="median_s / baseline_s")
     ongoing: bool = Field(description="the run reaches the last observation")
@@ -199,6 +208,15 @@ class RankEvidence(Model):
     attribution: Attribution = "unknown"
     change_point: ChangePoint | None = None
     coordinates: dict[str, int] | None = Field(default=None, description="tp, dp, pp index when a layout is given")
+    rows_since_change: int | None = Field(
+        default=None, description="likely_straggler: scored rows from its change point on"
+    )
+    rows_slower_since_change: int | None = Field(
+        default=None, description="likely_straggler: of those, rows >= min_slowdown slower than its peers' median"
+    )
+    next_change_step: int | None = Field(
+        default=None, description="likely_straggler: the next other rank's change point (None: no other changed)"
+    )
     action: str
 
 
@@ -233,8 +251,18 @@ class StageAggregate(Model):
     note: str
 
 
+class TogetherChange(Model):
+    """Ranks whose change points coincide: within tolerance_iterations of the first of them."""
+
+    ranks: list[int] = Field(description=f"at most {MAX_RANK_IDS_LISTED}")
+    ranks_total: int
+    first_step: int = Field(description="the earliest of their change points")
+    last_step: int = Field(description="the latest of their change points")
+    tolerance_iterations: int = Field(description="max(change_iterations, stride)")
+
+
 class StragglerReport(Model):
-    verdict: Literal["stragglers", "no_stragglers", "not_enough_steps"]
+    verdict: Literal["stragglers", "likely_stragglers", "no_stragglers", "not_enough_steps"]
     summary: str
     first_action: str
     signal: Signal
@@ -249,8 +277,16 @@ class StragglerReport(Model):
     fleet_change_point: ChangePoint | None = Field(
         default=None, description="a change point in the job's per-step median: the whole job slowed"
     )
+    changed_together: TogetherChange | None = Field(
+        default=None, description="slowed ranks (at least 2 and half the judged) whose change points coincide"
+    )
     stragglers: list[RankEvidence] = Field(default_factory=list, description="slowest first")
     stragglers_omitted: int = 0
+    likely_stragglers: list[RankEvidence] = Field(
+        default_factory=list,
+        description="slower than its peers since its own change point, which came first, but not beyond their noise",
+    )
+    likely_stragglers_omitted: int = 0
     was_slow: list[RankEvidence] = Field(default_factory=list)
     was_slow_omitted: int = 0
     slowed: list[RankEvidence] = Field(default_factory=list)
@@ -274,6 +310,7 @@ class StragglerReport(Model):
             raise ValueError(f"verdict counts {self.counts} do not add up to {self.ranks} ranks")
         for verdict, listed, omitted in (
             ("straggler", self.stragglers, self.stragglers_omitted),
+            ("likely_straggler", self.likely_stragglers, self.likely_stragglers_omitted),
             ("was_slow", self.was_slow, self.was_slow_omitted),
             ("slowed", self.slowed, self.slowed_omitted),
         ):
@@ -283,6 +320,8 @@ class StragglerReport(Model):
             raise ValueError("the not_enough_steps list does not match its count")
         if self.verdict == "stragglers" and not self.counts["straggler"]:
             raise ValueError("verdict stragglers without a straggler")
+        if self.verdict == "likely_stragglers" and (self.counts["straggler"] or not self.counts["likely_straggler"]):
+            raise ValueError("verdict likely_stragglers needs a likely straggler and no confirmed one")
         return self
 
 
@@ -619,7 +658,9 @@ def _change_point(
     gaps = np.diff(steps)
     cover = np.concatenate(([stride], np.minimum(gaps, stride))).astype(np.int64)
     covered = np.cumsum(cover)
-    prefix = int(np.searchsorted(covered, params.change_iterations)) + 1  # observations in the baseline
+    # Observations in the baseline: those covering the first change_iterations iterations, and at least
+    # MIN_BASELINE_ROWS, so that when one row covers that many (a row every 10 steps) a warm-up row does not set it.
+    prefix = max(int(np.searchsorted(covered, params.change_iterations)) + 1, MIN_BASELINE_ROWS)
     if prefix >= values.size or covered[-1] - covered[prefix - 1] < params.change_iterations:
         return None, False
     baseline = float(np.median(values[:prefix]))
@@ -1094,18 +1135,34 @@ def _stage_aggregates(
     return stages
 
 
-def _action(item: RankEvidence, drained: dict[str, NodeAggregate], slow_tp: dict[int, GroupAggregate]) -> str:
+def _action(
+    item: RankEvidence,
+    drained: dict[str, NodeAggregate],
+    slow_tp: dict[int, GroupAggregate],
+    together: set[int] | None = None,
+) -> str:
     rank, node = item.rank, item.node
     where = f" on {node}" if node else ""
+    if item.verdict == "likely_straggler":
+        return (
+            f"Likely straggler, not confirmed: rank {rank}{where} slowed first and stays slower than its peers, within "
+            "their noise; more steps (or more ranks to compare with) would confirm it. Meanwhile: "
+            + _action(item.model_copy(update={"verdict": "straggler"}), drained, slow_tp)
+        )
     if item.verdict == "was_slow":
         return (
             f"None now: rank {rank}{where} was slow from step {item.since_step} to {item.until_step} and is not in its "
             "last window; watch it (recurring episodes point at thermal or power throttling)."
         )
     if item.verdict == "slowed":
+        if together is not None and rank in together:
+            return (
+                f"None for this rank alone: it slowed against its own baseline from step {item.since_step} together "
+                "with the others (see changed_together and fleet_change_point)."
+            )
         return (
-            f"None for this rank alone: it slowed against its own baseline from step {item.since_step} but not "
-            "against its peers (see fleet_change_point)."
+            f"None for this rank alone: it slowed against its own baseline from step {item.since_step}, not together "
+            "with the others and not beyond its peers; watch it."
         )
     if node is not None and node in drained:
         return drained[node].action
@@ -1141,6 +1198,105 @@ def _validated(model: type[M], value: Any, name: str) -> M:
         raise InputError(
             "; ".join(f"{name}: {line}" if not line.startswith(name) else line for line in lines)
         ) from None
+
+
+def _ranks_text(ranks: Sequence[int], limit: int = 8) -> str:
+    """Sorted ranks as ranges ("0-7, 9"), at most `limit` ranges, then how many ranks more."""
+    ordered = sorted(ranks)
+    spans: list[tuple[int, int]] = []
+    for rank in ordered:
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1] = (spans[-1][0], rank)
+        else:
+            spans.append((rank, rank))
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans[:limit])
+    rest = sum(b - a + 1 for a, b in spans[limit:])
+    return ("rank " if len(ordered) == 1 else "ranks ") + text + (f" and {rest} more" if rest else "")
+
+
+def _changes_text(changes: Sequence[tuple[int, int]], limit: int = 8) -> str:
+    """(rank, change step) pairs as "rank 0 from step 101, rank 1 from step 131", earliest first, bounded."""
+    ordered = sorted(changes, key=lambda rc: (rc[1], rc[0]))
+    text = ", ".join(f"rank {r} from step {c}" for r, c in ordered[:limit])
+    return text + (f" and {len(ordered) - limit} more" if len(ordered) > limit else "")
+
+
+def _earliest_group(changes: Mapping[int, int], tolerance: int) -> list[int]:
+    """The ranks whose change points lie within `tolerance` iterations of the earliest one."""
+    first = min(changes.values())
+    return sorted(r for r, c in changes.items() if c <= first + tolerance)
+
+
+def _together(changes: Mapping[int, int], tolerance: int) -> list[int]:
+    """The largest set of ranks whose change points lie within `tolerance` iterations of the first of them (the
+    earliest such set on ties)."""
+    import bisect
+
+    order = sorted(changes.items(), key=lambda rc: (rc[1], rc[0]))
+    values = [c for _, c in order]
+    best, best_end = 0, 0
+    for i, c in enumerate(values):
+        end = bisect.bisect_right(values, c + tolerance)
+        if end - i > best_end - best:
+            best, best_end = i, end
+    return sorted(r for r, _ in order[best:best_end])
+
+
+def _likely(
+    s: _Scores, column: int, item: RankEvidence, params: StragglerParams, next_change: int | None
+) -> RankEvidence | None:
+    """The rank as a likely straggler, or None: from its change point on (at least `window` scored rows) it was at
+    least min_slowdown slower than its peers' median in at least min_flagged of its last `window` rows, and by that
+    much over all of them (the median ratio), without the z-score (its peers' noise kept it under z_threshold)."""
+    import numpy as np
+
+    change = item.change_point
+    if change is None:
+        return None
+    scored = np.nonzero(s.scorable[:, column])[0]
+    cells = scored[s.steps[scored] >= change.since_step]
+    if cells.size < params.window:
+        return None
+    own = s.sig[cells, column]
+    peers = s.peers_median[cells, column]
+    slower = own >= (1.0 + params.min_slowdown) * peers
+    rank_median, peers_median = _finite_median(own), _finite_median(peers)
+    ratio = _ratio(rank_median, peers_median)
+    if int(slower[-params.window :].sum()) < params.min_flagged or ratio is None or ratio < 1.0 + params.min_slowdown:
+        return None
+    zs = s.z[cells, column]
+    zs = zs[np.isfinite(zs)]
+    return item.model_copy(
+        update={
+            "verdict": "likely_straggler",
+            "median_s": rank_median,
+            "fleet_median_s": peers_median,
+            "ratio": ratio,
+            "since_step": change.since_step,
+            "until_step": int(s.steps[cells[-1]]),
+            "max_z": float(zs.max()) if zs.size else None,
+            "median_z": float(np.median(zs)) if zs.size else None,
+            "rows_since_change": int(cells.size),
+            "rows_slower_since_change": int(slower.sum()),
+            "next_change_step": next_change,
+        }
+    )
+
+
+def _likely_phrase(e: RankEvidence, params: StragglerParams) -> str:
+    change = e.change_point
+    assert change is not None
+    node = f" ({e.node})" if e.node else ""
+    following = (
+        f"the next rank's at step {e.next_change_step}" if e.next_change_step is not None else "no other rank changed"
+    )
+    return (
+        f"rank {e.rank}{node} {_fmt(e.ratio)}x its peers since its own change point at step {change.since_step} "
+        f"({_fmt(change.ratio)}x its baseline; it came first: {following}), at least {params.min_slowdown:.0%} slower "
+        f"than its peers in {e.rows_slower_since_change} of {e.rows_since_change} rows since, but beyond their noise "
+        f"(z > {params.z_threshold:g}) in {e.flagged_in_last_window} of its last {params.window} "
+        f"({params.min_flagged} needed for a straggler)"
+    )
 
 
 def _straggler_phrase(e: RankEvidence) -> str:
@@ -1184,6 +1340,34 @@ def detect_stragglers(
         verdicts[rank], item = _judge(s, column, params, table.node_of.get(rank), coords[rank] if coords else None)
         if item is not None:
             evidence[rank] = item
+    judged_total = sum(1 for v in verdicts.values() if v != "not_enough_steps")
+
+    # Change points over time, compared across ranks. They coincide when they lie within `tolerance` iterations of
+    # the first of them. The ranks of the earliest such group, when it is not most of the job, changed first: one
+    # that has stayed slower than its peers since is a likely straggler even where its peers' noise kept its z-score
+    # under the threshold.
+    tolerance = max(params.change_iterations, s.stride)
+    changes = {
+        r: e.change_point.since_step
+        for r, e in evidence.items()
+        if e.change_point is not None and verdicts[r] != "not_enough_steps"
+    }
+    if changes and len(ranks) > 1:
+        early = _earliest_group(changes, tolerance)
+        if not (len(early) >= 2 and 2 * len(early) >= judged_total):
+            later = [c for r, c in changes.items() if r not in early]
+            next_change = min(later) if later else None
+            for rank in early:
+                # was_slow: slow beyond the noise earlier; still slower than its peers now, it is not "was" slow
+                if verdicts[rank] not in ("slowed", "was_slow"):
+                    continue
+                likely = _likely(s, ranks.index(rank), evidence[rank], params, next_change)
+                if likely is not None:
+                    verdicts[rank], evidence[rank] = "likely_straggler", likely
+    slowed_changes = {r: c for r, c in changes.items() if verdicts[r] == "slowed"}
+    together_ranks = _together(slowed_changes, tolerance) if len(slowed_changes) >= 2 else []
+    if not (len(together_ranks) >= 2 and 2 * len(together_ranks) >= judged_total):
+        together_ranks = []
     counts = {v: 0 for v in VERDICTS}
     for verdict in verdicts.values():
         counts[verdict] += 1
@@ -1200,23 +1384,47 @@ def detect_stragglers(
     drained = {n.node: n for n in nodes if n.all_slow}
     slow_tp = {r: g for g in groups if g.kind == "tp" and g.all_slow for r in g.ranks}
     for item in evidence.values():
-        item.action = _action(item, drained, slow_tp)
+        item.action = _action(item, drained, slow_tp, set(together_ranks))
 
     # The job as a whole: the per-step median of the ranks that are not slow against their peers.
     with np.errstate(invalid="ignore", divide="ignore"):
-        steady = [c for c, r in enumerate(ranks) if verdicts[r] not in ("straggler", "was_slow")]
+        steady = [c for c, r in enumerate(ranks) if verdicts[r] not in ("straggler", "likely_straggler", "was_slow")]
         # One steady rank is not a fleet: its own change point is already in its verdict.
         fleet_series = _row_median(s.sig[:, steady])[0] if len(steady) >= 2 else np.full(len(s.steps), np.nan)
     known = np.nonzero(~np.isnan(fleet_series))[0]
     fleet_change, _ = _change_point(fleet_series[known], s.steps[known], s.stride, params)
-    judged_total = len(ranks) - counts["not_enough_steps"]
-    if counts["slowed"] >= 2 and counts["slowed"] * 2 >= judged_total:
+    changed_together: TogetherChange | None = None
+    if together_ranks:
+        first_step = min(slowed_changes[r] for r in together_ranks)
+        last_step = max(slowed_changes[r] for r in together_ranks)
+        changed_together = TogetherChange(
+            ranks=together_ranks[:MAX_RANK_IDS_LISTED],
+            ranks_total=len(together_ranks),
+            first_step=first_step,
+            last_step=last_step,
+            tolerance_iterations=tolerance,
+        )
+        apart = [(r, c) for r, c in changes.items() if r not in set(together_ranks)]
         notes.append(
-            f"{counts['slowed']} of {judged_total} judged ranks slowed against their own baseline together: a "
-            "fleet-wide change (data, checkpointing, network contention, a co-located job), not a straggler"
+            f"{len(together_ranks)} of {judged_total} judged ranks slowed against their own baseline together "
+            f"({_ranks_text(together_ranks)}, change points from step {first_step} to {last_step}, within "
+            f"{tolerance} iterations of each other): a fleet-wide change (data, checkpointing, network contention, a "
+            "co-located job), not a straggler" + (f"; apart from them: {_changes_text(apart)}" if apart else "")
+        )
+    elif len(slowed_changes) >= 2 and 2 * len(slowed_changes) >= judged_total:
+        notes.append(
+            f"{len(slowed_changes)} of {judged_total} judged ranks slowed against their own baseline, but not "
+            f"together (no half of them within {tolerance} iterations of each other): "
+            f"{_changes_text(list(slowed_changes.items()))}"
         )
     if len(ranks) == 1:
         notes.append("one rank only: no peers to compare with; only change points over time were looked for")
+    elif len(ranks) == 2:
+        notes.append(
+            "two ranks: each one's only peer is the other, so a step's peer spread is nothing but the floors "
+            "(mad_floor, the job's jitter) and a borderline slow rank can stay under z_threshold; the change points "
+            "over time and the rows it was slower (likely_straggler) carry the evidence"
+        )
     with np.errstate(invalid="ignore", divide="ignore"):
         spread = _finite_median((s.peers_mad / s.peers_median)[s.scorable])
     if s.signal == "step_time_s" and len(ranks) > 1 and spread is not None and spread < SYNCHRONISED_SPREAD:
@@ -1231,6 +1439,12 @@ def detect_stragglers(
     stragglers = sorted(
         (e for e in evidence.values() if e.verdict == "straggler"), key=lambda e: (-(e.ratio or 0), e.rank)
     )
+    likely_stragglers = sorted(
+        (e for e in evidence.values() if e.verdict == "likely_straggler"), key=lambda e: (-(e.ratio or 0), e.rank)
+    )
+    likely_text = "; ".join(_likely_phrase(e, params) for e in likely_stragglers[:3]) + (
+        f"; and {len(likely_stragglers) - 3} more" if len(likely_stragglers) > 3 else ""
+    )
     was_slow = sorted(
         (e for e in evidence.values() if e.verdict == "was_slow"), key=lambda e: (-(e.ratio or 0), e.rank)
     )
@@ -1240,13 +1454,22 @@ def detect_stragglers(
     most_scored = int(s.scorable.sum(axis=0).max()) if ranks else 0
     fleet_median = _finite_median(s.step_median[scored_steps]) if scored_steps.any() else None
 
-    overall: Literal["stragglers", "no_stragglers", "not_enough_steps"]
+    overall: Literal["stragglers", "likely_stragglers", "no_stragglers", "not_enough_steps"]
     if counts["straggler"]:
         overall = "stragglers"
         listed = ", ".join(_straggler_phrase(e) for e in stragglers[:5])
         more = f" and {len(stragglers) - 5} more" if len(stragglers) > 5 else ""
         summary = f"{counts['straggler']} straggler(s) among {len(ranks)} ranks: {listed}{more}."
+        if likely_stragglers:
+            summary += f" {len(likely_stragglers)} likely straggler(s) too: {likely_text}."
         first_action = next((n.action for n in nodes if n.all_slow), stragglers[0].action)
+    elif counts["likely_straggler"]:
+        overall = "likely_stragglers"
+        summary = (
+            f"No confirmed straggler among {len(ranks)} ranks (judged on {s.signal}), but "
+            f"{len(likely_stragglers)} likely straggler(s): {likely_text}."
+        )
+        first_action = likely_stragglers[0].action
     elif not counts["ok"] and not counts["was_slow"] and counts["not_enough_steps"]:
         overall = "not_enough_steps"
         summary = (
@@ -1277,10 +1500,17 @@ def detect_stragglers(
         f"change point (Greyhound rule): >= {params.change_slowdown:.0%} slower than its own median over its first "
         f"{params.change_iterations} iterations, for >= {params.change_iterations} consecutive iterations (a row "
         f"covers {s.stride} iteration(s))",
+        f"change points coincide when within {tolerance} iterations (max(change_iterations, stride)) of the first of "
+        "them; slowed together (a fleet-wide change): at least 2 ranks and half the judged ones coincide",
+        "likely_straggler: a slowed or was_slow rank of the earliest group of change points, when that group is not "
+        f"half the judged ranks, which since its change point (>= {params.window} scored rows) was >= "
+        f"{params.min_slowdown:.0%} slower than its peers' median in >= {params.min_flagged} of its last "
+        f"{params.window} rows and over all of them (median), without the z-score",
     ]
 
     def build(scale: float) -> StragglerReport:
         s_listed, s_omitted = pick(stragglers, scaled(MAX_LISTED, scale))
+        l_listed, l_omitted = pick(likely_stragglers, scaled(MAX_LISTED, scale))
         w_listed, w_omitted = pick(was_slow, scaled(MAX_LISTED, scale))
         c_listed, c_omitted = pick(slowed, scaled(MAX_LISTED, scale))
         n_listed, n_omitted = pick(not_enough, scaled(MAX_RANK_IDS_LISTED, scale))
@@ -1300,8 +1530,11 @@ def detect_stragglers(
             counts=counts,
             fleet_median_s=fleet_median,
             fleet_change_point=fleet_change,
+            changed_together=changed_together,
             stragglers=s_listed,
             stragglers_omitted=s_omitted,
+            likely_stragglers=l_listed,
+            likely_stragglers_omitted=l_omitted,
             was_slow=w_listed,
             was_slow_omitted=w_omitted,
             slowed=c_listed,
