@@ -26,8 +26,9 @@ Method, in order:
 4. Change points over time, per rank (the Greyhound rule, FALCON, ATC'25): the rank's median over its first
    ``change_iterations`` iterations (and at least ``MIN_BASELINE_ROWS`` rows, so that a warm-up row cannot set it) is
    its baseline; a change point is the first run of consecutive observations each at least ``change_slowdown`` (20%)
-   slower than the baseline that covers at least ``change_iterations`` (10) iterations. When rows come every k steps
-   (averages over k iterations), one row covers k iterations. A rank that changed but is not slower than its peers is
+   slower than the baseline that covers at least ``change_iterations`` (10) iterations and ``MIN_RUN_ROWS`` rows. When
+   rows come every k steps (averages over k iterations), one row covers k iterations; one noisy row of a 10-step
+   average is then no change point. A rank that changed but is not slower than its peers is
    ``slowed``. Change points coincide when they lie within max(change_iterations, stride) iterations of the first of
    them; when at least two ranks and half the judged ones coincide, they slowed together (``changed_together``: a
    fleet-wide change: data, checkpointing, contention), and the ranks that changed apart from them are named. The job
@@ -85,6 +86,7 @@ MAD_TO_SIGMA = 1.4826
 ABS_MAD_FLOOR_S = 1e-9
 MIN_JITTER_DIFFS = 10
 MIN_BASELINE_ROWS = 3  # a change point's baseline is the median of at least this many rows
+MIN_RUN_ROWS = 3  # and its slow run at least this many: one row's average cannot show that each iteration was slow
 SYNCHRONISED_SPREAD = 0.002  # peers' MAD under 0.2% of the median: step times of a synchronised job
 
 ROW_FIELDS = ("rank", "step", "step_time_s", "node", "compute_s", "comm_s")
@@ -661,7 +663,7 @@ def _change_point(
     # Observations in the baseline: those covering the first change_iterations iterations, and at least
     # MIN_BASELINE_ROWS, so that when one row covers that many (a row every 10 steps) a warm-up row does not set it.
     prefix = max(int(np.searchsorted(covered, params.change_iterations)) + 1, MIN_BASELINE_ROWS)
-    if prefix >= values.size or covered[-1] - covered[prefix - 1] < params.change_iterations:
+    if values.size - prefix < MIN_RUN_ROWS or covered[-1] - covered[prefix - 1] < params.change_iterations:
         return None, False
     baseline = float(np.median(values[:prefix]))
     if baseline <= 0:
@@ -670,7 +672,7 @@ def _change_point(
     for start, end in _runs(slow):
         a, b = prefix + start, prefix + end
         iterations = int(cover[a : b + 1].sum())
-        if iterations >= params.change_iterations:
+        if iterations >= params.change_iterations and b - a + 1 >= MIN_RUN_ROWS:
             run_median = float(np.median(values[a : b + 1]))
             return (
                 ChangePoint(
@@ -1498,8 +1500,8 @@ def detect_stragglers(
         f"straggler: slow in >= {params.min_flagged} of its last {params.window} scored steps; was_slow: so in an "
         "earlier window only; not_enough_steps: fewer than window scored steps",
         f"change point (Greyhound rule): >= {params.change_slowdown:.0%} slower than its own median over its first "
-        f"{params.change_iterations} iterations, for >= {params.change_iterations} consecutive iterations (a row "
-        f"covers {s.stride} iteration(s))",
+        f"{params.change_iterations} iterations (>= {MIN_BASELINE_ROWS} rows), for >= {params.change_iterations} "
+        f"consecutive iterations and >= {MIN_RUN_ROWS} rows (a row covers {s.stride} iteration(s))",
         f"change points coincide when within {tolerance} iterations (max(change_iterations, stride)) of the first of "
         "them; slowed together (a fleet-wide change): at least 2 ranks and half the judged ones coincide",
         "likely_straggler: a slowed or was_slow rank of the earliest group of change points, when that group is not "
