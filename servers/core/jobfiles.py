@@ -213,10 +213,11 @@ class JobFiles:
 class JobContext:
     """Handed to a job kind's work function: where to write metrics, progress and extra logs."""
 
-    def __init__(self, job_id: str, kind: str, files: JobFiles) -> None:
+    def __init__(self, job_id: str, kind: str, files: JobFiles, *, state_fd: int | None = None) -> None:
         self.job_id = job_id
         self.kind = kind
         self.files = files
+        self._state_fd = state_fd  # the supervisor's pipe, for a kind that follows another engine (engine_state.py)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -236,6 +237,16 @@ class JobContext:
         # One write() of a line opened with O_APPEND: a concurrent reader sees whole lines or none of this one.
         with open(self.files.metrics, "a") as f:
             f.write(line)
+
+    def report_state(self, state: str, reason: str | None = None, started_at: float | None = None) -> None:
+        """Tell the supervisor the state of the engine this work follows (QUEUED, STARTING or RUNNING): the job's
+        state becomes it. Only a kind that follows an engine (JobKind.follows_engine) has the channel; elsewhere
+        this does nothing."""
+        if self._state_fd is None:
+            return
+        from servers.core.engine_state import write_report
+
+        write_report(self._state_fd, state, reason, started_at)
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
         """Record how far the work is; wait_for_job turns it into progress notifications."""

@@ -80,6 +80,10 @@ class JobKind:
     # Work that only follows something running elsewhere (a cluster's job): if its processes here are lost, a new
     # supervisor takes it up again (the work must find what it started, e.g. by an idempotent keyed submit).
     resumable: bool = False
+    # Work that follows a job of another engine (a cluster's): the job's state is that engine's, as the work reports
+    # it (JobContext.report_state): QUEUED while the engine holds it pending, RUNNING only once the engine runs it.
+    # Its start, and so its run time and wall-time limit, is the engine's start, not the follower's.
+    follows_engine: bool = False
 
 
 def _number(value: Any) -> Any:
@@ -121,6 +125,7 @@ class Descriptor(Model):
     timeout_s: Number
     created_at: Number
     owner: StrictStr = "unknown"
+    follows_engine: bool = False
 
 
 class Identity(Model):
@@ -257,6 +262,7 @@ class JobEngine:
                     "kind": kind,
                     "entry": job_kind.entry,
                     "network": network,
+                    "follows_engine": job_kind.follows_engine,
                     "spec": record.spec,
                     "timeout_s": timeout,
                     "created_at": created,
@@ -282,7 +288,8 @@ class JobEngine:
             supervisor_start=process_start_time(child.pid),
             boot_id=boot_id(),
         )
-        self.store.update(job_id, only_in=frozenset({JobState.QUEUED}), state=JobState.STARTING)
+        if not job_kind.follows_engine:  # a followed job's supervisor and worker say what its engine says
+            self.store.update(job_id, only_in=frozenset({JobState.QUEUED}), state=JobState.STARTING)
         return self._must_get(job_id)
 
     def _spawn_supervisor(self, files: JobFiles) -> "subprocess.Popen[bytes]":
@@ -478,6 +485,11 @@ class JobEngine:
             )
         identity = self._live_identity(files)
         if identity is not None:
+            if descriptor.follows_engine:  # its engine's state is not known here; its follower reports the next one
+                note += "; the state of the engine it follows is shown once its follower next reports it"
+                return record.model_copy(
+                    update={**identity, "started_at": None, "reason": note, "supervisor_ready": True}
+                )
             return record.model_copy(update={**identity, "state": JobState.RUNNING, "supervisor_ready": True})
         state, exit_code, reason = self._vanished_outcome(record, files, exit_problem, note)
         return record.model_copy(

@@ -20,7 +20,9 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+from servers.core.engine_state import STATE_FD_ENV, StateReader, StateReport
 from servers.core.jobfiles import JobFiles, atomic_write_json, read_json, worker_error
 from servers.core.jobstore import JobState, JobStore
 from servers.core.procs import (
@@ -47,6 +49,17 @@ def describe_exit(returncode: int, error: dict[str, str] | None) -> str:
     if error:
         return f"{error.get('type', 'Error')}: {error.get('message', '')} (exit code {returncode})"
     return f"the worker exited with code {returncode}; see read_job_logs"
+
+
+def engine_fields(report: StateReport, *, created_at: float, first: bool) -> dict[str, Any]:
+    """The row's columns for a report of the followed engine: its state and reason, and, the first time it says
+    RUNNING, the start (the engine's own when it gives one between the job's creation and now, else now)."""
+    fields: dict[str, Any] = {"state": JobState(report.state), "reason": report.reason}
+    if report.state == JobState.RUNNING.value and first:
+        now = time.time()
+        said = report.started_at
+        fields["started_at"] = said if said is not None and created_at <= said <= now else now
+    return fields
 
 
 def main(argv: list[str]) -> int:
@@ -102,6 +115,18 @@ def main(argv: list[str]) -> int:
     if cancel.is_set() or record.cancel_requested:
         return finish(JobState.CANCELLED, None, "cancelled before it started")
 
+    # A job that follows another engine's job has that engine's state, as its worker reports it (engine_state.py):
+    # not RUNNING because its follower runs here. Until the engine has it, it is STARTING (being submitted).
+    follows = descriptor.get("follows_engine") is True
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "LLM_INFRA_MCP_JOB_ID": job_id}
+    reader: StateReader | None = None
+    write_end: int | None = None
+    if follows:
+        store.update(job_id, only_in=frozenset({JobState.QUEUED}), state=JobState.STARTING)
+        read_end, write_end = os.pipe()
+        os.set_inheritable(read_end, False)
+        reader = StateReader(read_end)
+        env[STATE_FD_ENV] = str(write_end)
     files.logs_dir.mkdir(parents=True, exist_ok=True)
     files.run_dir.mkdir(parents=True, exist_ok=True)
     with open(files.log(), "ab") as log:
@@ -113,35 +138,50 @@ def main(argv: list[str]) -> int:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: ending the job ends everything it started
                 cwd=files.run_dir,  # apart from the engine's files (exit.json, result.json...)
-                env={**os.environ, "PYTHONUNBUFFERED": "1", "LLM_INFRA_MCP_JOB_ID": job_id},
+                env=env,
+                pass_fds=(write_end,) if write_end is not None else (),
             )
         except OSError as exc:
             return finish(JobState.FAILED, None, f"could not start the worker: {exc}")
+        finally:
+            if write_end is not None:
+                os.close(write_end)  # the worker holds it now; our copy would keep the pipe open past its end
     started = time.time()
     worker_start = process_start_time(worker.pid)
     atomic_write_json(
         files.supervisor_identity,
         {**identity, "worker_pid": worker.pid, "worker_start": worker_start, "started_at": started},
     )
+    running = {} if follows else {"state": JobState.RUNNING, "started_at": started}
     store.update(
         job_id,
         only_if_active=True,
-        state=JobState.RUNNING,
-        started_at=started,
         worker_pid=worker.pid,
         worker_start=worker_start,
         boot_id=boot_id(),
+        **running,
     )
 
+    # The wall-time limit counts from the start: the worker's, or for a followed job the engine's (time in the
+    # engine's queue is not run time); a followed job may wait in the queue as long again, then it is ended.
     deadline = time.monotonic() + timeout_s
+    engine_started = False
     next_db_check = time.monotonic() + _DB_POLL_S
     outcome = "exited"
     while (returncode := worker.poll()) is None:
         if cancel.is_set():
             outcome = "cancelled"
             break
+        if reader is not None and (report := reader.latest()) is not None:
+            fields = engine_fields(
+                report, created_at=float(descriptor.get("created_at") or 0), first=not engine_started
+            )
+            if report.state == JobState.RUNNING.value and not engine_started:
+                engine_started = True
+                deadline = time.monotonic() + timeout_s
+            store.update(job_id, only_if_active=True, **fields)
         if time.monotonic() >= deadline:
-            outcome = "timed out"
+            outcome = "timed out" if engine_started or not follows else "queued too long"
             break
         if time.monotonic() >= next_db_check:  # a cancel recorded by a server that could not signal us
             next_db_check = time.monotonic() + _DB_POLL_S
@@ -165,6 +205,13 @@ def main(argv: list[str]) -> int:
     )
     if outcome == "cancelled":
         return finish(JobState.CANCELLED, returncode, f"cancelled on request; the process group {ended_by}")
+    if outcome == "queued too long":
+        return finish(
+            JobState.FAILED,
+            returncode,
+            f"never started: the engine kept it queued past {timeout_s:g} s (the job's wall-time limit, which counts "
+            f"from its start); its follower was stopped, which cancels it there; the process group {ended_by}",
+        )
     return finish(
         JobState.FAILED,
         returncode,

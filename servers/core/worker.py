@@ -15,13 +15,29 @@ from pathlib import Path
 from servers.core.jobfiles import JobContext, JobFiles, atomic_write_json, read_json
 
 
+def _state_channel() -> int | None:
+    """The supervisor's pipe for engine states (engine_state.py), taken out of the environment and kept from every
+    process the work starts: only this process reports."""
+    from servers.core.engine_state import STATE_FD_ENV
+
+    value = os.environ.pop(STATE_FD_ENV, None)
+    if value is None or not value.isdigit():
+        return None
+    fd = int(value)
+    try:
+        os.set_inheritable(fd, False)
+    except OSError:
+        return None
+    return fd
+
+
 def main(argv: list[str]) -> int:
     files = JobFiles(Path(argv[0]).resolve())
     descriptor = read_json(files.descriptor, 1024 * 1024)
     if not isinstance(descriptor, dict):
         print(f"worker: cannot read {files.descriptor}", file=sys.stderr)
         return 2
-    ctx = JobContext(descriptor["id"], descriptor["kind"], files)
+    ctx = JobContext(descriptor["id"], descriptor["kind"], files, state_fd=_state_channel())
     module_name, _, function_name = descriptor["entry"].partition(":")
     if descriptor.get("network") == "isolated":
         # Before the work is imported: a user namespace can be entered only while the process has one thread.

@@ -3,8 +3,9 @@
 The job engine runs `run_remote_job` in a worker process under a supervisor, as it runs torchrun locally: the worker
 submits the stored plan through the backend (idempotent: the submission is keyed, so a restarted worker finds the
 job it submitted instead of submitting it twice), then follows it: the engine's state and its reason (a pending
-reason, how it ended) become the job's progress, the ranks' logs land in the job folder where read_job_logs serves
-them, and the job ends as the engine says: SUCCEEDED with a result, or FAILED/CANCELLED with the engine's reason.
+reason, how it ended) become the job's state (QUEUED while the engine holds it pending: engine_state.py) and its
+progress, the ranks' logs land in the job folder where read_job_logs serves them, and the job ends as the engine
+says: SUCCEEDED with a result, or FAILED/CANCELLED with the engine's reason.
 A cancel (SIGTERM to the worker) cancels the engine's job and waits for it to end. The server can be killed at any
 time: the supervisor and the worker go on in their own sessions.
 
@@ -99,6 +100,7 @@ def wait_for_array(backend: Backend, key: str, ctx: JobContext, stop: threading.
     if not isinstance(backend, SlurmBackend):
         raise RuntimeError(f"a job array is a Slurm job; this run names the {backend.name!r} backend")
     ctx.progress(0, None, f"waiting for the job array of {sweep_id} to be submitted")
+    ctx.report_state("QUEUED", f"waiting for the job array of {sweep_id} to be submitted to Slurm")
     deadline = time.monotonic() + ARRAY_WAIT_S
     while not stop.is_set():
         handle = backend.find_recorded(key, ctx.files.dir)
@@ -160,6 +162,8 @@ def follow(
         )
         if note != last:
             report(note)
+            # The job's own state is the engine's (QUEUED while it is pending there), not this follower's.
+            ctx.report_state(status.state.value, (prefix + note)[:500], status.started_at)
             last = note
             interval = FIRST_POLL_S
         stop.wait(interval)

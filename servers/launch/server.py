@@ -49,6 +49,7 @@ JOB_KINDS = [
         "servers.launch.remote:run_remote_job",
         "a training job on a cluster engine, followed here",
         resumable=True,  # its follower can be lost: a new one finds the cluster's job by its key
+        follows_engine=True,  # its state is the cluster engine's (QUEUED while pending there), not its follower's
     ),
 ]
 STALE_CLAIM_S = 120.0  # an idempotency key claimed this long ago without a job: its submit died
