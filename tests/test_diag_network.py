@@ -661,3 +661,26 @@ async def test_the_topology_text_error_names_only_what_the_schema_documents(app:
         planned = await client.call_tool("plan_network_probes", {"text": table})
         assert not planned.is_error, planned.content[0].text
         assert planned.structured_content["coverage"]["nic"]["total"] == 5
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    nodes=st.sampled_from([8, 32, 64]),
+    faults=st.dictionaries(st.sampled_from(ISSUE_KINDS), st.integers(1, 4), max_size=3),
+    seed=st.integers(0, 2**31 - 1),
+    mode=st.sampled_from(["skeleton", "rail", "full_mesh"]),
+)
+def test_default_results_fit_their_budget_and_list_the_faulty_first(
+    nodes: int, faults: dict[str, int], seed: int, mode: str
+) -> None:
+    plan = plan_network_probes(fleet(nodes).topology, mode)  # type: ignore[arg-type]
+    assert compact_bytes(plan) <= DEFAULT_BUDGET_BYTES
+    assert plan.next_offset == (len(plan.pairs) if plan.count > len(plan.pairs) else None)
+    scenario = make_scenario(nodes, faults, seed=seed, fleet=fleet(nodes), pairs=skeleton(nodes), rounds=1)
+    result = localize_network_fault(scenario.fleet.topology, scenario.probes)
+    assert compact_bytes(result) <= DEFAULT_BUDGET_BYTES
+    flags = [s.faulty for s in result.suspects]
+    assert flags == sorted(flags, reverse=True)  # faulty first
+    assert sum(flags) == min(result.faulty_count, len(flags)) and len(flags) - sum(flags) <= DEFAULT_NEAR_MISSES
+    listed_all_faulty = sum(flags) == result.faulty_count
+    assert result.has_more == (len(flags) < result.suspects_total) and (listed_all_faulty or result.has_more)
