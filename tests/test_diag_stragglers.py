@@ -81,7 +81,14 @@ def test_one_slow_rank_is_found_with_evidence_and_the_others_are_not() -> None:
     rows = simulate(16, 60, slow={5: (1.3, 20, None)}, ranks_per_node=8)
     report = detect_stragglers(rows)
     assert report.verdict == "stragglers"
-    assert report.counts == {"straggler": 1, "likely_straggler": 0, "was_slow": 0, "slowed": 0, "ok": 15, "not_enough_steps": 0}
+    assert report.counts == {
+        "straggler": 1,
+        "likely_straggler": 0,
+        "was_slow": 0,
+        "slowed": 0,
+        "ok": 15,
+        "not_enough_steps": 0,
+    }
     [item] = report.stragglers
     assert (item.rank, item.node, item.since_step, item.until_step) == (5, "n0", 20, 60)
     assert item.ratio == pytest.approx(1.3, abs=0.03)
@@ -132,7 +139,14 @@ def test_a_rank_that_recovered_was_slow_and_is_not_a_straggler() -> None:
 def test_not_enough_steps_claims_no_straggler() -> None:
     report = detect_stragglers(simulate(4, 6, slow={2: (3.0, 1, None)}))
     assert report.verdict == "not_enough_steps"
-    assert report.counts == {"straggler": 0, "likely_straggler": 0, "was_slow": 0, "slowed": 0, "ok": 0, "not_enough_steps": 4}
+    assert report.counts == {
+        "straggler": 0,
+        "likely_straggler": 0,
+        "was_slow": 0,
+        "slowed": 0,
+        "ok": 0,
+        "not_enough_steps": 4,
+    }
     assert report.not_enough_steps_ranks == [0, 1, 2, 3]
     assert "Not enough steps" in report.summary and "needs 10" in report.summary
     # with a smaller window the same rows suffice
@@ -199,6 +213,93 @@ def test_a_fleet_wide_slowdown_is_not_a_straggler() -> None:
     assert report.fleet_change_point is not None and report.fleet_change_point.since_step == 30
     assert "The job as a whole slowed 1.50x from step 30" in report.summary
     assert any("fleet-wide change" in w for w in report.warnings)
+    together = report.changed_together
+    assert together is not None and together.ranks == list(range(8)) and together.ranks_total == 8
+    assert (together.first_step, together.last_step, together.tolerance_iterations) == (30, 30, 10)
+    assert any(
+        "8 of 8 judged ranks slowed against their own baseline together (ranks 0-7" in w for w in report.warnings
+    )
+    assert all("together with the others" in e.action for e in report.slowed)
+
+
+def pair_with_a_borderline_slow_rank() -> list[dict[str, Any]]:
+    """Issue 22, defect 8, mirrored with a fixed seed: two ranks, a row every 10 steps (each an average of 10
+    iterations, as tiny-gpt logs them), every row's own work noisy (8%); rank 0's work 1.8x from step 101, rank 1's
+    1.4x from step 131. Before the fix: "No straggler among 2 ranks ... 2 of 2 judged ranks slowed against their own
+    baseline together: a fleet-wide change", while rank 0 changed first (step 101, 1.93x its baseline; rank 1 at
+    131, 1.43x) and was slower than its peer in 10 of 10 rows after step 100 (5 flagged beyond the noise, 6 needed)."""
+    rng = random.Random(120)
+    rows = []
+    for step in range(10, 201, 10):
+        for rank in (0, 1):
+            work = 0.0065 * max(0.5, 1 + rng.gauss(0, 0.08))
+            work *= 1.8 if rank == 0 and step >= 110 else 1.4 if rank == 1 and step >= 140 else 1.0
+            rows.append({"rank": rank, "step": step, "step_time_s": work + 0.018, "compute_s": work})
+    return rows
+
+
+def test_a_borderline_slow_rank_that_changed_first_is_a_likely_straggler_not_a_fleet_wide_change() -> None:
+    report = detect_stragglers(pair_with_a_borderline_slow_rank())
+    assert report.verdict == "likely_stragglers" and not report.summary.startswith("No straggler")
+    assert report.counts == {
+        "straggler": 0,
+        "likely_straggler": 1,
+        "was_slow": 0,
+        "slowed": 1,
+        "ok": 0,
+        "not_enough_steps": 0,
+    }
+    [item] = report.likely_stragglers
+    change = item.change_point
+    assert item.rank == 0 and change is not None and (change.since_step, item.since_step) == (101, 101)
+    assert change.ratio == pytest.approx(1.93, abs=0.01) and change.ongoing
+    assert (item.rows_since_change, item.rows_slower_since_change, item.next_change_step) == (10, 10, 131)
+    assert item.flagged_in_last_window == 5  # beyond the peers' noise: 5 of 10, where a straggler needs 6
+    assert item.ratio is not None and item.ratio > 1.3
+    assert (
+        "rank 0 1.36x its peers since its own change point at step 101 (1.93x its baseline; it came first: the next "
+        "rank's at step 131), at least 5% slower than its peers in 10 of 10 rows since, but beyond their noise "
+        "(z > 3.5) in 5 of its last 10 (6 needed for a straggler)" in report.summary
+    )
+    assert report.first_action == item.action and item.action.startswith("Likely straggler, not confirmed: rank 0")
+    assert "compute-bound" in item.action
+    [other] = report.slowed
+    assert other.rank == 1 and other.change_point is not None and other.change_point.since_step == 131
+    assert "not together with the others" in other.action
+    assert report.changed_together is None
+    assert not any("together" in w for w in report.warnings)
+    assert any(w.startswith("two ranks: each one's only peer is the other") for w in report.warnings)
+    assert_counts_add_up(report)
+
+
+def test_a_rank_that_slowed_before_a_fleet_wide_change_is_named_apart_from_it() -> None:
+    rows = simulate(8, 60, slow={3: (1.4, 15, None)}, noise=0.01)
+    for row in rows:
+        if row["step"] >= 40:
+            row["step_time_s"] *= 1.3
+    report = detect_stragglers(rows)
+    assert [e.rank for e in report.stragglers] == [3]
+    together = report.changed_together
+    assert together is not None and together.ranks == [0, 1, 2, 4, 5, 6, 7] and together.first_step == 40
+    [note] = [w for w in report.warnings if "fleet-wide change" in w]
+    assert "7 of 8 judged ranks slowed" in note and "ranks 0-2, 4-7" in note
+    assert note.endswith("apart from them: rank 3 from step 15")
+
+
+def test_change_points_far_apart_are_not_a_change_together() -> None:
+    """Three ranks slowing one after the other (30 steps apart) did not slow together; with the peers compared by
+    ratio alone (z_threshold 100), each ends as slow as the others: none is a straggler, none a likely one."""
+    rows = simulate(3, 100, noise=0.0)
+    for row in rows:
+        if row["step"] >= {0: 20, 1: 45, 2: 70}[row["rank"]]:
+            row["step_time_s"] *= 1.5
+    report = detect_stragglers(rows, params={"z_threshold": 100})
+    assert report.counts["slowed"] == 3 and report.changed_together is None
+    assert (
+        "3 of 3 judged ranks slowed against their own baseline, but not together (no half of them within 10 "
+        "iterations of each other): rank 0 from step 20, rank 1 from step 45, rank 2 from step 70" in report.warnings
+    )
+    assert not any("fleet-wide" in w for w in report.warnings)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -310,6 +411,60 @@ def test_property_no_slow_rank_no_straggler(ranks: int, steps: int, noise: float
     assert_counts_add_up(report)
     if steps < 10:
         assert report.verdict == "not_enough_steps"
+
+
+@settings(derandomize=True, max_examples=30, deadline=None)
+@given(
+    ranks=st.integers(min_value=2, max_value=12),
+    first=st.integers(min_value=0, max_value=11),
+    factor=st.floats(min_value=1.5, max_value=2.2),
+    stride=st.sampled_from([1, 10]),
+    onset=st.integers(min_value=0, max_value=4),
+    gap=st.integers(min_value=0, max_value=10),
+    later_share=st.floats(min_value=0.0, max_value=1.0),
+    later_factor=st.floats(min_value=0.0, max_value=1.0),
+    noise=st.floats(min_value=0.0, max_value=0.05),
+    seed=st.integers(min_value=0, max_value=10_000),
+)
+def test_property_a_rank_that_changed_first_and_stays_slower_is_never_in_a_change_together(
+    ranks: int,
+    first: int,
+    factor: float,
+    stride: int,
+    onset: int,
+    gap: int,
+    later_share: float,
+    later_factor: float,
+    noise: float,
+    seed: int,
+) -> None:
+    """One rank slows first (by 1.5-2.2x); later, clearly (more than twice the coincidence tolerance), some or all of
+    the others slow by less, so that the first stays at least 15% slower than any of them. Whatever the rest do, the
+    first rank is reported (straggler or likely straggler) and never among the ranks that slowed together."""
+    rng = random.Random(seed)
+    first %= ranks
+    rows_count = 40 if stride == 1 else 24
+    onset_row = (12 + onset) if stride == 1 else (4 + onset)  # after the baseline rows
+    tolerance_rows = max(10 // stride, 1)
+    later_row = onset_row + 2 * tolerance_rows + 1 + gap
+    others = [r for r in range(ranks) if r != first]
+    later = set(rng.sample(others, round(later_share * len(others))))
+    later_by = 1.2 + later_factor * (factor / 1.15 - 1.2)
+    rows = []
+    for row in range(1, rows_count + 1):
+        for rank in range(ranks):
+            t = max(0.5, 1.0 + rng.gauss(0.0, noise))
+            if rank == first and row >= onset_row:
+                t *= factor
+            if rank in later and row >= later_row:
+                t *= later_by
+            rows.append({"rank": rank, "step": row * stride, "step_time_s": t})
+    report = detect_stragglers(rows)
+    reported = {e.rank for e in report.stragglers} | {e.rank for e in report.likely_stragglers}
+    assert first in reported, report.summary
+    assert report.changed_together is None or first not in report.changed_together.ranks
+    assert not report.summary.startswith("No straggler")
+    assert_counts_add_up(report)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
