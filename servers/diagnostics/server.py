@@ -486,7 +486,7 @@ def register(server: MCPServer, app: App) -> None:
             f"- rank {r.rank}{f' ({r.node})' if r.node else ''}: {r.verdict}, {r.ratio or 0:.2f}x the fleet's median"
             + (f" since step {r.since_step}" if r.since_step is not None else "")
             + f"; {r.action}"
-            for r in report.stragglers[:20]
+            for r in (report.stragglers + report.likely_stragglers)[:20]
         ]
         lines += [f"warning: {w}" for w in report.warnings]
         return tool_result(report, "\n".join(lines))
