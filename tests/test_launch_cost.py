@@ -33,6 +33,9 @@ ATTACKS = {
 @pytest.fixture(autouse=True)
 def offline_kubeconfig(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KUBECONFIG", str(goldens.KUBECONFIG))
+    # No Slurm cluster: the session's two-node test cluster, when an earlier test started it, would refuse the
+    # 64-node plans at plan time (more nodes than its partition has); the cost rules are what is tested here.
+    monkeypatch.delenv("SLURM_CONF", raising=False)
 
 
 def make_app(settings: Settings, **changes: Any) -> App:

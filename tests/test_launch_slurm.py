@@ -3,9 +3,11 @@ the plan), a job of the engine here follows the Slurm job (its state and pending
 metrics in the job folder), a cancel scancels it; bad inputs start nothing. Against the session's real two-node
 cluster (tests/conftest.py `slurm_cluster`)."""
 
+import subprocess
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 from mcp import Client
 
@@ -35,14 +37,49 @@ async def test_tiny_gpt_on_two_slurm_nodes_through_the_tools(app: App, slurm_clu
         assert backends["slurm"]["detected"] and backends["slurm"]["launch_supported"]
 
 
-async def test_a_job_that_cannot_be_placed_shows_why_and_is_cancelled(app: App, slurm_cluster: Path) -> None:
+async def test_a_request_no_partition_can_hold_is_refused_with_the_numbers(app: App, slurm_cluster: Path) -> None:
+    # Issue 22, defect 5: nnodes 5 on a 3-node cluster was submitted, stayed PENDING (PartitionConfig) for ever and
+    # was RUNNING in get_job. Here nnodes 3 on the session's 2 nodes: refused at plan time, nothing submitted.
     spec = {"recipe": "tiny-gpt", "nproc_per_node": 1, "nnodes": 3, "backend": "slurm", "max_wall_s": 600}
     async with Client(create_test_suite(app), mode="legacy") as client:
-        job = await ok(client, "submit_training_job", {"spec": spec, "wait_s": 6})
-        assert not job["finished"], job["reason"]
-        assert "PENDING" in (job["progress"] or {}).get("message", ""), job["progress"]
-        cancelled = await ok(client, "cancel_job", {"job_id": job["job_id"]})
-        assert cancelled["state"] == "CANCELLED", cancelled["reason"]
+        for tool in ("plan_training_job", "submit_training_job"):
+            said = await error(client, tool, {"spec": spec})
+            assert "asks 3 nodes; partition debug (the default) has 2" in said, said
+        assert (await ok(client, "list_jobs", {}))["total"] == 0
+
+
+async def test_a_pending_slurm_job_is_queued_with_its_reason_until_cancelled(app: App, slurm_cluster: Path) -> None:
+    # A job Slurm keeps PENDING (here: its dependency, a job still running) is QUEUED in get_job with Slurm's reason,
+    # with no start and no run time; the old follower called it RUNNING as soon as it started.
+    blocker = subprocess.run(
+        ["sbatch", "--parsable", "-N1", "--time=5", "--wrap", "sleep 240"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.strip()
+    spec = {"recipe": "tiny-gpt", "nproc_per_node": 1, "nnodes": 1, "backend": "slurm", "max_wall_s": 600}
+    spec["dependency"] = blocker.split(";")[0]
+    try:
+        async with Client(create_test_suite(app), mode="legacy") as client:
+            job = await ok(client, "submit_training_job", {"spec": spec, "wait_s": 0})
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                job = await ok(client, "get_job", {"job_id": job["job_id"]})
+                if "PENDING" in (job["reason"] or ""):
+                    break
+                assert job["state"] in ("QUEUED", "STARTING"), job
+                await anyio.sleep(0.5)
+            assert job["state"] == "QUEUED" and "slurm PENDING: Dependency" in job["reason"], job["reason"]
+            assert job["started_at"] is None and job["elapsed_s"] is None, job
+            summary = (await client.call_tool("get_job", {"job_id": job["job_id"]})).content[0].text
+            assert ": QUEUED; slurm PENDING: Dependency" in summary and "RUNNING" not in summary, summary
+            listed = await ok(client, "list_jobs", {})
+            assert [(j["job_id"], j["state"]) for j in listed["jobs"]] == [(job["job_id"], "QUEUED")], listed
+            cancelled = await ok(client, "cancel_job", {"job_id": job["job_id"]})
+            assert cancelled["state"] == "CANCELLED" and cancelled["started_at"] is None, cancelled
+    finally:
+        subprocess.run(["scancel", blocker.split(";")[0]], capture_output=True, timeout=30, check=False)
 
 
 async def test_slurm_bad_inputs_submit_nothing(app: App, slurm_cluster: Path) -> None:

@@ -609,8 +609,56 @@ WaitS = Annotated[
 ]
 
 
+LIST_DETAIL_MAX = 10  # full views list_jobs returns at most (each can be several KB)
+ROW_SUMMARY_CHARS = 200
+
+
+class JobRow(Model):
+    """One job in a listing: enough to pick it; get_job has the rest."""
+
+    job_id: str
+    kind: str
+    state: JobState
+    finished: bool
+    backend: str | None = Field(default=None, description="Where a training job runs (local, slurm, ray...)")
+    name: str | None = None
+    created_at: str | None
+    elapsed_s: float | None = Field(default=None, description="Run time from its start (none while queued)")
+    summary: str = Field(description="State and reason or progress, one line")
+
+
+def job_row(view: JobView) -> JobRow:
+    """The listing's row of a job's view (spec values are the job's: only short text is taken from them)."""
+    spec = view.spec
+    training = spec.get("training_spec") if isinstance(spec.get("training_spec"), dict) else {}
+
+    def text(value: Any) -> str | None:
+        return value[:100] if isinstance(value, str) and value else None
+
+    summary = view.state.value
+    note = view.reason or (view.progress.message if view.progress else None)
+    if note:
+        summary += f": {note}"
+    if view.warnings:
+        summary += f" ({len(view.warnings)} warning(s): get_job)"
+    if len(summary) > ROW_SUMMARY_CHARS:
+        summary = summary[: ROW_SUMMARY_CHARS - 3] + "..."
+    return JobRow(
+        job_id=view.job_id,
+        kind=view.kind,
+        state=view.state,
+        finished=view.finished,
+        backend=text(spec.get("backend")) or text(training.get("backend")),
+        name=text(spec.get("name")) or text(training.get("name")),
+        created_at=view.created_at,
+        elapsed_s=view.elapsed_s,
+        summary=summary,
+    )
+
+
 class JobList(Model):
-    jobs: list[JobView]
+    jobs: list[JobRow] = Field(description="One short row per job; get_job (or detail) for the full view")
+    details: list[JobView] = Field(default_factory=list, description="Full views, only with detail")
     total: int = Field(description="Jobs matching the filter, all pages together")
     next_offset: int | None = Field(description="Offset of the next page, or null on the last page")
     notices: list[str] = Field(
@@ -697,7 +745,7 @@ def summarize_job(view: JobView) -> str:
         text += f" after {view.elapsed_s:.1f} s"
     if view.reason:
         text += f"; {view.reason}"
-    if view.progress and view.progress.message and not view.finished:
+    if view.progress and view.progress.message and not view.finished and view.progress.message not in text:
         text += f"; progress: {view.progress.message}"
     return text + f". Next: {view.next_step}."
 
@@ -776,20 +824,26 @@ def register_job_tools(server: MCPServer, app: App) -> None:
         sweep_id: Annotated[str | None, Field(pattern=SWEEP_ID)] = None,
         limit: Annotated[int, Field(ge=1, le=200)] = 20,
         offset: Annotated[int, Field(ge=0, le=1_000_000)] = 0,
+        detail: Annotated[bool, Field(description=f"Also the full views (limit <= {LIST_DETAIL_MAX})")] = False,
     ) -> Annotated[CallToolResult, JobList]:
-        """Jobs, newest first, by kind, state or sweep: to find a job id or what is running. Instant."""
+        """Jobs, newest first, by kind, state or sweep, one short row each: to find a job id or what is running.
+        Instant."""
+        if detail and limit > LIST_DETAIL_MAX:
+            raise InputError(f"limit: {limit} with detail; accepted: at most {LIST_DETAIL_MAX} full views a page")
 
         def listing() -> tuple[Any, list[JobView], list[str]]:
             page = app.engine.list_jobs(kind=kind, state=state, limit=limit, offset=offset, sweep_id=sweep_id)
             return page, [job_view(r) for r in page.jobs], app.engine.notices()
 
         page, views, notices = await in_thread(listing)
+        rows = [job_row(v) for v in views]
         next_offset = offset + len(views) if offset + len(views) < page.total else None
-        result = JobList(jobs=views, total=page.total, next_offset=next_offset, notices=notices)
-        lines = [f"{page.total} job(s) match; showing {len(views)} from offset {offset}"]
-        lines += [
-            f"- {v.job_id}: {v.state.value}" + (f" ({v.reason})" if v.reason else "") + _warning_text(v) for v in views
-        ]
+        result = JobList(
+            jobs=rows, details=views if detail else [], total=page.total, next_offset=next_offset, notices=notices
+        )
+        more = f"; {page.total - offset - len(rows)} more (offset {next_offset})" if next_offset is not None else ""
+        lines = [f"{page.total} job(s) match; showing {len(rows)} from offset {offset}{more}"]
+        lines += [f"- {r.job_id}: {r.summary}" for r in rows]
         lines += [f"Note: {n}" for n in notices]
         return tool_result(result, "\n".join(lines))
 
@@ -835,7 +889,7 @@ def register_job_tools(server: MCPServer, app: App) -> None:
             ),
         ] = None,
         offset: Annotated[int, Field(ge=0)] = 0,
-        limit: Annotated[int, Field(ge=1, le=1 << 20, description="Bytes")] = 65536,
+        limit: Annotated[int, Field(ge=1, le=1 << 20, description="Bytes; default 6 KiB (a ~16 KB result)")] = 6144,
     ) -> Annotated[CallToolResult, LogChunk]:
         """Read one of a job's logs from a byte offset; page on with next_offset until eof. Instant."""
         record = await in_thread(app.engine.get, job_id)
@@ -856,7 +910,7 @@ def register_job_tools(server: MCPServer, app: App) -> None:
             int | None,
             Field(ge=-1, description="Pass last_step to read on"),
         ] = None,
-        limit: Annotated[int, Field(ge=1, le=5000)] = 500,
+        limit: Annotated[int, Field(ge=1, le=5000, description="Rows; default 100 (a ~16 KB result)")] = 100,
     ) -> Annotated[CallToolResult, MetricsPage]:
         """A job's metrics rows (step, time, loss, TFLOP/s...), also while it runs. Instant."""
         record = await in_thread(app.engine.get, job_id)

@@ -157,9 +157,11 @@ def follow(
             sync_logs(handle, ctx.files.dir, final=status.state.terminal)
         if status.state.terminal:
             return status
-        note = f"{backend.name} {status.native_state or status.state.value}" + (
-            f": {status.reason}" if status.reason else ""
-        )
+        native = status.native_state or status.state.value
+        reason = status.reason or ""
+        if reason.startswith(f"{native}: "):  # a reason that names the state already
+            reason = reason[len(native) + 2 :]
+        note = f"{backend.name} {native}" + (f": {reason}" if reason else "")
         if note != last:
             report(note)
             # The job's own state is the engine's (QUEUED while it is pending there), not this follower's.

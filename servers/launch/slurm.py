@@ -521,6 +521,43 @@ class SlurmBackend:
             raise SlurmUnavailableError(f"slurm: sinfo failed: {self._said(proc)}")
         return sorted({line.strip().rstrip("*") for line in proc.stdout.splitlines() if line.strip()})
 
+    def partition_sizes(self) -> tuple[dict[str, tuple[int, int | None]], str | None]:
+        """({partition: (its nodes, in any state; the most one job may have, None when unlimited)}, the default
+        partition), from `sinfo -h -o %P|%D|%s` (a partition's lines, one per node state, add up)."""
+        proc = self._run(["sinfo", "-h", "-o", "%P|%D|%s"], timeout=10)
+        if proc.returncode != 0:
+            raise SlurmUnavailableError(f"slurm: sinfo failed: {self._said(proc)}")
+        sizes: dict[str, tuple[int, int | None]] = {}
+        default = None
+        for line in proc.stdout.splitlines():
+            fields = line.strip().split("|")
+            if len(fields) != 3 or not fields[1].isdigit():
+                continue
+            name = fields[0].rstrip("*")
+            if fields[0].endswith("*"):
+                default = name
+            most = int(fields[2]) if fields[2].isdigit() else None
+            count, _ = sizes.get(name, (0, None))
+            sizes[name] = (count + int(fields[1]), most)
+        return sizes, default
+
+    def never_fits(self, nnodes: int, partition: str | None) -> str | None:
+        """Why no partition can ever give a job `nnodes` nodes (more than the partition has, or more than its
+        per-job maximum), with the numbers; None when it can, or when Slurm does not say (then it is not judged)."""
+        sizes, default = self.partition_sizes()
+        name = partition or default
+        if name is None or name not in sizes:
+            return None
+        count, most = sizes[name]
+        others = ", ".join(f"{p} has {n}" for p, (n, _) in sorted(sizes.items()) if p != name)
+        elsewhere = f" ({others})" if others else ""
+        which = f"partition {name}" + ("" if partition else " (the default)")
+        if nnodes > count:
+            return f"asks {nnodes} nodes; {which} has {count}{elsewhere}: Slurm would keep it PENDING forever"
+        if most is not None and nnodes > most:
+            return f"asks {nnodes} nodes; {which} allows at most {most} per job (MaxNodes){elsewhere}"
+        return None
+
     def nodes(self, partition: str | None = None) -> list[str]:
         """The nodes sinfo lists as usable (idle, mixed or allocated), in its order; of one partition if given."""
         argv = ["sinfo", "-h", "-N", "-o", "%N|%t"] + (["-p", partition] if partition else [])
@@ -593,6 +630,16 @@ class SlurmBackend:
                         f"{', '.join(known) or 'none found'}"
                     )
                 notes.append(f"partition {partition} (checked with sinfo)")
+        if check_partition:  # a job no partition can ever place would wait in the queue for ever: refused here
+            try:
+                never = self.never_fits(nnodes, partition)
+            except SlurmUnavailableError as exc:
+                notes.append(
+                    f"the partition's size was NOT checked against nnodes {nnodes}: Slurm did not answer ({exc})"
+                )
+            else:
+                if never is not None:
+                    raise ValueError(f"nnodes: {never}; accepted: at most the nodes of a partition (sinfo)")
 
         job_env = dict(env)
         job_env[METRICS_ENV] = f"{folder}/metrics.jsonl"
