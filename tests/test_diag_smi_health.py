@@ -128,6 +128,7 @@ def test_q_full_snapshot_of_the_dbe_gpu(q_parse) -> None:
         "utilization_gpu_pct": 64.0,
         "xid_errors": None,
         "unreachable": None,
+        "unreachable_reason": None,
     }
 
 

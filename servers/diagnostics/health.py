@@ -408,6 +408,25 @@ def _settings(gpu: GpuSnapshot, findings: list[Finding]) -> None:
         )
 
 
+def _unreachable(gpu: GpuSnapshot) -> Finding:
+    """The driver lists the GPU but cannot reach it: nvidia-smi's 'Unable to determine the device handle' line, NVML's
+    GPU_IS_LOST, or 'GPU is lost' in its fields. The classic symptom of a GPU that has fallen off the bus (Xid 79)."""
+    said = gpu.unreachable_reason or "unreachable=True (NVML could not get a handle)"
+    reboot = "reboot" in said.lower()
+    return _finding(
+        "gpu_unreachable",
+        "The driver lists this GPU but cannot reach it: the symptom of a GPU that has fallen off the bus"
+        + (" (the driver itself asks for a reboot)." if reboot else "."),
+        "critical",
+        said
+        + (f", pci_bus_id={gpu.pci_bus_id}" if gpu.pci_bus_id and gpu.pci_bus_id.lower() not in said.lower() else ""),
+        "Drain the node and look for Xid 79 ('GPU has fallen off the bus') at this PCI address in the kernel log "
+        "(scan_kernel_log); reboot the node (a GPU without a handle cannot be reset on its own); if it is missing "
+        "after the reboot (lspci -d 10de:) or falls off again, reseat it and check its power and cooling, then send it "
+        "for hardware inspection.",
+    )
+
+
 def _key_fields_known(gpu: GpuSnapshot) -> bool:
     memory = (
         gpu.ecc_volatile_uncorrectable_total,
@@ -438,17 +457,7 @@ def evaluate(gpu: GpuSnapshot, *, interconnect_expected: str | None = None) -> G
         expected = _INTERCONNECTS[key]
     findings: list[Finding] = []
     if gpu.unreachable:
-        findings.append(
-            _finding(
-                "gpu_unreachable",
-                "The driver lists this GPU but cannot reach it",
-                "critical",
-                "unreachable=True (NVML could not get a handle)",
-                "Look for Xid 79 / 'fallen off the bus' in the kernel log (scan_kernel_log); drain and reboot "
-                "the node; "
-                "if it recurs, send the GPU for hardware inspection",
-            )
-        )
+        findings.append(_unreachable(gpu))
     _ecc(gpu, findings)
     _memory_repair(gpu, findings)
     _reset_and_recovery(gpu, findings)

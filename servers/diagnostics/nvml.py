@@ -1,12 +1,15 @@
 """Live GPU inventory and health snapshots from NVML (nvidia-ml-py). Plain module.
 
-Where no NVIDIA driver is loaded (a laptop, a CPU CI machine) the answer says so instead of raising.
+Where no NVIDIA driver is loaded (a laptop, a CPU CI machine) the answer says so instead of raising: `live_gpus`
+is what every tool that reads NVML live calls, so each degrades the same way, in the same words
+(``NVML not available here: <reason>``).
 Fields NVML cannot report on a given GPU come back as None ("unknown"), never as zero: every query is guarded, so
 an unsupported one (NVML_ERROR_NOT_SUPPORTED, a function missing from older bindings or drivers) leaves its field
-unset.
+unset. A GPU whose handle fails, or whose queries answer NVML_ERROR_GPU_IS_LOST, is unreachable, with NVML's words.
 """
 
 import ctypes
+from dataclasses import dataclass, field
 from typing import Any
 
 from servers.core.machine import NvmlUnavailable, nvml_session
@@ -18,13 +21,24 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+class GpuLost(Exception):  # noqa: N818 (a state of the GPU, reported, not a failure of the reader)
+    """NVML answered NVML_ERROR_GPU_IS_LOST: the GPU is gone from the bus; the message is what was asked."""
+
+
+def _lost(pynvml: Any, exc: Exception) -> bool:
+    return getattr(exc, "value", None) == getattr(pynvml, "NVML_ERROR_GPU_IS_LOST", 15)
+
+
 def _maybe(fn: Any, *args: Any) -> Any:
-    """Call an NVML getter; None where this GPU or driver does not support the query."""
+    """Call an NVML getter; None where this GPU or driver does not support the query; GpuLost where the GPU is."""
     import pynvml
 
     try:
         return fn(*args)
-    except pynvml.NVMLError:
+    except pynvml.NVMLError as exc:
+        if _lost(pynvml, exc):
+            name = getattr(fn, "__name__", "<lambda>")
+            raise GpuLost(f"{'a query' if name == '<lambda>' else name}: {_text(exc)}") from exc
         return None
 
 
@@ -49,7 +63,9 @@ def _call(pynvml: Any, name: str, *args: Any) -> Any:
         return None
     try:
         return fn(*args)
-    except pynvml.NVMLError:
+    except pynvml.NVMLError as exc:
+        if _lost(pynvml, exc):
+            raise GpuLost(f"{name}: {_text(exc)}") from exc
         return None
 
 
@@ -121,8 +137,7 @@ def _flag(value: Any) -> bool | None:
     return None if value is None else bool(value)
 
 
-def _snapshot(pynvml: Any, index: int, driver: str | None, cuda: str | None) -> GpuSnapshot:
-    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+def _snapshot(pynvml: Any, index: int, handle: Any, driver: str | None, cuda: str | None) -> GpuSnapshot:
 
     def call(name: str, *args: Any) -> Any:
         return _call(pynvml, name, handle, *args)
@@ -220,12 +235,38 @@ def _snapshot(pynvml: Any, index: int, driver: str | None, cuda: str | None) -> 
     )
 
 
+def _system(pynvml: Any, fn: Any) -> Any:
+    """A system-wide NVML query (driver, CUDA version); None on any NVML error, lost GPUs included."""
+    try:
+        return fn()
+    except pynvml.NVMLError:
+        return None
+
+
+def _unreachable(pynvml: Any, index: int, handle: Any, why: str, driver: str | None, cuda: str | None) -> GpuSnapshot:
+    """The snapshot of a GPU NVML lists but cannot reach: its PCI address where NVML still gives it."""
+    bus = None
+    if handle is not None:
+        try:
+            bus = normalise_bus_id(_text(pynvml.nvmlDeviceGetPciInfo(handle).busId))
+        except Exception:  # the GPU is gone: any failure leaves its address unknown
+            bus = None
+    return GpuSnapshot(
+        index=index,
+        pci_bus_id=bus,
+        driver_version=driver,
+        cuda_version=cuda,
+        unreachable=True,
+        unreachable_reason=f"NVML, GPU index {index}: {why}",
+    )
+
+
 def read_snapshots() -> tuple[list[GpuSnapshot], str | None]:
     """Live snapshots of every GPU, and None; or ([], reason) where NVML cannot be used here."""
     try:
         with nvml_session() as pynvml:
-            cuda = _maybe(pynvml.nvmlSystemGetCudaDriverVersion)
-            driver = _maybe(lambda: _text(pynvml.nvmlSystemGetDriverVersion()))
+            cuda = _system(pynvml, pynvml.nvmlSystemGetCudaDriverVersion)
+            driver = _system(pynvml, lambda: _text(pynvml.nvmlSystemGetDriverVersion()))
             cuda_text = f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None
             try:
                 count = pynvml.nvmlDeviceGetCount()
@@ -234,11 +275,51 @@ def read_snapshots() -> tuple[list[GpuSnapshot], str | None]:
             snapshots = []
             for index in range(count):
                 try:
-                    snapshots.append(_snapshot(pynvml, index, driver, cuda_text))
-                except pynvml.NVMLError:  # the handle itself failed (GPU lost, fallen off the bus): all unknown
-                    snapshots.append(
-                        GpuSnapshot(index=index, driver_version=driver, cuda_version=cuda_text, unreachable=True)
-                    )
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                except pynvml.NVMLError as exc:  # the handle itself failed (GPU lost, fallen off the bus)
+                    why = f"nvmlDeviceGetHandleByIndex: {_text(exc)}"
+                    snapshots.append(_unreachable(pynvml, index, None, why, driver, cuda_text))
+                    continue
+                try:
+                    snapshots.append(_snapshot(pynvml, index, handle, driver, cuda_text))
+                except GpuLost as exc:  # a handle, but the GPU answers GPU_IS_LOST
+                    snapshots.append(_unreachable(pynvml, index, handle, str(exc), driver, cuda_text))
             return snapshots, None
     except NvmlUnavailable as exc:
         return [], str(exc)
+
+
+def not_available(reason: str) -> str:
+    """The one phrase for 'no live GPU source on this host', in every tool that reads NVML live."""
+    return f"NVML not available here: {reason}"
+
+
+@dataclass
+class LiveGpus:
+    """What NVML on this host gives: the snapshots, or why there are none (reason, None when NVML works)."""
+
+    snapshots: list[GpuSnapshot] = field(default_factory=list)
+    reason: str | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.reason is None
+
+    @property
+    def missing(self) -> str | None:
+        """'NVML not available here: <reason>', or None when NVML works."""
+        return None if self.reason is None else not_available(self.reason)
+
+    @property
+    def driver_version(self) -> str | None:
+        return next((g.driver_version for g in self.snapshots if g.driver_version), None)
+
+    @property
+    def cuda_version(self) -> str | None:
+        return next((g.cuda_version for g in self.snapshots if g.cuda_version), None)
+
+
+def live_gpus() -> LiveGpus:
+    """NVML on this host, read once: every GPU's snapshot, or the reason there is none. Never raises."""
+    snapshots, reason = read_snapshots()
+    return LiveGpus(snapshots=snapshots, reason=reason)

@@ -33,6 +33,9 @@ class GpuSnapshot(Model):
         description="True when the driver lists the GPU but cannot "
         "reach it (often fallen off the bus): every other field is then unknown",
     )
+    unreachable_reason: str | None = Field(
+        default=None, description="What said so: nvidia-smi's 'Unable to determine the device handle' line, NVML"
+    )
     # memory and modes
     memory_total_mib: float | None = None
     memory_used_mib: float | None = None
@@ -101,6 +104,7 @@ class GpuSnapshot(Model):
         "recovery_action",
         "fabric_state",
         "fabric_status",
+        "unreachable_reason",
         mode="after",
     )
     @classmethod

@@ -16,6 +16,11 @@ Layout: ``common.py`` (the result, cell values, canonical fields -> GpuSnapshot,
 ``text_report.py`` (-q and nvlink --status), ``xml_report.py`` (-q -x), ``query_csv.py`` (--query-gpu); this module
 tells the formats apart and calls the one that fits.
 
+Lines saying nvidia-smi could not reach a GPU ("Unable to determine the device handle for GPU0000:3B:00.0: Unknown
+Error", "... GPU is lost.  Reboot the system to recover this GPU"), wherever they fall in a capture of any format,
+become that GPU, unreachable (its other fields unknown), counted with the others; "No devices were found" is a
+warning. A capture of such lines alone has format "message".
+
 Every failure is an InputError whose message says what was wrong and which formats are accepted.
 """
 
@@ -32,7 +37,9 @@ from servers.diagnostics.smi.common import (
     SmiParse,
     clean,
     decode_clock_events,
+    merge_lost,
     normalise_bus_id,
+    take_lost_lines,
     to_bool,
     to_float,
     to_hex,
@@ -84,14 +91,20 @@ def parse_nvidia_smi(text: str | bytes, *, fields: list[str] | None = None) -> S
         raise InputError(f"the nvidia-smi output is empty; {ACCEPTED}")
     if _control_fraction(stripped) > 0.02:
         raise InputError(f"the input looks like binary data, not nvidia-smi output; {ACCEPTED}")
+    text, lost = take_lost_lines(stripped)
+    stripped = text.strip()
+    if not stripped and (lost.gpus or lost.no_devices):  # nvidia-smi printed only its error lines
+        warnings: list[str] = []
+        gpus = merge_lost([], lost, positional=False, driver=None, cuda=None, warnings=warnings)
+        return SmiParse(format="message", gpus=gpus, warnings=warnings)
     if stripped.startswith("<"):
-        return parse_xml(stripped)
+        return parse_xml(stripped, lost)
     if _Q_MARKERS.search(stripped):
-        return parse_q(stripped)
+        return parse_q(stripped, lost)
     lines, _ = csv_lines(stripped)
     first = split_csv(lines[0]) if lines else None
     if first is not None and (looks_like_header(first) or fields is not None or any("," in ln for ln in lines)):
-        return parse_csv(stripped, fields)
+        return parse_csv(stripped, fields, lost)
     if lines and any(QUERY_GPU.search(c) for c in csv_lines(stripped)[1]):
-        return parse_csv(stripped, fields)
+        return parse_csv(stripped, fields, lost)
     raise InputError(f"unrecognised nvidia-smi output (no GPU found); {ACCEPTED}")

@@ -17,7 +17,7 @@ from pydantic import Field
 from servers.core.models import Model
 from servers.diagnostics.snapshot import GpuSnapshot
 
-SmiFormat = Literal["q", "xml", "csv"]
+SmiFormat = Literal["q", "xml", "csv", "message"]
 
 MAX_TEXT_CHARS = 64 * 2**20
 ACCEPTED = (
@@ -28,7 +28,10 @@ ACCEPTED = (
 
 
 class SmiParse(Model):
-    format: SmiFormat = Field(description="q (nvidia-smi -q text), xml (nvidia-smi -q -x) or csv (--query-gpu)")
+    format: SmiFormat = Field(
+        description="q (nvidia-smi -q text), xml (nvidia-smi -q -x), csv (--query-gpu), or message (only nvidia-smi's "
+        "error lines, no report)"
+    )
     driver_version: str | None = None
     cuda_version: str | None = None
     gpus: list[GpuSnapshot]
@@ -203,6 +206,7 @@ def to_snapshot(
             return None
         return temp + margin - offset
 
+    lost = says_lost(f)
     recovery = clean(get("recovery_action"))
     mask = to_hex(get("clk_active_mask"))
     events = decode_clock_events(mask) if mask is not None else {}
@@ -259,8 +263,138 @@ def to_snapshot(
         fabric_state=clean(get("fabric_state")),
         fabric_status=clean(get("fabric_status")),
         utilization_gpu_pct=to_float(get("util_gpu")),
+        unreachable=True if lost else None,
+        unreachable_reason="nvidia-smi: this GPU's fields read 'GPU is lost'" if lost else None,
     )
 
 
 # A garbled line (control characters, undecodable bytes): skipped by the text and CSV parsers.
 GARBLE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# GPUs nvidia-smi cannot reach
+
+# nvidia-smi prints this (to stderr, so it lands anywhere in a 2>&1 capture) for each GPU the driver lists but cannot
+# get a handle for, in every output format: "Unable to determine the device handle for GPU0000:3B:00.0: Unknown
+# Error", "... for GPU 0000:0B:00.0: Unknown Error", "... for gpu 0000:3b:00.0: GPU is lost.  Reboot the system to
+# recover this GPU". The classic symptom of a GPU that has fallen off the bus (Xid 79 in the kernel log).
+LOST_MARKERS = re.compile(r"unable to determine the device handle|no devices were found", re.IGNORECASE)
+_LOST_LINE = re.compile(
+    r"^\s*Unable to determine the device handle for\s+(?:GPU|device)?\s*"
+    r"(?P<bus>(?:[0-9A-Fa-f]{1,8}:)?[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}\.[0-7])\s*:?\s*(?P<reason>.*?)\s*$",
+    re.IGNORECASE,
+)
+_NO_DEVICES = re.compile(r"^\s*No devices were found\.?\s*$", re.IGNORECASE)
+MAX_LOST = 1024  # distinct unreachable GPUs kept from one capture (a node has a few dozen at most)
+_LOST_CELL = {"gpu is lost", "[gpu is lost]"}
+
+
+class LostGpus:
+    """What nvidia-smi said about GPUs it could not reach: their bus ids and its words, and 'No devices were found'."""
+
+    def __init__(self) -> None:
+        self.gpus: dict[str, str] = {}  # normalised bus id -> nvidia-smi's line
+        self.no_devices = False
+        self.dropped = 0
+
+    def snapshot(self, bus: str, *, index: int | None, driver: str | None, cuda: str | None) -> GpuSnapshot:
+        return GpuSnapshot(
+            index=index,
+            pci_bus_id=bus,
+            driver_version=driver,
+            cuda_version=cuda,
+            unreachable=True,
+            unreachable_reason=f"nvidia-smi: {self.gpus[bus]}",
+        )
+
+    def warnings(self) -> list[str]:
+        out = []
+        if self.no_devices:
+            out.append(
+                "nvidia-smi says 'No devices were found': the driver is loaded but reaches no GPU. On a GPU node "
+                "every GPU is lost (fallen off the bus) or unbound: count them with `lspci -d 10de:`, look for Xid "
+                "79 in the kernel log (scan_kernel_log) and reboot the node"
+            )
+        if self.dropped:
+            out.append(f"{self.dropped} more 'Unable to determine the device handle' line(s) beyond {MAX_LOST} GPUs")
+        return out
+
+
+def take_lost_lines(text: str) -> tuple[str, LostGpus]:
+    """The text with nvidia-smi's lost-GPU lines blanked (line numbers kept), and what they said."""
+    lost = LostGpus()
+    if not LOST_MARKERS.search(text):
+        return text, lost
+    lines = text.splitlines()
+    for number, line in enumerate(lines):
+        if len(line) > 512:
+            continue
+        match = _LOST_LINE.match(line)
+        if match is not None:
+            bus = normalise_bus_id(match.group("bus"))
+            if bus is None:
+                continue
+            if bus not in lost.gpus and len(lost.gpus) >= MAX_LOST:
+                lost.dropped += 1
+            else:
+                lost.gpus.setdefault(bus, " ".join(line.split()))
+            lines[number] = ""
+        elif _NO_DEVICES.match(line):
+            lost.no_devices = True
+            lines[number] = ""
+    return "\n".join(lines), lost
+
+
+def says_lost(fields: dict[str, str]) -> bool:
+    """Whether nvidia-smi filled this GPU's cells with 'GPU is lost' (a handle that went bad after enumeration)."""
+    return any(" ".join(v.strip().lower().split()) in _LOST_CELL for v in fields.values())
+
+
+def merge_lost(
+    gpus: list[GpuSnapshot],
+    lost: LostGpus,
+    *,
+    positional: bool,
+    driver: str | None,
+    cuda: str | None,
+    warnings: list[str],
+) -> list[GpuSnapshot]:
+    """The GPUs read, with the unreachable ones counted in.
+
+    A bus id that also has a report is marked unreachable there. Where indexes are positions in the output
+    (positional) and the reports are in PCI bus order, as nvidia-smi enumerates, the unreachable GPUs take their place
+    in that order and every index is its position; otherwise they come last, index unknown, and a warning says the
+    positions may not be nvidia-smi's indexes."""
+    warnings.extend(lost.warnings())
+    if not lost.gpus:
+        return gpus
+    by_bus = {g.pci_bus_id: g for g in gpus if g.pci_bus_id}
+    out = list(gpus)
+    missing = []
+    for bus, line in lost.gpus.items():
+        known = by_bus.get(bus)
+        if known is not None:
+            position = out.index(known)
+            out[position] = known.model_copy(
+                update={"unreachable": True, "unreachable_reason": f"nvidia-smi: {line} (it also printed a report)"}
+            )
+        else:
+            missing.append(bus)
+    if not missing:
+        return out
+    buses = [g.pci_bus_id for g in out]
+    ordered = all(b is not None for b in buses) and buses == sorted(buses)  # type: ignore[type-var]
+    if positional and ordered:
+        merged = sorted(
+            [(g.pci_bus_id or "", g) for g in out]
+            + [(bus, lost.snapshot(bus, index=None, driver=driver, cuda=cuda)) for bus in missing],
+            key=lambda pair: pair[0],
+        )
+        return [g.model_copy(update={"index": i}) for i, (_, g) in enumerate(merged)]
+    if positional:
+        warnings.append(
+            f"{len(missing)} GPU(s) nvidia-smi could not reach are listed last with no index; the other GPUs' "
+            "indexes are positions in this output and may not be nvidia-smi's"
+        )
+    return out + [lost.snapshot(bus, index=None, driver=driver, cuda=cuda) for bus in missing]

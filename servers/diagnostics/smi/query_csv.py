@@ -7,7 +7,7 @@ import csv
 import re
 
 from servers.core.errors import InputError
-from servers.diagnostics.smi.common import ACCEPTED, GARBLE, SmiParse, to_bool, to_snapshot
+from servers.diagnostics.smi.common import ACCEPTED, GARBLE, LostGpus, SmiParse, merge_lost, to_bool, to_snapshot
 
 _CSV_FIELDS: dict[str, str] = {
     "index": "index",
@@ -126,10 +126,11 @@ def csv_lines(text: str) -> tuple[list[str], list[str]]:
     return data, comments
 
 
-def parse_csv(text: str, fields: list[str] | None) -> SmiParse:
+def parse_csv(text: str, fields: list[str] | None, lost: LostGpus | None = None) -> SmiParse:
+    lost = lost or LostGpus()
     warnings: list[str] = []
     lines, comments = csv_lines(text)
-    if not lines:
+    if not lines and not (lost.gpus or lost.no_devices):
         raise InputError(f"no CSV rows found; {ACCEPTED}")
     header: list[str] | None = None
     rows: list[tuple[list[str], list[str]]] = []  # (the header in force, cells)
@@ -168,6 +169,9 @@ def parse_csv(text: str, fields: list[str] | None) -> SmiParse:
         warnings.append(f"{skipped} garbled line(s) skipped")
     if header is None and fields is not None:
         header = [_field_name(f) for f in fields]
+    if not rows and (lost.gpus or lost.no_devices):  # only a header (if any) and nvidia-smi's lines: none reached
+        gpus = merge_lost([], lost, positional=False, driver=None, cuda=None, warnings=warnings)
+        return SmiParse(format="csv", driver_version=None, cuda_version=None, gpus=gpus, warnings=warnings)
     if not rows:
         raise InputError(f"the CSV has no GPU rows (only a header or nothing readable); {ACCEPTED}")
     assert header is not None
@@ -191,4 +195,6 @@ def parse_csv(text: str, fields: list[str] | None) -> SmiParse:
         snapshot = to_snapshot(values, index=position, driver=None, cuda=None, clocks=clocks)
         driver = driver or snapshot.driver_version
         gpus.append(snapshot)
+    positional = not any("index" in names for names, _ in rows)
+    gpus = merge_lost(gpus, lost, positional=positional, driver=driver, cuda=None, warnings=warnings)
     return SmiParse(format="csv", driver_version=driver, cuda_version=None, gpus=gpus, warnings=warnings)

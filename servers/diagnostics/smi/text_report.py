@@ -6,7 +6,18 @@ from __future__ import annotations
 import re
 
 from servers.core.errors import InputError
-from servers.diagnostics.smi.common import ACCEPTED, GARBLE, SmiParse, clean, to_bool, to_int, to_snapshot
+from servers.diagnostics.smi.common import (
+    ACCEPTED,
+    GARBLE,
+    LostGpus,
+    SmiParse,
+    clean,
+    merge_lost,
+    normalise_bus_id,
+    to_bool,
+    to_int,
+    to_snapshot,
+)
 from servers.diagnostics.snapshot import GpuSnapshot
 
 _Q_PATHS: dict[tuple[str, ...], str] = {
@@ -121,7 +132,8 @@ class _NvlinkBlock:
         self.links: dict[int, str] = {}
 
 
-def parse_q(text: str) -> SmiParse:
+def parse_q(text: str, lost: LostGpus | None = None) -> SmiParse:
+    lost = lost or LostGpus()
     warnings: list[str] = []
     header: dict[str, str | None] = {}
     blocks: list[_QBlock] = []
@@ -181,6 +193,10 @@ def parse_q(text: str) -> SmiParse:
         block.last_was_section = kv is None
         block.last_key = key
 
+    if not blocks and (lost.gpus or lost.no_devices):  # a report of no GPU block: only nvidia-smi's error lines
+        driver, cuda = clean(header.get("driver version")), clean(header.get("cuda version"))
+        gpus = merge_lost([], lost, positional=False, driver=driver, cuda=cuda, warnings=warnings)
+        return SmiParse(format="q", driver_version=driver, cuda_version=cuda, gpus=gpus, warnings=warnings)
     if not blocks:
         raise InputError(
             f"this looks like `nvidia-smi -q` output but no 'GPU dddd:bb:dd.f' block was found; {ACCEPTED}"
@@ -190,10 +206,12 @@ def parse_q(text: str) -> SmiParse:
     driver = clean(header.get("driver version"))
     cuda = clean(header.get("cuda version"))
     attached = to_int(header.get("attached gpus"))
-    if attached is not None and attached > len(blocks):
+    unreached = sum(1 for bus in lost.gpus if bus not in {normalise_bus_id(b.header_bus_id) for b in blocks})
+    if attached is not None and attached > len(blocks) + unreached:
         warnings.append(
-            f"'Attached GPUs' says {attached} but only {len(blocks)} GPU block(s) are present: the output was cut "
-            "short or filtered with -i; indexes are positions in this output"
+            f"'Attached GPUs' says {attached} but only {len(blocks)} GPU block(s) are present"
+            + (f" and {unreached} GPU(s) nvidia-smi could not reach" if unreached else "")
+            + ": the output was cut short or filtered with -i; indexes are positions in this output"
         )
     if len(blocks) > 1:
         expected = blocks[0].top_sections()
@@ -228,6 +246,7 @@ def parse_q(text: str) -> SmiParse:
         gpus.append(to_snapshot(fields, index=position, driver=driver, cuda=cuda, clocks=clocks))
     if nvlinks:
         _merge_nvlink(gpus, nvlinks, warnings)
+    gpus = merge_lost(gpus, lost, positional=True, driver=driver, cuda=cuda, warnings=warnings)
     return SmiParse(format="q", driver_version=driver, cuda_version=cuda, gpus=gpus, warnings=warnings)
 
 

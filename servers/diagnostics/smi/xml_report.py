@@ -10,8 +10,12 @@ from servers.core.errors import InputError
 from servers.diagnostics.smi.common import (
     ACCEPTED,
     CLOCK_EVENT_BITS,
+    LostGpus,
     SmiParse,
     clean,
+    merge_lost,
+    normalise_bus_id,
+    says_lost,
     to_bool,
     to_int,
     to_snapshot,
@@ -98,12 +102,16 @@ def _xml_text(gpu: ET.Element, path: str) -> str | None:
 
 def _xml_gpu(gpu: ET.Element, position: int, driver: str | None, cuda: str | None) -> GpuSnapshot:
     fields: dict[str, str] = {}
+    lost = False
     for canonical, paths in _XML_PATHS.items():
         for path in paths:
             value = _xml_text(gpu, path)
             if value is not None and clean(value) is not None:
                 fields[canonical] = value
                 break
+            lost = lost or (value is not None and says_lost({canonical: value}))
+    if lost:
+        fields["gpu_is_lost"] = "GPU is lost"  # read by to_snapshot (says_lost), mapped to nothing else
     if "pci_bus_id" not in fields and gpu.get("id"):
         fields["pci_bus_id"] = gpu.get("id", "")
     clocks: dict[str, bool] = {}
@@ -128,7 +136,8 @@ def _xml_gpu(gpu: ET.Element, position: int, driver: str | None, cuda: str | Non
     return to_snapshot(fields, index=position, driver=driver, cuda=cuda, clocks=clocks)
 
 
-def parse_xml(text: str) -> SmiParse:
+def parse_xml(text: str, lost: LostGpus | None = None) -> SmiParse:
+    lost = lost or LostGpus()
     if _ENTITY.search(text) or _DOCTYPE_SUBSET.search(text):
         raise InputError(
             f"XML with ENTITY declarations or an inline DTD is refused (nvidia-smi -q -x never writes one); {ACCEPTED}"
@@ -180,10 +189,13 @@ def parse_xml(text: str) -> SmiParse:
     driver = clean(top.get("driver_version"))
     cuda = clean(top.get("cuda_version"))
     attached = to_int(top.get("attached_gpus"))
-    if attached is not None and attached > len(gpu_elements):
+    read_buses = {normalise_bus_id(_xml_text(el, "pci/pci_bus_id") or el.get("id")) for el in gpu_elements}
+    unreached = sum(1 for bus in lost.gpus if bus not in read_buses)
+    if attached is not None and attached > len(gpu_elements) + unreached:
         warnings.append(
             f"attached_gpus says {attached} but only {len(gpu_elements)} <gpu> element(s) were read; indexes are "
             "positions in this output"
         )
     gpus = [_xml_gpu(el, i, driver, cuda) for i, el in enumerate(gpu_elements)]
+    gpus = merge_lost(gpus, lost, positional=True, driver=driver, cuda=cuda, warnings=warnings)
     return SmiParse(format="xml", driver_version=driver, cuda_version=cuda, gpus=gpus, warnings=warnings)
