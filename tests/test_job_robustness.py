@@ -585,9 +585,9 @@ async def test_a_garbage_database_through_the_tools(settings: Settings, home_cle
     replace_db(settings.db_path, b"this is not an SQLite file" * 100)
     async with Client(create_test_suite(suite_app(settings)), mode="auto") as client:
         assert (await call_ok(client, "predict_scaling", EVALUATE))["values"]
-        listed = await call_ok(client, "list_jobs", {})
+        listed = await call_ok(client, "list_jobs", {"detail": True, "limit": 5})
         assert [j["job_id"] for j in listed["jobs"]] == [job["job_id"]]
-        assert listed["jobs"][0]["state"] == "SUCCEEDED" and listed["jobs"][0]["result"] == job["result"]
+        assert listed["jobs"][0]["state"] == "SUCCEEDED" and listed["details"][0]["result"] == job["result"]
         assert any("moved aside" in n for n in listed["notices"])
         fits = await call_ok(client, "list_scaling_fits", {})
         assert fits["total"] == 0
@@ -614,7 +614,7 @@ async def test_bad_rows_through_the_tools(settings: Settings, home_cleanup: Path
         assert await call_ok(client, "predict_scaling", {"fit_id": good["fit_id"], "compute": [1000.0]})
         jobs = await call_ok(client, "list_jobs", {})
         [row] = jobs["jobs"]
-        assert row["job_id"] == "bad-row" and row["state"] == "LOST" and row["warnings"]
+        assert row["job_id"] == "bad-row" and row["state"] == "LOST" and "warning(s): get_job" in row["summary"]
         viewed = await client.call_tool("get_job", {"job_id": "bad-row"})
         assert not viewed.is_error and "Warning: the database row of this job is damaged" in viewed.content[0].text
 

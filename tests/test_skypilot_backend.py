@@ -1060,9 +1060,13 @@ def test_logs_are_capped(fake_sky: FakeSky, tmp_path: Path) -> None:
 class Progress:
     def __init__(self) -> None:
         self.messages: list[str] = []
+        self.states: list[str] = []  # what the follower reports as the job's state (engine_state.py)
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
         self.messages.append(message or "")
+
+    def report_state(self, state: str, reason: str | None = None, started_at: float | None = None) -> None:
+        self.states.append(state)
 
 
 def test_the_follower_follows_a_preempted_job_to_its_end(fake_sky: FakeSky, tmp_path: Path) -> None:
@@ -1099,6 +1103,8 @@ def test_the_follower_follows_a_preempted_job_to_its_end(fake_sky: FakeSky, tmp_
         "skypilot RECOVERING",
         "skypilot RUNNING",
     ]
+    # The job's own state is the managed job's: queued, placed, running, and placed again while it recovers.
+    assert ctx.states == ["QUEUED", "QUEUED", "STARTING", "RUNNING", "STARTING", "RUNNING"], ctx.states
     assert (tmp_path / "job" / "logs" / "skypilot.log").is_file()
 
 
