@@ -710,3 +710,220 @@ def test_nvml_snapshot_mapping_with_fake_pynvml(monkeypatch: pytest.MonkeyPatch)
 def test_an_unreachable_gpu_is_unhealthy() -> None:
     health = evaluate(GpuSnapshot(index=3, unreachable=True))
     assert health.status == "unhealthy" and health.findings[0].check == "gpu_unreachable"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# GPUs nvidia-smi or NVML lists but cannot reach (issue 22, defect 6)
+
+Q_LOST = FIXTURES / "nvidia-smi-q.8xH100.535.lost-3b.synthetic.txt"
+CSV_LOST = FIXTURES / "query-gpu.4xH100.550.lost-gpu.header-units.csv"
+LOST_3B = "Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error"
+
+
+def _statuses(gpus: list[GpuSnapshot]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for health in evaluate_all(gpus):
+        counts[health.status] = counts.get(health.status, 0) + 1
+    return counts
+
+
+def _assert_fallen_off(health: Any, line: str) -> None:
+    assert health.status == "unhealthy" and health.gpu.unreachable is True
+    [finding] = [f for f in health.findings if f.check == "gpu_unreachable"]
+    assert finding.severity == "critical" and line in finding.evidence
+    assert "fallen off the bus" in finding.what
+    assert all(word in finding.action for word in ("Drain", "Xid 79", "reboot", "reseat"))
+
+
+def test_a_lost_gpu_line_in_q_output_is_an_unhealthy_gpu_counted_with_the_others() -> None:
+    """The reproduction: 7 blocks and the lost line gave '7 GPU(s) ... 6 healthy, 1 unhealthy' and a garbled line."""
+    parsed = parse_nvidia_smi(Q_LOST.read_text())
+    assert parsed.format == "q" and parsed.driver_version == "535.216.01"
+    assert len(parsed.gpus) == 8 and _statuses(parsed.gpus) == {"healthy": 6, "unhealthy": 2}
+    assert parsed.warnings == []  # no 'garbled line', no 'Attached GPUs says 8 but only 7 blocks'
+    lost = parsed.gpus[2]
+    assert (lost.index, lost.pci_bus_id, lost.driver_version) == (2, "0000:3b:00.0", "535.216.01")
+    assert lost.unreachable_reason == f"nvidia-smi: {LOST_3B}"
+    assert [g.index for g in parsed.gpus] == list(range(8))  # the lost GPU takes its place in PCI bus order
+    assert [g.pci_bus_id for g in parsed.gpus][3:5] == ["0000:5d:00.0", "0000:9a:00.0"]
+    _assert_fallen_off(evaluate(lost), LOST_3B)
+
+
+@pytest.mark.parametrize(
+    ("line", "bus"),
+    [
+        ("Unable to determine the device handle for GPU 0000:0B:00.0: Unknown Error", "0000:0b:00.0"),
+        ("Unable to determine the device handle for GPU00000000:3B:00.0: Unknown Error", "0000:3b:00.0"),
+        (
+            "Unable to determine the device handle for gpu 0000:3b:00.0: GPU is lost.  Reboot the system to recover "
+            "this GPU",
+            "0000:3b:00.0",
+        ),
+    ],
+)
+@pytest.mark.parametrize("where", ["top", "between blocks", "end"])
+def test_every_spelling_of_the_lost_line_anywhere_in_q_output(line: str, bus: str, where: str) -> None:
+    text = Q_LOST.read_text().replace(LOST_3B + "\n", "")
+    if where == "top":
+        text = line + "\n" + text
+    elif where == "end":
+        text = text + line + "\n"
+    else:
+        text = text.replace("GPU 00000000:5D:00.0\n", line + "\nGPU 00000000:5D:00.0\n")
+    parsed = parse_nvidia_smi(text)
+    assert len(parsed.gpus) == 8 and parsed.warnings == []
+    [lost] = [g for g in parsed.gpus if g.unreachable]
+    assert lost.pci_bus_id == bus
+    health = evaluate(lost)
+    _assert_fallen_off(health, " ".join(line.split()))
+    assert ("asks for a reboot" in health.findings[0].what) == ("Reboot the system" in line)
+
+
+def test_the_lost_line_alone_is_that_gpu() -> None:
+    """Plain `nvidia-smi` prints only this line when a GPU has fallen off the bus."""
+    parsed = parse_nvidia_smi("Unable to determine the device handle for GPU 0000:0B:00.0: Unknown Error\n")
+    assert parsed.format == "message" and len(parsed.gpus) == 1
+    [gpu] = parsed.gpus
+    assert (gpu.index, gpu.pci_bus_id, gpu.unreachable) == (None, "0000:0b:00.0", True)
+    _assert_fallen_off(evaluate(gpu), "Unable to determine the device handle for GPU 0000:0B:00.0: Unknown Error")
+
+
+def test_repeated_lost_lines_are_one_gpu_and_a_report_at_that_address_is_marked() -> None:
+    text = Q_LOST.read_text() + LOST_3B + "\n" + LOST_3B.replace("3B", "9A") + "\n"
+    parsed = parse_nvidia_smi(text)
+    assert len(parsed.gpus) == 8  # 3B once; 9A has a report, marked unreachable there
+    [at_9a] = [g for g in parsed.gpus if g.pci_bus_id == "0000:9a:00.0"]
+    assert at_9a.unreachable and "also printed a report" in (at_9a.unreachable_reason or "")
+    assert at_9a.ecc_volatile_uncorrectable_total == 1  # what the report said is kept
+    assert _statuses(parsed.gpus) == {"healthy": 6, "unhealthy": 2}
+
+
+def test_a_lost_gpu_in_query_gpu_csv() -> None:
+    parsed = parse_nvidia_smi(CSV_LOST.read_text())
+    assert parsed.format == "csv" and parsed.warnings == []  # not 'line has 1 cell(s) but the header has 11'
+    assert len(parsed.gpus) == 4 and _statuses(parsed.gpus) == {"healthy": 3, "unhealthy": 1}
+    assert [g.index for g in parsed.gpus] == [0, 1, 3, None]  # explicit indexes kept; the lost one's is unknown
+    lost = parsed.gpus[3]
+    assert lost.pci_bus_id == "0000:9b:00.0" and lost.driver_version == "550.127.05"
+    _assert_fallen_off(evaluate(lost), "for gpu 0000:9b:00.0: GPU is lost. Reboot the system to recover this GPU")
+    header = CSV_LOST.read_text().splitlines()[0]
+    only = parse_nvidia_smi(f"{header}\n{LOST_3B}\n")  # every GPU queried was unreachable
+    assert only.format == "csv" and [g.pci_bus_id for g in only.gpus] == ["0000:3b:00.0"]
+
+
+def test_gpu_is_lost_in_a_gpus_cells_marks_it_unreachable() -> None:
+    text = "index, pci.bus_id, temperature.gpu, ecc.errors.uncorrected.volatile.total\n0, 00000000:1B:00.0, 40, 0\n"
+    text += "1, 00000000:43:00.0, [GPU is lost], [GPU is lost]\n"
+    gpus = parse_nvidia_smi(text).gpus
+    assert [g.unreachable for g in gpus] == [None, True] and gpus[1].temperature_c is None
+    assert checks(evaluate(gpus[1])) == {"gpu_unreachable": "critical"}
+    xml = XML.read_text().replace("<gpu_temp>34 C</gpu_temp>", "<gpu_temp>GPU is lost</gpu_temp>", 1)
+    assert xml != XML.read_text()
+    assert [g.unreachable for g in parse_nvidia_smi(xml).gpus] == [True, None]
+
+
+def test_a_lost_gpu_line_before_xml_output() -> None:
+    text = "Unable to determine the device handle for GPU 0000:C1:00.0: Unknown Error\n" + XML.read_text()
+    parsed = parse_nvidia_smi(text)
+    assert parsed.format == "xml" and len(parsed.gpus) == 3
+    assert [(g.index, g.pci_bus_id, g.unreachable) for g in parsed.gpus][2] == (2, "0000:c1:00.0", True)
+
+
+def test_no_devices_were_found_is_said() -> None:
+    alone = parse_nvidia_smi("No devices were found\n")
+    assert alone.format == "message" and alone.gpus == []
+    [warning] = alone.warnings
+    assert "No devices were found" in warning and "lspci -d 10de:" in warning and "Xid 79" in warning
+    header = CSV_UNITS.read_text().splitlines()[0]
+    with_header = parse_nvidia_smi(f"{header}\nNo devices were found\n")
+    assert with_header.format == "csv" and with_header.gpus == [] and with_header.warnings == alone.warnings
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    buses=st.lists(st.integers(0, 0xFF), min_size=1, max_size=6, unique=True),
+    positions=st.lists(st.floats(0, 1), min_size=6, max_size=6),
+)
+def test_property_every_lost_line_is_one_more_unhealthy_gpu(buses: list[int], positions: list[float]) -> None:
+    """Wherever nvidia-smi's lost lines fall in a report, each distinct address not already reported adds one GPU,
+    unhealthy and unreachable, and every GPU is still counted once."""
+    lines = Q_LOST.read_text().replace(LOST_3B + "\n", "").splitlines()
+    reported = {"18", "2a", "5d", "9a", "ab", "ba", "db"}
+    for bus, where in zip(buses, positions, strict=False):
+        at = int(where * len(lines))
+        lines.insert(at, f"Unable to determine the device handle for GPU 0000:{bus:02X}:00.0: Unknown Error")
+    parsed = parse_nvidia_smi("\n".join(lines))
+    new = {f"{b:02x}" for b in buses} - reported
+    assert len(parsed.gpus) == 7 + len(new)
+    assert len({g.pci_bus_id for g in parsed.gpus}) == len(parsed.gpus)
+    lost = [g for g in parsed.gpus if g.unreachable]
+    assert {g.pci_bus_id for g in lost} == {f"0000:{b:02x}:00.0" for b in buses}
+    assert all(h.status == "unhealthy" for h in evaluate_all(lost))
+
+
+def _fake_nvml(monkeypatch: pytest.MonkeyPatch, handle: Any, **more: Any) -> None:
+    import pynvml
+
+    monkeypatch.setattr(pynvml, "nvmlLib", None)
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer_cache", {})
+    fakes = {
+        "nvmlInit": lambda: None,
+        "nvmlShutdown": lambda: None,
+        "nvmlSystemGetDriverVersion": lambda: "550.90.07",
+        "nvmlSystemGetCudaDriverVersion": lambda: 12040,
+        "nvmlDeviceGetCount": lambda: 2,
+        "nvmlDeviceGetHandleByIndex": handle,
+        "nvmlDeviceGetName": lambda h: b"NVIDIA H100 80GB HBM3",
+        **more,
+    }
+    for name, fake in fakes.items():
+        monkeypatch.setattr(pynvml, name, fake)
+
+
+def test_nvml_a_handle_that_fails_with_gpu_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pynvml
+
+    def handle(index: int) -> tuple[str, int]:
+        if index == 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return ("handle", index)
+
+    _fake_nvml(monkeypatch, handle)
+    snapshots, reason = nvml.read_snapshots()
+    assert reason is None and [g.unreachable for g in snapshots] == [None, True]
+    lost = snapshots[1]
+    assert (lost.index, lost.driver_version, lost.cuda_version) == (1, "550.90.07", "12.4")
+    assert lost.unreachable_reason == "NVML, GPU index 1: nvmlDeviceGetHandleByIndex: GPU is lost"
+    _assert_fallen_off(evaluate(lost), "GPU is lost")
+
+
+def test_nvml_queries_that_answer_gpu_is_lost_after_the_handle(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pynvml
+
+    def gone(*args: object) -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    _fake_nvml(
+        monkeypatch,
+        lambda i: ("handle", i),
+        nvmlDeviceGetPciInfo=lambda h: _Pci(),
+        nvmlDeviceGetMemoryInfo=gone,
+        nvmlDeviceGetTemperature=gone,
+    )
+    snapshots, reason = nvml.read_snapshots()
+    assert reason is None and all(g.unreachable for g in snapshots)
+    assert snapshots[0].pci_bus_id == "0000:1b:00.0"  # NVML still gave the address
+    assert "nvmlDeviceGetMemoryInfo: GPU is lost" in (snapshots[0].unreachable_reason or "")
+    assert {evaluate(g).status for g in snapshots} == {"unhealthy"}  # not "unknown" with every field None
+
+
+def test_live_gpus_without_driver_says_so_in_one_phrase(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pynvml
+
+    def no_driver() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
+    live = nvml.live_gpus()
+    assert not live.available and live.snapshots == []
+    assert live.missing is not None and live.missing.startswith("NVML not available here: no usable NVIDIA driver")

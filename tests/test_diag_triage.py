@@ -281,7 +281,8 @@ def test_listing_is_bounded_unhealthy_first(monkeypatch: pytest.MonkeyPatch) -> 
     ("kwargs", "message"),
     [
         ({}, "no source given; accepted: any of nvidia-smi output"),
-        ({"nvidia_smi": "x", "snapshots": []}, "nvidia_smi: give captured nvidia-smi text or snapshots, not both"),
+        ({"nvidia_smi": "x", "snapshots": []}, "nvidia_smi: give captured nvidia-smi text, snapshots or why they"),
+        ({"snapshots": [], "snapshots_missing": "no driver"}, "nvidia_smi: give captured nvidia-smi text, snapshots"),
         ({"nvidia_smi": "hello"}, "nvidia_smi: unrecognised nvidia-smi output"),
         (
             {"dcgm": "not json", "nccl_tests": ""},
@@ -315,3 +316,168 @@ def test_real_samples_a_log_gpu_not_in_the_capture() -> None:
     assert "'GPU4' in GSP messages" in note and "nvidia-smi index 4 is 0000:97:00, a different GPU" in note
     assert report.first_action.startswith("Drain and reboot the node: GPU 0000:9b:00")
     assert report.gpu_count == 9
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# a GPU nvidia-smi cannot reach (issue 22, defect 6); live NVML absent (defect 7)
+
+SMI = FIXTURES / "smi"
+LOST_Q = SMI / "nvidia-smi-q.8xH100.535.lost-3b.synthetic.txt"
+XID_79_AT_3B = (
+    "[Mon Feb 10 04:38:51 2025] NVRM: Xid (PCI:0000:3b:00): 79, pid=48211, name=python, GPU has fallen off the bus.\n"
+    "[Mon Feb 10 04:38:51 2025] NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.\n"
+)
+
+
+class _Host:
+    """What nvml.live_gpus returns on a host, without touching the real NVML."""
+
+    def __init__(self, reason: str | None, gpus: int = 0) -> None:
+        from servers.diagnostics.nvml import LiveGpus
+
+        self.live = LiveGpus(snapshots=[GpuSnapshot(index=i) for i in range(gpus)], reason=reason)
+        self.calls = 0
+
+    def __call__(self) -> object:
+        self.calls += 1
+        return self.live
+
+
+def test_a_gpu_nvidia_smi_cannot_reach_is_unhealthy_and_joins_the_kernel_logs_xid_79() -> None:
+    report = triage_node(nvidia_smi=read(LOST_Q), kernel_log=XID_79_AT_3B)
+    assert report.gpu_count == 8 and report.counts == {"unhealthy": 2, "degraded": 0, "unknown": 0, "healthy": 6}
+    lost = by_bus(report)["0000:3b:00"]
+    assert lost.index == 2 and lost.verdict == "unhealthy"
+    assert lost.seen_by == ["nvidia_smi", "kernel_log"] and lost.missing_from == []
+    assert lost.source_verdicts == {"nvidia_smi": "unhealthy", "kernel_log": "unhealthy"}
+    assert "Unable to determine the device handle for GPU0000:3B:00.0" in lost.evidence[0].what
+    assert any("Xid 79" in e.what for e in lost.evidence)
+    assert not any("not in the nvidia-smi" in w for w in report.warnings)  # one GPU, not a second one 'missing'
+    # the GPU that cannot be reset on its own comes first, before the ECC one at 9a
+    assert report.first_action.startswith("Drain the node: 2 GPU(s) are unhealthy (0000:3b:00")
+    assert "First, 0000:3b:00 (nvidia-smi index 2): Drain the node" in report.first_action
+    assert "1 listed but unreachable" in report.sources[0].summary
+
+
+def test_nvidia_smi_that_reaches_no_gpu_is_not_told_to_add_nvidia_smi() -> None:
+    report = triage_node(nvidia_smi="No devices were found\n", kernel_log=XID_79_AT_3B)
+    [gpu] = report.gpus
+    assert gpu.bus_id == "0000:3b:00" and gpu.missing_from == ["nvidia_smi"] and gpu.verdict == "unhealthy"
+    assert report.first_action.startswith("Drain and reboot the node: GPU 0000:3b:00")
+    assert any("No devices were found" in w for w in report.warnings)
+    alone = triage_node(nvidia_smi="No devices were found\n")
+    assert alone.verdict == "unknown" and "reaches no GPU on the node" in alone.first_action
+    assert "add nvidia-smi" not in alone.first_action
+
+
+def test_live_nvml_that_cannot_be_read_leaves_the_gpu_part_unknown_and_the_rest_proceeds() -> None:
+    missing = "NVML not available here: no usable NVIDIA driver on this host: NVML could not start (Not Found)"
+    report = triage_node(snapshots_missing=missing, kernel_log=XID_79_AT_3B)
+    [gpu] = report.gpus
+    assert gpu.bus_id == "0000:3b:00" and gpu.verdict == "unhealthy" and gpu.missing_from == []
+    assert report.sources[0].given and report.sources[0].summary == f"unknown: {missing}"
+    assert f"the GPU part is unknown: {missing}" in report.warnings
+    assert "from kernel log." in report.summary  # not 'from nvidia-smi output, kernel log'
+    only = triage_node(snapshots_missing=missing)
+    assert only.verdict == "unknown" and only.gpu_count == 0
+    assert only.first_action == f"Unknown: {missing}; give nvidia-smi -q output captured on the node."
+    assert "from no source that could be read" in only.summary
+
+
+@pytest.mark.parametrize(
+    ("host", "said"),
+    [
+        (None, "Unknown: the sources given judge no GPU; give nvidia-smi -q output from the node."),
+        (
+            "no usable NVIDIA driver on this host: NVML could not start (Not Found)",
+            "Unknown: the sources given judge no GPU and this host has no live GPU source (NVML not available here: "
+            "no usable NVIDIA driver on this host: NVML could not start (Not Found)); give nvidia-smi -q output from "
+            "the node.",
+        ),
+        (
+            "",  # NVML works here, with 8 GPUs
+            "Unknown: the sources given judge no GPU; NVML reads 8 GPU(s) on this host: if this is the node, ask "
+            "again with live NVML, else give nvidia-smi -q output from the node.",
+        ),
+    ],
+)
+def test_without_a_gpu_source_the_first_action_says_what_is_missing_here(host: str | None, said: str) -> None:
+    """Before: 'add nvidia-smi -q output (or run on the node for NVML)', while it already ran on the node."""
+    probe = None if host is None else _Host(host or None, gpus=8)
+    report = triage_node(kernel_log="[    1.000000] nothing about GPUs here\n", nvml_here=probe)  # type: ignore[arg-type]
+    assert report.first_action == said
+    assert "run on the node" not in report.first_action
+    judged = triage_node(nvidia_smi=read(LOST_Q), nvml_here=_Host("unused"))  # type: ignore[arg-type]
+    assert "Unknown" not in judged.first_action
+
+
+def test_the_nvml_probe_is_read_only_when_no_gpu_is_judged() -> None:
+    probe = _Host("no driver")
+    triage_node(kernel_log=XID_79_AT_3B, nvml_here=probe)  # type: ignore[arg-type]
+    assert probe.calls == 0
+    triage_node(kernel_log="[    1.000000] quiet\n", nvml_here=probe)  # type: ignore[arg-type]
+    assert probe.calls == 1
+
+
+def test_nvidia_smi_without_the_key_fields_is_told_so() -> None:
+    text = "index, pci.bus_id, name\n0, 00000000:1B:00.0, NVIDIA H100 80GB HBM3\n"
+    report = triage_node(nvidia_smi=text)
+    assert report.verdict == "unknown" and "lacks the key fields" in report.first_action
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# through the MCP tools, in process
+
+
+def _no_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pynvml
+
+    def no_driver() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_tools_report_the_lost_gpu(suite_client: object) -> None:
+    from tests.helpers import call_ok
+
+    client = suite_client
+    result = await client.call_tool("gpu_health", {"text": read(LOST_Q)})  # type: ignore[attr-defined]
+    text = result.content[0].text
+    assert not result.is_error and text.startswith("8 GPU(s) from text, driver 535.216.01")
+    assert "node unhealthy: 6 healthy, 2 unhealthy" in text and "garbled" not in text
+    assert "- GPU 2 0000:3b:00.0: unhealthy" in text and "fallen off the bus" in text
+    health = result.structured_content
+    assert health["gpu_count"] == 8 and health["counts"] == {"healthy": 6, "unhealthy": 2}
+    [lost] = [g for g in health["gpus"] if g["gpu"]["unreachable"]]
+    assert lost["gpu"]["unreachable_reason"].startswith("nvidia-smi: Unable to determine the device handle")
+    report = await call_ok(client, "triage_node", {"nvidia_smi_text": read(LOST_Q), "kernel_log_text": XID_79_AT_3B})
+    [gpu] = [g for g in report["gpus"] if g["bus_id"] == "0000:3b:00"]
+    assert gpu["seen_by"] == ["nvidia_smi", "kernel_log"] and gpu["verdict"] == "unhealthy"
+    assert report["counts"]["unhealthy"] == 2 and report["gpu_count"] == 8
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_tools_without_a_driver_degrade_the_same_way(
+    suite_client: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: triage_node with live_nvml on a host without a driver was a hard error."""
+    from tests.helpers import call_ok
+
+    _no_driver(monkeypatch)
+    client = suite_client
+    health = await call_ok(client, "gpu_health", {})
+    assert not health["available"] and health["node_status"] == "unknown"
+    missing = health["reason"]
+    assert missing.startswith("NVML not available here: no usable NVIDIA driver on this host")
+    report = await call_ok(client, "triage_node", {"live_nvml": True, "kernel_log_text": XID_79_AT_3B})
+    assert report["sources"][0]["summary"] == f"unknown: {missing}"  # the same words as gpu_health's
+    assert report["verdict"] == "unhealthy" and [g["bus_id"] for g in report["gpus"]] == ["0000:3b:00"]
+    only = await call_ok(client, "triage_node", {"live_nvml": True})
+    assert only["verdict"] == "unknown" and only["first_action"].startswith(f"Unknown: {missing}")
+    quiet = await call_ok(client, "triage_node", {"kernel_log_text": "[    1.000000] quiet\n"})
+    assert f"this host has no live GPU source ({missing})" in quiet["first_action"]
+    assert "run on the node" not in quiet["first_action"]

@@ -107,7 +107,9 @@ class NodeHealth(Model):
     source: str = Field(description="nvml (live) or where the captured text came from")
     available: bool = Field(description="False when nothing could be read; reason says why")
     reason: str | None = None
-    format: str | None = Field(default=None, description="q, xml or csv for captured nvidia-smi output")
+    format: str | None = Field(
+        default=None, description="q, xml, csv, or message (only nvidia-smi's error lines) for captured output"
+    )
     driver_version: str | None = None
     cuda_version: str | None = None
     gpu_count: int = Field(default=0, description="GPUs found, listed or not")
@@ -139,14 +141,18 @@ def bounded_health(health: NodeHealth) -> NodeHealth:
 
 def snapshots(app: App, nvidia_smi_output: str, path: str | None, fields: list[str] | None) -> Inventory:
     if not nvidia_smi_output and path is None:
-        from servers.diagnostics.nvml import read_snapshots
+        from servers.diagnostics.nvml import live_gpus
 
-        gpus, reason = read_snapshots()
-        if reason is not None:
-            return Inventory(source="nvml", available=False, reason=reason, gpus=[])
-        driver = next((g.driver_version for g in gpus if g.driver_version), None)
-        cuda = next((g.cuda_version for g in gpus if g.cuda_version), None)
-        return Inventory(source="nvml", available=True, driver_version=driver, cuda_version=cuda, gpus=gpus)
+        live = live_gpus()
+        if not live.available:
+            return Inventory(source="nvml", available=False, reason=live.missing, gpus=[])
+        return Inventory(
+            source="nvml",
+            available=True,
+            driver_version=live.driver_version,
+            cuda_version=live.cuda_version,
+            gpus=live.snapshots,
+        )
     from servers.diagnostics.smi import parse_nvidia_smi
 
     text, source = read_text_input(app, nvidia_smi_output, path, "nvidia-smi output")
@@ -214,7 +220,12 @@ def register(server: MCPServer, app: App) -> None:
         ]
         for h in health.gpus:
             g = h.gpu
-            lines.append(f"- GPU {g.index} {g.name} {g.pci_bus_id or ''} {g.uuid} serial {g.serial}: {h.status}")
+            known = [g.name, g.pci_bus_id, g.uuid, f"serial {g.serial}" if g.serial else None]
+            lines.append(
+                f"- GPU {g.index if g.index is not None else '(index unknown)'} "
+                + " ".join(k for k in known if k)
+                + f": {h.status}"
+            )
             lines += [
                 f"    {f.severity}: {f.what} ({f.evidence}); {f.action}" for f in h.findings if f.severity != "info"
             ]
@@ -524,19 +535,21 @@ def register(server: MCPServer, app: App) -> None:
 
         def run() -> NodeTriage:
             from servers.diagnostics.kmsg import scan_file
+            from servers.diagnostics.nvml import live_gpus
             from servers.diagnostics.xid import classify
 
             kwargs: dict = {"node": node, "interconnect_expected": interconnect_expected}
-            if live_nvml:
-                from servers.diagnostics.nvml import read_snapshots
-
-                gpus, reason = read_snapshots()
-                if reason is not None:
-                    raise InputError(f"live_nvml: NVML cannot be read here: {reason}")
-                kwargs["snapshots"] = gpus
-            elif nvidia_smi_text or nvidia_smi_path:
+            if nvidia_smi_text or nvidia_smi_path:
                 kwargs["nvidia_smi"] = read_text_input(app, nvidia_smi_text, nvidia_smi_path, "nvidia-smi output")[0]
                 kwargs["smi_fields"] = fields
+            elif live_nvml:  # read the way gpu_health reads it: where it cannot be, the GPU part is unknown
+                live = live_gpus()
+                if live.available:
+                    kwargs["snapshots"] = live.snapshots
+                else:
+                    kwargs["snapshots_missing"] = live.missing
+            else:
+                kwargs["nvml_here"] = live_gpus  # read only when no source judges a GPU, for the first action
             if kernel_log_path is not None:
                 kwargs["kernel_scan"] = scan_file(_resolve(app, kernel_log_path, "kernel log file"), classify=classify)
             elif kernel_log_text:

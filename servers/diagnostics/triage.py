@@ -19,6 +19,10 @@ Warnings say when sources disagree (one says healthy, another unhealthy: a kerne
 nvidia-smi and DCGM the present) and when a GPU appears in some sources but is missing from one that lists every GPU
 (nvidia-smi, DCGM): a kernel-log GPU that nvidia-smi does not show has usually fallen off the bus or hung. The
 driver's "GPU4" in GSP messages is its own numbering, not nvidia-smi index 4: a note says so, and which GPU it is.
+
+A GPU nvidia-smi or NVML lists but cannot reach (``Unable to determine the device handle for GPU...``, GPU_IS_LOST) is
+an unhealthy GPU at its bus id, joined with the kernel log's Xid 79 there, and the first to act on. Live NVML that
+cannot be read here (no driver) leaves the GPU part unknown, with the reason, and the rest of the triage proceeds.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from servers.diagnostics.bounds import MAX_LINE_TEXT, MAX_NOTES, cap_notes, clip
 from servers.diagnostics.dcgm import DcgmDiagReport
 from servers.diagnostics.kmsg import KernelLogScan
 from servers.diagnostics.nccl_tests import NcclTestsReport
+from servers.diagnostics.nvml import LiveGpus
 from servers.diagnostics.smi import SmiParse
 from servers.diagnostics.snapshot import GpuSnapshot, Status
 
@@ -171,6 +176,7 @@ class _Gpu:
     verdicts: dict[Source, Status] = field(default_factory=dict)
     evidence: list[TriageEvidence] = field(default_factory=list)
     headline: dict[Source, str] = field(default_factory=dict)  # the worst thing each source said, for warnings
+    lost: bool = False  # nvidia-smi / NVML lists it but cannot reach it
 
     @property
     def label(self) -> str:
@@ -275,8 +281,10 @@ def _add_smi(join: _Join, gpus: Sequence[GpuSnapshot], interconnect: str | None)
         health = evaluate(snapshot, interconnect_expected=interconnect)
         bus = normalise_bus_id(snapshot.pci_bus_id)
         gpu = join.get("nvidia_smi", bus=bus, uuid=snapshot.uuid, serial=snapshot.serial)
-        gpu.index = snapshot.index if snapshot.index is not None else position
+        # an unreachable GPU without an index keeps none: its position in the list is not its nvidia-smi index
+        gpu.index = snapshot.index if snapshot.index is not None or snapshot.unreachable else position
         gpu.name = gpu.name or snapshot.name
+        gpu.lost = gpu.lost or bool(snapshot.unreachable)
         worst = max(health.findings, key=lambda f: SEVERITY_RANK[f.severity], default=None)
         headline = f"{worst.check} ({worst.evidence})" if worst is not None and worst.severity != "info" else None
         gpu.saw("nvidia_smi", health.status, headline)
@@ -304,7 +312,12 @@ def _add_smi(join: _Join, gpus: Sequence[GpuSnapshot], interconnect: str | None)
     for gpu in join.gpus:
         if "nvidia_smi" in gpu.verdicts:
             counts[gpu.verdicts["nvidia_smi"]] = counts.get(gpu.verdicts["nvidia_smi"], 0) + 1
-    return f"{len(gpus)} GPU(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    lost = sum(1 for s in gpus if s.unreachable)
+    return (
+        f"{len(gpus)} GPU(s): "
+        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        + (f"; {lost} listed but unreachable (fallen off the bus?)" if lost else "")
+    )
 
 
 def _add_kernel_log(join: _Join, scan: KernelLogScan, node_evidence: list[TriageEvidence]) -> str:
@@ -532,8 +545,42 @@ def _gpu_action(gpu: _Gpu, verdict: Status, missing: list[Source]) -> str:
     return "None."
 
 
-def _first_action(gpus: list[GpuTriage], node_evidence: list[TriageEvidence]) -> str:
-    unhealthy = [g for g in gpus if g.verdict == "unhealthy"]
+def _no_gpu_judged(smi_gpus: int | None, smi_missing: str | None, probe: Callable[[], LiveGpus] | None) -> str:
+    """The first action when no GPU is judged: what is missing, here, for a verdict (probe: reads NVML here)."""
+    if smi_missing is not None:
+        return f"Unknown: {smi_missing}; give nvidia-smi -q output captured on the node."
+    if smi_gpus == 0:
+        return (
+            "Unknown: nvidia-smi (or NVML) reaches no GPU on the node. If it should have GPUs they are lost or "
+            "unbound: count them with lspci -d 10de:, look for Xid 79 in the kernel log and reboot the node."
+        )
+    if smi_gpus is not None:
+        return (
+            "Unknown: the nvidia-smi output given lacks the key fields (ECC or row-remap counters, temperature); "
+            "capture the full nvidia-smi -q on the node."
+        )
+    if probe is None:
+        return "Unknown: the sources given judge no GPU; give nvidia-smi -q output from the node."
+    nvml_here = probe()
+    if not nvml_here.available:
+        return (
+            f"Unknown: the sources given judge no GPU and this host has no live GPU source ({nvml_here.missing}); "
+            "give nvidia-smi -q output from the node."
+        )
+    return (
+        f"Unknown: the sources given judge no GPU; NVML reads {len(nvml_here.snapshots)} GPU(s) on this host: if "
+        "this is the node, ask again with live NVML, else give nvidia-smi -q output from the node."
+    )
+
+
+def _first_action(
+    gpus: list[GpuTriage], node_evidence: list[TriageEvidence], lost: set[str], no_gpu_judged: Callable[[], str]
+) -> str:
+    # GPUs nvidia-smi cannot reach (lost, or missing from its list) come first: they cannot be reset on their own
+    unhealthy = sorted(
+        (g for g in gpus if g.verdict == "unhealthy"),
+        key=lambda g: not ("nvidia_smi" in g.missing_from or g.label in lost),
+    )
     node_critical = [e for e in node_evidence if e.severity == "critical"]
     missing = [g for g in unhealthy if "nvidia_smi" in g.missing_from]
     if missing:
@@ -556,7 +603,7 @@ def _first_action(gpus: list[GpuTriage], node_evidence: list[TriageEvidence]) ->
     if node_warning:
         return f"No GPU is unhealthy; the node has a warning: {node_warning[0].what[:300]}"
     if all(g.verdict == "unknown" for g in gpus):
-        return "Unknown: the sources given judge no GPU; add nvidia-smi -q output (or run on the node for NVML)."
+        return no_gpu_judged()
     return "None: every source given says the node's GPUs are healthy."
 
 
@@ -565,6 +612,8 @@ def triage_node(
     nvidia_smi: str | None = None,
     smi_fields: list[str] | None = None,
     snapshots: Sequence[GpuSnapshot] | None = None,
+    snapshots_missing: str | None = None,
+    nvml_here: Callable[[], LiveGpus] | None = None,
     kernel_log: str | None = None,
     kernel_scan: KernelLogScan | None = None,
     dcgm: str | DcgmDiagReport | None = None,
@@ -574,7 +623,10 @@ def triage_node(
 ) -> NodeTriage:
     """Triage one node from any of its sources (see the module docstring).
 
-    nvidia_smi: captured nvidia-smi text (smi_fields for a noheader CSV), or snapshots (e.g. live NVML); kernel_log:
+    nvidia_smi: captured nvidia-smi text (smi_fields for a noheader CSV), or snapshots (e.g. live NVML), or
+    snapshots_missing: why the live snapshots asked for cannot be read here (the GPU part is then unknown, with it);
+    nvml_here: reads NVML on this host (e.g. nvml.live_gpus), called only when no source judges a GPU, for the
+    first action to say what this host offers; kernel_log:
     kernel log text, or kernel_scan (an already scanned log); dcgm: `dcgmi diag -j` JSON (or its parsed report);
     nccl_tests: nccl-tests output (or its parsed report). At least one source. Raises InputError naming every source
     that cannot be read."""
@@ -585,11 +637,11 @@ def triage_node(
     from servers.diagnostics.xid import classify
 
     problems = []
-    if nvidia_smi is not None and snapshots is not None:
-        problems.append("nvidia_smi: give captured nvidia-smi text or snapshots, not both")
+    if sum(v is not None for v in (nvidia_smi, snapshots, snapshots_missing)) > 1:
+        problems.append("nvidia_smi: give captured nvidia-smi text, snapshots or why they are missing, one of them")
     if kernel_log is not None and kernel_scan is not None:
         problems.append("kernel_log: give the kernel log text or its scan, not both")
-    if all(v is None for v in (nvidia_smi, snapshots, kernel_log, kernel_scan, dcgm, nccl_tests)):
+    if all(v is None for v in (nvidia_smi, snapshots, snapshots_missing, kernel_log, kernel_scan, dcgm, nccl_tests)):
         problems.append(
             "no source given; accepted: any of nvidia-smi output (or live NVML), a kernel log, DCGM diagnostic JSON, "
             "nccl-tests output"
@@ -628,6 +680,9 @@ def triage_node(
         summaries["nvidia_smi"] = _add_smi(join, smi_gpus, interconnect_expected)
         if smi is not None:
             join.warnings.extend(f"nvidia-smi: {w}" for w in smi.warnings)
+    elif snapshots_missing is not None:
+        summaries["nvidia_smi"] = clip_str(f"unknown: {snapshots_missing}", MAX_LINE_TEXT)
+        join.warnings.append(clip_str(f"the GPU part is unknown: {snapshots_missing}", MAX_LINE_TEXT))
     if scan is not None:
         summaries["kernel_log"] = _add_kernel_log(join, scan, node_evidence)
     if dcgm_report is not None:
@@ -646,6 +701,7 @@ def triage_node(
     ]
     warnings = list(join.warnings)
     results: list[GpuTriage] = []
+    lost = {gpu.label for gpu in join.gpus if gpu.lost}
     for gpu in join.gpus:
         missing = [s for s in enumerating if s not in gpu.seen_by]
         verdict = _worst_status([v for v in gpu.verdicts.values() if v != "unknown"])
@@ -702,11 +758,16 @@ def triage_node(
     node_status = _worst_status([g.verdict for g in results] + [_severity_status(e.severity) for e in node_evidence])
     if not results and not node_evidence:
         node_status = "unknown"
-    first_action = _first_action(results, node_evidence)
+    smi_count = len(smi_gpus) if smi_gpus is not None else None
+    missing_here = clip(snapshots_missing, MAX_LINE_TEXT) if smi_gpus is None else None
+    first_action = _first_action(
+        results, node_evidence, lost, lambda: _no_gpu_judged(smi_count, missing_here, nvml_here)
+    )
     shown = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    read = [SOURCE_NAMES[s] for s in SOURCES if s in summaries and not (s == "nvidia_smi" and smi_gpus is None)]
     summary = (
         f"Node{' ' + node if node else ''} {node_status}: {len(results)} GPU(s) ({shown or 'none'}) from "
-        + ", ".join(SOURCE_NAMES[s] for s in SOURCES if s in summaries)
+        + (", ".join(read) or "no source that could be read")
         + f". {len(warnings)} warning(s). First action: {first_action}"
     )
     sources = [
