@@ -23,7 +23,7 @@ def register_test_tools(server: MCPServer, app: App) -> None:
     )
     async def start_test_job(
         ctx: Context,
-        kind: Literal["test_count", "test_fail", "test_sleep", "test_crash", "test_curve"],
+        kind: Literal["test_count", "test_fail", "test_sleep", "test_crash", "test_curve", "test_big"],
         spec: Annotated[dict[str, Any], Field(description="Spec for the test work function")],
         wait_s: WaitS = 0,
         timeout_s: Annotated[float | None, Field(gt=0, le=3600, description="Wall-time limit")] = None,

@@ -81,3 +81,12 @@ def network(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
 TEST_KINDS.append(
     JobKind("test_network", "tests.jobkinds:network", "report the network namespace", 60, isolated_network=True)
 )
+
+
+def big(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """A result larger than a tool answer carries whole: a verdict, a table, and many rows."""
+    rows = [{"size": 1 << i % 30, "busbw_gbs": round(0.5 * i, 3), "note": f"row {i}"} for i in range(int(spec["rows"]))]
+    return {"verdict": "all rows valid", "table": "size busbw\n" + "x" * 3000, "rows": rows}
+
+
+TEST_KINDS.append(JobKind("test_big", "tests.jobkinds:big", "a large result", 60))

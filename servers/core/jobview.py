@@ -20,7 +20,11 @@ from servers.core.jobfiles import MAIN_PROCESS, BadJobFileError, JobFiles, load_
 from servers.core.jobstore import JobRecord, JobState
 from servers.core.models import Model
 
-RESULT_INLINE_LIMIT = 256 * 1024  # bytes of result.json shown inline; larger results are read as a resource
+RESULT_INLINE_LIMIT = 256 * 1024  # bytes of result.json read into a view (the server's own use; the result resource)
+# Bytes of a result (compact JSON) a tool's answer carries whole; above it, its small top-level fields, and the whole
+# at infra://jobs/{id}/result. An agent's default answer stays under ~16 KB (issue 22, defect 9).
+RESULT_SHOWN_BYTES = 10 * 1024
+_PREVIEW_FIELD_BYTES = 4 * 1024
 _PROGRESS_LIMIT = 64 * 1024
 _METRICS_LINE_LIMIT = 1024 * 1024  # a longer metrics line is skipped
 
@@ -57,7 +61,11 @@ class JobView(Model):
     reason: str | None = Field(default=None, description="Why it ended the way it did, or a note while it runs")
     spec: dict[str, Any]
     result: Any | None = Field(default=None, description="The job's result once it SUCCEEDED (inline when small)")
-    result_truncated: bool = Field(default=False, description="True if the result is too big to show inline")
+    result_truncated: bool = Field(
+        default=False, description="True if result is only a part (its small fields): read result_uri for all"
+    )
+    result_uri: str | None = Field(default=None, description="MCP resource with the whole result, when cut")
+    result_omitted: list[str] = Field(default_factory=list, description="The result's fields left out here")
     progress: Progress | None = None
     logs: list[LogInfo] = Field(default_factory=list)
     metrics_bytes: int = Field(default=0, description="Size of the metrics file; read_job_metrics reads it")
@@ -67,6 +75,46 @@ class JobView(Model):
         default_factory=list,
         description="What could not be read for this job (a damaged database row, a job-folder file that is not "
         "valid); the rest of the view stands",
+    )
+
+
+def _compact_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+
+
+def result_uri(job_id: str) -> str:
+    return f"infra://jobs/{job_id}/result"
+
+
+def shown_to_agent(view: JobView) -> JobView:
+    """The view as a tool answers with it: a result over RESULT_SHOWN_BYTES becomes its top-level fields that fit
+    (each at most 4 KiB, in their order, up to RESULT_SHOWN_BYTES in all), with the names of those left out and the
+    resource that has it whole. A result too big even for the server to read is pointed at the same way."""
+    if view.result_truncated and view.result is None:
+        return view.model_copy(
+            update={"result_uri": result_uri(view.job_id), "next_step": f"read the resource {result_uri(view.job_id)}"}
+        )
+    if view.result is None or _compact_size(view.result) <= RESULT_SHOWN_BYTES:
+        return view
+    kept: dict[str, Any] = {}
+    omitted: list[str] = []
+    if isinstance(view.result, dict):
+        used = 2
+        for key, value in view.result.items():
+            size = _compact_size({key: value})
+            if size <= _PREVIEW_FIELD_BYTES and used + size <= RESULT_SHOWN_BYTES:
+                kept[key] = value
+                used += size
+            else:
+                omitted.append(str(key))
+    return view.model_copy(
+        update={
+            "result": kept or None,
+            "result_truncated": True,
+            "result_uri": result_uri(view.job_id),
+            "result_omitted": omitted[:50],
+            "next_step": f"the result's small fields are above; read the resource {result_uri(view.job_id)} for all",
+        }
     )
 
 

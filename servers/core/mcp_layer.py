@@ -45,7 +45,16 @@ from servers.core.errors import (
 )
 from servers.core.jobs import JOB_ID_PATTERN, Admit, JobEngine, JobKind
 from servers.core.jobstore import JobState
-from servers.core.jobview import JobView, LogChunk, MetricsPage, job_view, read_log_chunk, read_metrics
+from servers.core.jobview import (
+    RESULT_INLINE_LIMIT,
+    JobView,
+    LogChunk,
+    MetricsPage,
+    job_view,
+    read_log_chunk,
+    read_metrics,
+    shown_to_agent,
+)
 from servers.core.models import Model
 from servers.core.schemas import description_text, published_input, published_output
 from servers.core.settings import Settings
@@ -180,11 +189,23 @@ def png_content(png: bytes) -> ImageContent:
 
 
 def tool_result(model: BaseModel, summary: str, *extra: ContentBlock) -> CallToolResult:
-    """A tool's answer: the model as structured content, and a short summary for a person or a model to read."""
+    """A tool's answer: the model as structured content, and a short summary for a person or a model to read.
+    A job's view in it (a JobView, a JobWait's job, a JobList's details) carries a large result only in part
+    (shown_to_agent): every tool that answers with a job stays small the same way."""
     return CallToolResult(
         content=[TextContent(type="text", text=summary), *extra],
-        structured_content=model.model_dump(mode="json"),
+        structured_content=_jobs_shown(model).model_dump(mode="json"),
     )
+
+
+def _jobs_shown(model: BaseModel) -> BaseModel:
+    if isinstance(model, JobView):
+        return shown_to_agent(model)
+    if isinstance(model, JobWait) and model.job is not None:
+        return model.model_copy(update={"job": shown_to_agent(model.job)})
+    if isinstance(model, JobList) and model.details:
+        return model.model_copy(update={"details": [shown_to_agent(v) for v in model.details]})
+    return model
 
 
 # ---- strict tool arguments -----------------------------------------------------------------------------------------
@@ -934,7 +955,30 @@ def register_job_resources(server: MCPServer, app: App) -> None:
             record = await in_thread(app.engine.get, job_id)
         except InputError as exc:
             raise ResourceError(str(exc)) from exc
-        return job_view(record).model_dump_json(indent=2)
+        return shown_to_agent(job_view(record)).model_dump_json(indent=2)
+
+    @server.resource(
+        "infra://jobs/{job_id}/result",
+        name="job_result",
+        mime_type="application/json",
+        description=f"A succeeded job's whole result (up to {RESULT_INLINE_LIMIT // 1024} KiB)",
+    )
+    async def job_result_resource(job_id: str) -> str:
+        try:
+            record = await in_thread(app.engine.get, job_id)
+        except InputError as exc:
+            raise ResourceError(str(exc)) from exc
+        view = await in_thread(job_view, record)
+        if view.state != JobState.SUCCEEDED:
+            raise ResourceError(f"job {job_id} is {view.state.value}: only a SUCCEEDED job has a result")
+        if view.result is None:
+            why = "; ".join(w for w in view.warnings if "result" in w) or (
+                f"it is larger than the {RESULT_INLINE_LIMIT // 1024} KiB this resource serves"
+                if view.result_truncated
+                else "the job left none"
+            )
+            raise ResourceError(f"job {job_id}'s result cannot be served: {why}")
+        return json.dumps(view.result, indent=1)
 
     @server.resource(
         "infra://jobs/{job_id}/logs/{process}",

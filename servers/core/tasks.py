@@ -68,7 +68,7 @@ from servers.core.errors import InputError, NotFoundError
 from servers.core.jobfiles import atomic_write_json, read_json
 from servers.core.jobs import JOB_ID_PATTERN
 from servers.core.jobstore import JobRecord, JobState
-from servers.core.jobview import JobView, iso, job_view
+from servers.core.jobview import JobView, iso, job_view, shown_to_agent
 from servers.core.mcp_layer import SWEEP_ID, App, client_name, in_thread, summarize_job, sweep_status
 
 log = logging.getLogger(__name__)
@@ -186,6 +186,7 @@ def _progress_text(view: JobView) -> str:
 def job_tool_result(view: JobView) -> dict[str, Any]:
     """What a job-starting tool would have returned had it waited for the job: the job's view as structured content,
     the summary get_job gives as text; isError when the job FAILED or was LOST."""
+    view = shown_to_agent(view)
     text = summarize_job(view) + "".join(f" Warning: {w}." for w in view.warnings)
     result = CallToolResult(
         content=[TextContent(type="text", text=text)],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import sys
 import time
@@ -122,6 +123,21 @@ class SuiteClient:
     async def wait_job(self, job_id: str, label: str, limit_s: float) -> dict[str, Any]:
         """wait_for_job until the job ends (at most limit_s in all, then the last view), printing progress."""
         return (await self._wait(job_id, label, limit_s, lambda w: bool(w["job"]["finished"])))["job"]
+
+    async def full_result(self, job: dict[str, Any]) -> Any:
+        """A finished job's whole result: the view's, or, when the view carries only part of it (result_truncated),
+        the resource it names. ToolCallError when that resource cannot be read."""
+        uri = job.get("result_uri")
+        if not job.get("result_truncated") or not isinstance(uri, str):
+            return job.get("result")
+        try:
+            contents = (await self.client.read_resource(uri)).contents
+        except Exception as exc:  # the SDK raises its own error types for a resource error
+            raise ToolCallError("resources/read", f"{uri}: {exc}") from exc
+        text = getattr(contents[0], "text", None) if contents else None
+        if not isinstance(text, str):
+            raise ToolCallError("resources/read", f"{uri}: no text content")
+        return json.loads(text)
 
     async def wait_sweep(self, sweep_id: str, label: str, limit_s: float) -> dict[str, Any]:
         """wait_for_job on a sweep id until every run ends (at most limit_s in all), printing progress."""

@@ -256,11 +256,18 @@ class StudyRun:
             self.error("overlap", exc.message, tool="wait_for_job")
             return
         section["job"] = {k: job.get(k) for k in ("job_id", "state", "reason", "elapsed_s")}
-        if job["state"] != "SUCCEEDED" or not isinstance(job.get("result"), dict):
+        result = None
+        if job["state"] == "SUCCEEDED":
+            try:
+                result = await self.c.full_result(job)
+            except ToolCallError as exc:
+                self.error("overlap", exc.message, tool="resources/read")
+                section["rows"] = study.overlap_rows(predictions, None, note)
+                return
+        if not isinstance(result, dict):
             self.error("overlap", f"job {job_id} {job['state']}: {job.get('reason')}", tool="tune_overlap")
             section["rows"] = study.overlap_rows(predictions, None, note)
             return
-        result = job["result"]
         section["measured"] = {
             k: result.get(k)
             for k in (
