@@ -16,7 +16,6 @@ import contextlib
 import json
 import math
 import os
-import select
 from dataclasses import dataclass
 
 STATE_FD_ENV = "LLM_INFRA_MCP_STATE_FD"
@@ -88,10 +87,7 @@ class StateReader:
         chunks: list[bytes] = []
         read = 0
         while read < _READ_MAX:
-            try:
-                ready, _, _ = select.select([self.fd], [], [], 0)
-                if not ready:
-                    break
+            try:  # the descriptor is non-blocking (no select(): it refuses descriptors past FD_SETSIZE)
                 data = os.read(self.fd, _READ_MAX - read)
             except BlockingIOError:
                 break
