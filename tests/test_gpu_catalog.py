@@ -87,6 +87,24 @@ def test_every_entry_has_sources_and_notes(catalog: list[GpuSpec]) -> None:
         assert gpu.notes.strip(), gpu.name
 
 
+def test_the_catalog_cites_only_what_a_client_can_read() -> None:
+    """Issue 22, defect 11: the resource cited 'shared/reference/hardware.md', a file no client can open. Every file
+    path in its description, sources and notes is part of a URL; no 'reference note' stands in for a source."""
+    import re
+
+    from servers.core.resources import _describe
+
+    doc = _raw_document()
+    texts = [doc["description"], _describe(resources_dir() / "gpus.json")]
+    for gpu in doc["gpus"]:
+        texts += [gpu["notes"], *(f"{s['what']} {s['source']}" for s in gpu["sources"])]
+    path = re.compile(r"(?<![\w/.:-])(?:[\w.-]+/)+[\w.-]+\.(?:md|py|json|csv|txt)\b")
+    for text in texts:
+        bare = re.sub(r"https?://\S+", "", text)
+        assert not path.search(bare), text
+        assert "reference note" not in text and "shared/" not in bare, text
+
+
 def test_required_gpus_present(catalog: list[GpuSpec]) -> None:
     names = [gpu.name for gpu in catalog]
     assert len(names) == len(set(names))

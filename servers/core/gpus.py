@@ -59,7 +59,7 @@ class GpuSource(Model):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     what: str = Field(min_length=1, description="which figures this source backs")
-    source: str = Field(min_length=1, description="datasheet name and URL, or the project reference note")
+    source: str = Field(min_length=1, description="the data sheet or publication, with a URL a reader can open")
 
 
 class GpuSpec(Model):
