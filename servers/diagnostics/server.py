@@ -268,6 +268,9 @@ def register(server: MCPServer, app: App) -> None:
             + (f", {scan.events_omitted} more counted but not listed" if scan.events_omitted else "")
             + (f"; {scan.summary_omitted} least severe pair(s) not listed" if scan.summary_omitted else "")
         ]
+        if scan.counts:
+            lines.append("events in the whole log: " + ", ".join(f"{n} {k}" for k, n in sorted(scan.counts.items())))
+        lines += [f"note: {note}" for note in scan.notes[:5]]
         for row in scan.summary[:30]:
             lines.append(
                 f"- {row.kind} {row.code if row.code is not None else ''} on "

@@ -102,7 +102,12 @@ class KernelLogScan(Model):
     lines_read: int = 0
     bytes_read: int | None = Field(default=None, description="Known when reading a file or bytes")
     matched_lines: int = Field(
-        default=0, description="Lines recognised: events, their continuation lines, PCI-UUID maps and boot markers"
+        default=0,
+        description="Lines recognised: events, their continuation lines, PCI-UUID maps and boot markers (a note "
+        "says which when none is an event)",
+    )
+    counts: dict[str, int] = Field(
+        default_factory=dict, description="Events per kind in the whole log, exact (never capped like the lists)"
     )
     unknown_codes: list[UnknownCode] = Field(
         default_factory=list,
@@ -113,4 +118,6 @@ class KernelLogScan(Model):
     events_omitted: int = Field(default=0, description="How many events are counted but not listed")
     summary_truncated: bool = False
     parse_errors: int = Field(default=0, description="Candidate lines that could not be read (skipped)")
-    notes: list[str] = Field(default_factory=list, description="Rate-limit warnings from the driver, read errors")
+    notes: list[str] = Field(
+        default_factory=list, description="Rate-limit warnings from the driver, read errors, what matched if no event"
+    )

@@ -4,7 +4,9 @@ and scan_file.
 
 Memory is bounded: the event list stops at ``max_events`` (and at ``FLOOD_THRESHOLD`` events per GPU and code, so a
 flood does not crowd out the rest), counts and summaries are aggregated as the lines go by and stay exact, and every
-other list has a fixed cap.
+other list has a fixed cap. Counting is never capped: ``counts`` (per kind) holds every event of the log, whatever
+the summary and the event list could list; when the result must shrink to fit its byte budget, the event list
+shrinks first and the summary only after it.
 
 Nothing in the log makes it raise: an unreadable line is skipped (counted in ``parse_errors``), a reader that fails
 midway ends the scan with a note. Only a wrong argument (``max_events``, ``classify``, a missing file) raises
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from servers.core.errors import InputError, NotFoundError
-from servers.diagnostics.bounds import fit, scaled
+from servers.diagnostics.bounds import MAX_RESULT_BYTES, fit, scaled
 from servers.diagnostics.kmsg.matchers import (
     TRIGGERS,
     after_nvrm,
@@ -63,6 +65,18 @@ MAX_NOTES = 50
 MAX_GPUS = 4_096
 MAX_UNITS = 16
 MAX_TEXT = 1_000  # characters kept of a message or raw line
+MAX_QUOTED = 160  # characters of a recognised line quoted in the note that says what matched without an event
+SUMMARY_SHRINKS_LATER = 64  # the summary shrinks only once the event list has shrunk this many times over
+
+# What a recognised line that is not an event is, for the note of a scan that found no event.
+_RECOGNISED = {
+    "boot_marker": "boot marker",
+    "gpu_at": "PCI-to-UUID line",
+    "serial": "board serial line",
+    "sxid_more": "SXid continuation line",
+    "rate_limit": "driver rate-limit notice",
+    "fallen_off_bus_part": "line of a fallen-off-the-bus message",
+}
 
 
 @dataclass
@@ -97,6 +111,8 @@ class _Scanner:
         self.max_events = max_events
         self.reader = BlockReader(self.line, TRIGGERS)
         self.matched = 0
+        self.counts: dict[str, int] = {}  # events per kind, every one (the rows and the list are capped, this is not)
+        self.recognised: dict[str, list[Any]] = {}  # what, for matched lines that are no event: [count, line, text]
         self.parse_errors = 0
         self.boots = Boots()
         self.events: list[dict[str, Any]] = []
@@ -141,9 +157,18 @@ class _Scanner:
             self.fob_pending = None
         return time, uptime, start
 
+    def _recognised(self, what: str, line: str, number: int, lines: int = 1) -> None:
+        """`lines` matched lines that are no event of their own (a boot marker, a PCI-to-UUID map...)."""
+        self.matched += lines
+        seen = self.recognised.get(what)
+        if seen is None:
+            self.recognised[what] = [lines, number, line.strip()[:MAX_QUOTED]]
+        else:
+            seen[0] += lines
+
     def _boot_marker(self, line: str, number: int, match: re.Match[str] | None) -> None:
         _, uptime, _ = parse_prefix(line)
-        self.matched += 1
+        self._recognised("boot_marker", line, number)
         if self.boots.marker(number, uptime):
             self.fob_pending = None
 
@@ -157,8 +182,8 @@ class _Scanner:
 
     def _sxid(self, line: str, number: int, match: re.Match[str] | None) -> None:
         assert match is not None
-        if sxid_continues(match):
-            self.matched += 1  # the "Severity ..." and "Data {...}" lines that follow each SXid
+        if sxid_continues(match):  # the "Severity ..." and "Data {...}" lines that follow each SXid
+            self._recognised("sxid_more", line, number)
             return
         time, uptime, start = self._stamp(line, number)
         code, pci, message, extra = parse_sxid(match)
@@ -166,7 +191,7 @@ class _Scanner:
 
     def _gpu_at(self, line: str, number: int, match: re.Match[str] | None) -> None:
         assert match is not None
-        self.matched += 1
+        self._recognised("gpu_at", line, number)
         pci = normalize_pci(match.group(1))
         device = device_of(pci)
         if device is None:
@@ -185,7 +210,7 @@ class _Scanner:
 
     def _serial(self, line: str, number: int, match: re.Match[str] | None) -> None:
         assert match is not None
-        self.matched += 1
+        self._recognised("serial", line, number)
         if self.last_gpu_at is not None and number - self.last_gpu_at[0] <= 3:
             known = self.gpus.get(self.last_gpu_at[1])
             if known is not None:
@@ -208,7 +233,7 @@ class _Scanner:
         if self._fob_continues(number):
             first, pci, time, uptime, _, texts = self.fob_pending  # type: ignore[misc]
             self.fob_pending = None
-            self.matched += len(texts)
+            self._recognised("fallen_off_bus_part", texts[0], first, len(texts))
             self._stamp(line, number)
             message = " ".join([*texts, text])
             self._event("fallen_off_bus", None, pci, time, uptime, first, message, message, line, {})
@@ -226,7 +251,7 @@ class _Scanner:
         self._event("recovery_action", None, pci, time, uptime, number, text, line[start:], line, extra)
 
     def _rate_limit(self, line: str, number: int, match: re.Match[str] | None) -> None:
-        self.matched += 1
+        self._recognised("rate_limit", line, number)
         device = device_of(pci_in(line))
         if device is not None and len(self.rate_limited) < MAX_GPUS:
             self.rate_limited.add(device)
@@ -258,6 +283,7 @@ class _Scanner:
         extra: dict[str, Any],
     ) -> None:
         self.matched += 1
+        self.counts[kind] = self.counts.get(kind, 0) + 1
         self.boots.event()
         message = message[:MAX_TEXT]
         severity, action = place(self.classify, kind, code, message, extra.get("recovery_action"))
@@ -322,7 +348,24 @@ class _Scanner:
             uuid = known.uuid if known is not None else None
         return uuid
 
-    def result(self) -> KernelLogScan:
+    def _what_matched(self) -> str | None:
+        """A note for a scan that recognised lines but found no event: what those lines were."""
+        if self.counts or not self.recognised:
+            return None
+        parts = []
+        for what, (count, number, text) in self.recognised.items():
+            label = _RECOGNISED.get(what, what)
+            parts.append(f"{count} {label}{'s' if count != 1 else ''} (first, line {number}: {text!r})")
+        return (
+            f"no GPU fault in this log: the {self.matched} recognised line(s) are "
+            + "; ".join(parts)
+            + ", none of them an Xid, SXid, NCCL segfault, fallen-off-the-bus or recovery-action event"
+        )
+
+    def result(self, max_result_bytes: int = MAX_RESULT_BYTES) -> KernelLogScan:
+        what = self._what_matched()
+        if what is not None:
+            self.note(what)
         events = []
         for event in self.events:
             event["uuid"] = self._uuid(event["boot"], device_of(event["pci_bus_id"]))
@@ -357,9 +400,9 @@ class _Scanner:
         unknown = list(self.unknown.values())
         lines_read = self.reader.lines_read
 
-        def build(scale: float) -> KernelLogScan:
+        def build(scale: float) -> KernelLogScan:  # the event list shrinks first, the summary only much later
             listed = events[: scaled(len(events), scale)] if events else []
-            rows = summary[: scaled(MAX_SUMMARY_LISTED, scale)]
+            rows = summary[: scaled(MAX_SUMMARY_LISTED, min(1.0, scale * SUMMARY_SHRINKS_LATER))]
             omitted = self.omitted + len(events) - len(listed)
             return KernelLogScan(
                 events=listed,
@@ -372,6 +415,7 @@ class _Scanner:
                 lines_read=lines_read,
                 bytes_read=self.reader.bytes_read,
                 matched_lines=self.matched,
+                counts=dict(self.counts),
                 unknown_codes=unknown[: scaled(MAX_UNKNOWN_LISTED, scale)],
                 unknown_codes_omitted=max(0, len(unknown) - scaled(MAX_UNKNOWN_LISTED, scale)),
                 events_truncated=omitted > 0,
@@ -381,54 +425,74 @@ class _Scanner:
                 notes=self.notes[: scaled(MAX_NOTES, scale)],
             )
 
-        return fit(build)
+        return fit(build, max_result_bytes)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # entry points
 
 
-def _check(classify: Classifier | None, max_events: int) -> None:
+def _check(classify: Classifier | None, max_events: int, max_result_bytes: int = MAX_RESULT_BYTES) -> None:
     if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 0:
         raise InputError(f"max_events must be a whole number >= 0, got {max_events!r}")
     if classify is not None and not callable(classify):
         raise InputError("classify must be a function (kind, code, message) -> (severity, action), or None")
+    if isinstance(max_result_bytes, bool) or not isinstance(max_result_bytes, int) or max_result_bytes < 1:
+        raise InputError(f"max_result_bytes must be a whole number >= 1, got {max_result_bytes!r}")
 
 
 def scan_kernel_log(
-    lines: Iterable[str], *, classify: Classifier | None = None, max_events: int = 5000
+    lines: Iterable[str],
+    *,
+    classify: Classifier | None = None,
+    max_events: int = 5000,
+    max_result_bytes: int = MAX_RESULT_BYTES,
 ) -> KernelLogScan:
     """Scan a kernel log given as lines (a text file object, ``text.splitlines()``, a generator).
 
     ``classify(kind, code, message) -> (severity, action)`` places each event; without it, codes come back with
     severity 'unknown' and action 'look the code up with explain_xid' (fallen-off-the-bus, NCCL segfaults and
     recovery-action changes get built-in advice whenever the classifier says 'unknown'). Never raises on the log's
-    content; a reader that fails midway ends the scan with a note.
+    content; a reader that fails midway ends the scan with a note. The result's JSON is kept within
+    ``max_result_bytes`` by listing fewer events (then fewer summary rows); ``counts`` stays exact.
     """
-    _check(classify, max_events)
+    _check(classify, max_events, max_result_bytes)
     scanner = _Scanner(classify, max_events)
     try:
         scanner.reader.read(lines)
     except Exception as exc:  # the reader failed (I/O error, a generator that raised): keep what was read
         scanner.note(f"reading stopped after line {scanner.reader.lines_read}: {type(exc).__name__}: {exc}")
     scanner.reader.finish()
-    return scanner.result()
+    return scanner.result(max_result_bytes)
 
 
-def scan_text(text: str, *, classify: Classifier | None = None, max_events: int = 5000) -> KernelLogScan:
+def scan_text(
+    text: str, *, classify: Classifier | None = None, max_events: int = 5000, max_result_bytes: int = MAX_RESULT_BYTES
+) -> KernelLogScan:
     """Scan a kernel log held in a string."""
-    return scan_kernel_log(as_text(text), classify=classify, max_events=max_events)
+    return scan_kernel_log(as_text(text), classify=classify, max_events=max_events, max_result_bytes=max_result_bytes)
 
 
-def scan_file(path: str | Path, *, classify: Classifier | None = None, max_events: int = 5000) -> KernelLogScan:
+def scan_file(
+    path: str | Path,
+    *,
+    classify: Classifier | None = None,
+    max_events: int = 5000,
+    max_result_bytes: int = MAX_RESULT_BYTES,
+) -> KernelLogScan:
     """Scan a kernel log file in 4 MiB blocks (undecodable bytes become U+FFFD); bytes_read is the file's size read."""
     target = Path(path)
     if not target.is_file():
         raise NotFoundError(f"no such log file: {target} (give the path of a dmesg or journalctl -k output file)")
-    _check(classify, max_events)
+    _check(classify, max_events, max_result_bytes)
     try:
         handle = target.open("rb")
     except OSError as exc:
         raise InputError(f"cannot open {target}: {exc.strerror or exc}") from exc
     with handle:
-        return scan_kernel_log(handle, classify=classify, max_events=max_events)  # type: ignore[arg-type]
+        return scan_kernel_log(
+            handle,  # type: ignore[arg-type]
+            classify=classify,
+            max_events=max_events,
+            max_result_bytes=max_result_bytes,
+        )
