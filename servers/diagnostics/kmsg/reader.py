@@ -65,9 +65,11 @@ class BlockReader:
         reader or iterable raises, after handing on every line read before it."""
         if isinstance(lines, str):
             self.feed(lines)
-        elif isinstance(lines, bytes | bytearray):
+        elif isinstance(lines, bytes | bytearray):  # in CHUNK_BYTES pieces: the search's masks stay a block's size
             self.bytes_read = len(lines)
-            self.feed(bytes(lines))
+            view = memoryview(lines)
+            for at in range(0, len(lines), CHUNK_BYTES):
+                self.feed(bytes(view[at : at + CHUNK_BYTES]))
         elif callable(getattr(lines, "read", None)):
             self._read_reader(lines.read)  # type: ignore[attr-defined]
         else:
