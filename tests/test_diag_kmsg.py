@@ -789,3 +789,26 @@ async def test_the_tool_says_what_matched_and_the_exact_counts(suite_client) -> 
     busy = await suite_client.call_tool("scan_kernel_log", {"text": "\n".join(lines), "max_events": 5})
     assert busy.structured_content["counts"] == {"xid": 40} and len(busy.structured_content["events"]) == 5
     assert "events in the whole log: 40 xid" in busy.content[0].text
+
+
+def test_bytes_given_whole_are_searched_in_bounded_blocks() -> None:
+    """A log given as one bytes object is searched CHUNK_BYTES at a time: the memory of the vectorised search (its
+    masks and positions; numpy's buffers are traced by tracemalloc) is a block's, the same for 8 and 32 MiB."""
+    import tracemalloc
+
+    from servers.diagnostics.kmsg import CHUNK_BYTES
+
+    line = b"[ 1.0] ordinary kernel line, words: Commander Linus says NV and SX are fine\n"  # dense keys, no trigger
+    xid = b"[2.0] NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=x, m\n"
+    scan_kernel_log(line * 2000 + xid)  # numpy imported and warm before the measure
+    peaks = []
+    for mib in (8, 32):
+        data = line * ((mib << 20) // len(line)) + xid
+        tracemalloc.start()
+        try:
+            scan = scan_kernel_log(data)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert scan.counts == {"xid": 1} and scan.events[0].line_number == scan.lines_read == data.count(b"\n")
+    assert peaks[1] < 6 * CHUNK_BYTES and peaks[1] - peaks[0] < CHUNK_BYTES // 2, peaks

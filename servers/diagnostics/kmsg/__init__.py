@@ -7,11 +7,13 @@ with no Xid), the lines that map a PCI address to a GPU UUID, and reboots, in ev
 
 Split by concern:
 - ``reader.py``: block reading (strings, bytes, readers, iterables of lines, in bounded blocks; only the lines that
-  hold a trigger word are handed on);
+  hold a trigger word are handed on, found in blocks of bytes by a vectorised search for each word's rarest byte);
 - ``matchers.py``: the line shapes and timestamp prefixes, and the pure parsing of one line;
 - ``policy.py``: classification and built-in advice, boots, floods and escalation (the numbers);
 - ``scanner.py``: the bounded aggregation into the result, and the entry points;
 - ``models.py``: the result models.
+
+Counts are exact at every size (``counts``, per kind); only the lists are bounded.
 
 Nothing in the log makes it raise: an unreadable line is skipped (counted in ``parse_errors``), a reader that fails
 midway ends the scan with a note. Only a wrong argument (``max_events``, ``classify``, a missing file) raises
@@ -50,7 +52,7 @@ from servers.diagnostics.kmsg.policy import (
     default_classify,
     severity_rank,
 )
-from servers.diagnostics.kmsg.reader import BATCH_LINES, CHUNK_BYTES, MAX_LINE, MAX_PARSE
+from servers.diagnostics.kmsg.reader import BATCH_LINES, CHUNK_BYTES, MAX_LINE, MAX_PARSE, VECTOR_BYTES
 from servers.diagnostics.kmsg.scanner import (
     MAX_GPUS,
     MAX_NOTES,
@@ -88,6 +90,7 @@ __all__ = [
     "TRIGGERS_BYTES",
     "UNKNOWN",
     "UPTIME_REBOOT_DROP_S",
+    "VECTOR_BYTES",
     "Classifier",
     "EventKind",
     "EventSummary",
