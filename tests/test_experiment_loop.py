@@ -278,8 +278,8 @@ def test_quick_study_decision_follows_the_fits_it_quotes(quick_study: QuickStudy
     level = scaling["level"]
     # the comparison is of the variants' fits on all compute, best asymptote first
     assert set(fits) == {f["fit_id"] for f in full.values()}
-    assert comparison["fits"][0]["fit_id"] == comparison["best_asymptote"]
-    assert fits[comparison["best_asymptote"]]["asymptote"] == max(f["asymptote"] for f in fits.values())
+    assert comparison["fits"][0]["fit_id"] == comparison["highest_fitted_asymptote"]
+    assert fits[comparison["highest_fitted_asymptote"]]["asymptote"] == max(f["asymptote"] for f in fits.values())
     quoted = decision["quoted"]
     fit = fits[quoted["fit_id"]]
     variant = final["variant_of_fit"][quoted["fit_id"]]
@@ -299,8 +299,9 @@ def test_quick_study_decision_follows_the_fits_it_quotes(quick_study: QuickStudy
         assert all(p["p_first_higher_asymptote"] >= 1 - level for p in pairs)
         assert quoted["probabilities_by_fit"] == {p["second"]: p["p_first_more_efficient"] for p in pairs}
     else:
-        pairs = [p for p in comparison["pairs"] if p["first"] == comparison["best_asymptote"]]
-        assert decision["variant"] is None and min(p["p_first_higher_asymptote"] for p in pairs) < level
+        pairs = [p for p in comparison["pairs"] if p["first"] == comparison["highest_fitted_asymptote"]]
+        unsure = min(p["p_first_higher_asymptote"] for p in pairs) < level or comparison["best_asymptote"] is None
+        assert decision["variant"] is None and unsure
     for value in quoted["probabilities"].values():
         assert f"{value:.2f}" in decision["text"]
 

@@ -633,7 +633,7 @@ class StudyRun:
         first = await self.try_call("compare", "compare_scaling_fits", {"fit_ids": ids, "level": cfg.level})
         if first is None:
             return out
-        best = first["best_asymptote"]
+        best = first["highest_fitted_asymptote"]  # decide() judges how sure; best_asymptote is null when unsure
         best_first = (
             first
             if ids[0] == best

@@ -397,7 +397,7 @@ def decide(
        `level` of the draws): scale it.
     3. Else: no decision at this level; the leading variant is the best fitted asymptote."""
     fits = {f["fit_id"]: f for f in best_first.get("fits") or []}
-    best = best_first["best_asymptote"]
+    best = best_first.get("highest_fitted_asymptote") or best_first["best_asymptote"]
     unit = best_first.get("compute_unit", "")
     others = [f for f in fits if f != best]
     pairs = _pairs_led_by(best_first, best)
@@ -432,7 +432,8 @@ def decide(
         }
 
     known = [v for v in p_higher.values() if v is not None]
-    if known and len(known) == len(p_higher) and min(known) >= level:
+    named = best_first.get("best_asymptote", best) == best  # the comparison names it (every A identified)
+    if named and known and len(known) == len(p_higher) and min(known) >= level:
         against = "; ".join(f"P(A higher than {name(k)}) = {v:.2f}" for k, v in p_higher.items())
         return Decision(
             kind="asymptote",
@@ -486,6 +487,7 @@ def decide(
         text=(
             f"No variant to scale yet: neither the asymptotes nor the efficiencies separate at {level:.0%}. "
             f"{name(best)} has the highest fitted asymptote, {describe(best)}, but {shown}."
+            + ("" if named else f" {best_first.get('asymptote_statement', '')}")
         ),
         quoted=quoted(best, p_higher, "higher asymptote"),
     )

@@ -16,12 +16,15 @@ from servers.scaling.fitting import (
     ComputeForTarget,
     FitInComparison,
     LeadRegion,
+    NotIdentified,
     PairVerdict,
     PredictedValue,
 )
 
 MAX_CROSSINGS = 100  # crossings listed per pair (near-identical noisy curves could cross at many grid steps)
 MAX_COMPUTE = 1e40  # the largest compute the tools accept anywhere; targets beyond it count as out of reach
+UNIDENTIFIED_A = 0.5  # as fit_sigmoid.UNIDENTIFIED_A: A's interval over more than this share of its range
+SEED_SPREAD_A = 0.02  # ScaleRL's seed-to-seed spread on A (Khatri et al. 2025)
 
 
 def point_params(fit: StoredFit) -> dict[str, float]:
@@ -87,8 +90,14 @@ def predict_curve(fit: StoredFit, compute: list[float], level: float) -> list[Pr
         draws = _draw_matrix(fit, lambda d: curve(fit.model, d, x))
     _check_center(center, [f"compute[{i}] = {c:g}" for i, c in enumerate(compute)], fit.model)
     used_max = used_compute_max(fit)
+    bands = _intervals(center, draws, fit.outcome.rmse, level)
+    envelope = _envelope(fit, level) if draws is not None else None
     out = []
-    for c, v, (lo, hi, plo, phi) in zip(x, center, _intervals(center, draws, fit.outcome.rmse, level), strict=True):
+    for c, v, (lo, hi, plo, phi) in zip(x, center, bands, strict=True):
+        if envelope is not None and c > used_max:  # A not identified: beyond the data, all the model allows
+            low_end, high_end = envelope
+            lo, hi = _widened(lo, low_end, min), _widened(hi, high_end, max)
+            plo, phi = _widened(plo, low_end, min), _widened(phi, high_end, max)
         out.append(
             PredictedValue(
                 compute=float(c),
@@ -101,6 +110,51 @@ def predict_curve(fit: StoredFit, compute: list[float], level: float) -> list[Pr
             )
         )
     return out
+
+
+def _widened(end: float | None, bound: float | None, pick: Any) -> float | None:
+    if end is None or bound is None:
+        return None if end is None and bound is None else end if bound is None else bound
+    return float(pick(end, bound))
+
+
+def _envelope(fit: StoredFit, level: float) -> tuple[float | None, float | None] | None:
+    """For a scalerl fit whose A is not identified, the values its curve can take beyond the data: it is monotone
+    between R0 and A, and A lies in [0, y_max], so a rising curve stays between its value at the data's end (the
+    interval's lower end there) and y_max; a falling one between 0 and its value at the data's end (the interval's
+    upper end). None when A is identified (or for a power law)."""
+    if fit.model != "scalerl" or unidentified_reason(fit, "A") is None:
+        return None
+    p = point_params(fit)
+    end = used_compute_max(fit)
+    with np.errstate(all="ignore"):
+        center = curve(fit.model, p, np.array([end]))
+        draws = _draw_matrix(fit, lambda d: curve(fit.model, d, np.array([end])))
+    lo, hi, _, _ = _intervals(center, draws, fit.outcome.rmse, level)[0]
+    y_max = float(fit.options.get("y_max") or 1.0)
+    return (lo, y_max) if p["A"] >= p["R0"] else (0.0, hi)
+
+
+def prediction_warnings(fit: StoredFit, compute: list[float]) -> list[str]:
+    """What a prediction from `fit` at `compute` rests on that the fit's data do not determine."""
+    beyond = [c for c in compute if c > used_compute_max(fit)]
+    if not beyond:
+        return []
+    out = []
+    for u in not_identified(fit):
+        text = f"{u.parameter} is not identified by this fit's data ({u.detail})"
+        if text not in out:
+            out.append(text)
+    if not out:
+        return []
+    head = f"Beyond the fitted data (compute > {used_compute_max(fit):.3g}) the prediction rests on"
+    tail = ""
+    if _envelope(fit, 0.95) is not None:
+        tail = (
+            "; there the intervals are widened to what the model allows (between the curve's value at the data's end "
+            "and the bound of A), since the data do not say where the curve saturates: do not quote the point value"
+        )
+    return [f"{head} parameters the data do not determine: " + "; ".join(out) + tail + "."]
 
 
 def predict_loss(fit: StoredFit, at: list[tuple[float, float]], level: float) -> list[PredictedValue]:
@@ -269,6 +323,28 @@ def law_for_target(
         ci_high=hi,
         draws_reaching=share,
         statement=statement,
+    )
+
+
+def target_given_identifiability(fit: StoredFit, reach: ComputeForTarget) -> ComputeForTarget:
+    """A compute-for-target verdict from a fit whose A is not identified: beyond the data the draws do not say
+    where the curve saturates, so neither 'reachable' there nor 'unreachable' holds; within the data it stands."""
+    why = unidentified_reason(fit, "A") if fit.model == "scalerl" else None
+    if why is None or reach.verdict == "undefined":
+        return reach
+    if reach.verdict == "uncertain":
+        return reach.model_copy(
+            update={"statement": f"{reach.statement}; this fit's A is not identified by its data ({why})"}
+        )
+    if reach.verdict == "reachable" and reach.compute is not None and reach.compute <= used_compute_max(fit):
+        return reach
+    return reach.model_copy(
+        update={
+            "verdict": "uncertain",
+            "reachable": None,
+            "statement": f"uncertain: this fit's A is not identified by its data ({why}), so whether the curve gets "
+            f"to {reach.target:g} beyond the data is not known; from the fit and its draws alone: {reach.statement}",
+        }
     )
 
 
@@ -464,6 +540,114 @@ def _share(first: list[float], second: list[float], better: Any) -> float | None
     return float(np.mean([better(first[i], second[i]) for i in range(n)]))
 
 
+def not_identified(fit: StoredFit) -> list[NotIdentified]:
+    """What the fit's data do not determine: the fit's own findings (fit_sigmoid), and for a scalerl fit stored
+    without them (an older fit) the two its stored data show: C_mid beyond the largest fitted compute, and A's
+    interval over most of the range it can take beyond R0."""
+    found = list(fit.outcome.not_identified)
+    if fit.model != "scalerl":
+        return found
+    have = {(u.parameter, u.reason) for u in found}
+    p = fit.outcome.parameters
+    cmid, cmax = p["C_mid"].value, used_compute_max(fit)
+    if cmid > cmax and ("A", "beyond_data") not in have:
+        detail = (
+            f"the fitted C_mid {cmid:.3g} lies beyond the largest compute {cmax:.3g}: no point past the midpoint, so "
+            "the curve has not bent"
+        )
+        found += [NotIdentified(parameter=n, reason="beyond_data", detail=detail) for n in ("A", "C_mid")]
+    a, r0, y_max = p["A"], p["R0"].value, float(fit.options.get("y_max") or 1.0)
+    room = (y_max - r0) if a.value >= r0 else r0
+    if a.ci_low is not None and a.ci_high is not None and room > 0 and ("A", "wide_interval") not in have:
+        width = a.ci_high - a.ci_low
+        if width > UNIDENTIFIED_A * room:
+            found.append(
+                NotIdentified(
+                    parameter="A",
+                    reason="wide_interval",
+                    detail=f"A's interval {a.ci_low:.3f} to {a.ci_high:.3f} spans {width / room:.0%} of the range A "
+                    "can take beyond R0",
+                )
+            )
+    return found
+
+
+def unidentified_reason(fit: StoredFit, parameter: str) -> str | None:
+    """Why the fit's data do not determine `parameter`, in words; None when they do."""
+    found = [u.detail for u in not_identified(fit) if u.parameter == parameter]
+    return "; ".join(dict.fromkeys(found)) if found else None
+
+
+def _interval_text(fit: StoredFit, name: str) -> str:
+    p = fit.outcome.parameters[name]
+    if p.ci_low is None or p.ci_high is None:
+        return f"{_name(fit)} {p.value:.4g} (no interval)"
+    return f"{_name(fit)} {p.ci_low:.4g}-{p.ci_high:.4g}"
+
+
+def _overlap(fits: list[StoredFit], name: str) -> bool:
+    ends = [(f.outcome.parameters[name].ci_low, f.outcome.parameters[name].ci_high) for f in fits]
+    if any(lo is None or hi is None for lo, hi in ends):
+        return True
+    return max(lo for lo, _ in ends) <= min(hi for _, hi in ends)  # type: ignore[type-var]
+
+
+def _winner(
+    fits: list[StoredFit], name: str, lower_wins: bool, level: float, what: str, unit: str
+) -> tuple[str | None, float | None, str]:
+    """The fit that wins on parameter `name` (higher A, or lower C_mid) against every other, called only when each
+    fit's `name` is identified and at least `level` of the bootstrap draw pairs agree with every other fit; the
+    least share over the others, and the statement (a winner, or why none is named)."""
+    value = {f.id: f.outcome.parameters[name].value for f in fits}
+    top = min(fits, key=lambda f: value[f.id]) if lower_wins else max(fits, key=lambda f: value[f.id])
+    others = [f for f in fits if f is not top]
+    better = (lambda u, v: u < v) if lower_wins else (lambda u, v: u > v)
+    shares = {
+        f.id: _share(
+            [d[name] for d in top.outcome.bootstrap_draws], [d[name] for d in f.outcome.bootstrap_draws], better
+        )
+        for f in others
+    }
+    known = [v for v in shares.values() if v is not None]
+    least = min(known) if len(known) == len(shares) and known else None
+    shown = f"{name}={value[top.id]:.4g}" + (f" {unit}" if name == "C_mid" else "")
+    unknown = [(f, unidentified_reason(f, name)) for f in fits]
+    unknown = [(f, why) for f, why in unknown if why]
+    if unknown:
+        whose = "; ".join(f"{_name(f)}'s {name} is not identified by this data ({why})" for f, why in unknown)
+        return None, least, f"{what}: no call: {whose}."
+    if least is None:
+        return (
+            None,
+            None,
+            (
+                f"{what}: no call: {_name(top)} has the {'lowest' if lower_wins else 'highest'} fitted {shown}, but "
+                "without bootstrap draws for every fit nothing says how sure that is."
+            ),
+        )
+    runner_up = min(others, key=lambda f: shares[f.id] or 0.0)
+    against = f"{_name(runner_up)}'s {value[runner_up.id]:.4g}"
+    if least >= level:
+        return (
+            top.id,
+            least,
+            (
+                f"{what}: {_name(top)} ({shown}, against {against}): {'below' if lower_wins else 'above'} every other "
+                f"fit's in at least {least:.0%} of bootstrap draw pairs (level {level:.0%})."
+            ),
+        )
+    overlap = " their intervals overlap (" if _overlap(fits, name) else " ("
+    return (
+        None,
+        least,
+        (
+            f"{what}: uncertain: {_name(top)} has the {'lowest' if lower_wins else 'highest'} fitted {shown} (against "
+            f"{against}), but only in {least:.0%} of bootstrap draw pairs against {_name(runner_up)}, below the "
+            f"{level:.0%} level;{overlap}" + ", ".join(_interval_text(f, name) for f in fits) + ")."
+        ),
+    )
+
+
 def compare(fits: list[StoredFit], level: float = 0.95) -> Comparison:
     models = {f.model for f in fits}
     if not models <= {"scalerl", "power_law"}:
@@ -491,6 +675,8 @@ def compare(fits: list[StoredFit], level: float = 0.95) -> Comparison:
                 asymptote_ci=ci,
                 c_mid=p["C_mid"].value if "C_mid" in p else None,
                 b=p["B"].value,
+                warnings=list(f.outcome.warnings),
+                not_identified=not_identified(f),
             )
         )
     pairs = []
@@ -516,21 +702,31 @@ def compare(fits: list[StoredFit], level: float = 0.95) -> Comparison:
                     verdict=_pair_verdict(x, y, p_a, regions, (start, end, data_end), unit, level),
                 )
             )
-    best = max(rows, key=lambda r: r.asymptote)
-    with_mid = [r for r in rows if r.c_mid is not None]
-    efficient = min(with_mid, key=lambda r: r.c_mid or math.inf) if with_mid else None
-    label = {f.id: _name(f) for f in fits}
-    verdict = f"{label[best.fit_id]} has the highest fitted asymptote (A={best.asymptote:.3f})"
-    if efficient is not None and efficient.fit_id != best.fit_id:
-        verdict += f"; {label[efficient.fit_id]} is the most efficient (half its gain at {efficient.c_mid:.3g} {unit})"
-    verdict += ". " + " ".join(p.verdict for p in pairs)
+    highest = max(rows, key=lambda r: r.asymptote)
+    best, p_best, a_text = _winner(fits, "A", False, level, "Best asymptote", unit)
+    sigmoids = [f for f in fits if f.model == "scalerl"]
+    efficient = p_eff = None
+    e_text = "Most efficient: no call: efficiency (C_mid) is compared between scalerl fits only."
+    if len(sigmoids) >= 2:
+        efficient, p_eff, e_text = _winner(sigmoids, "C_mid", True, level, "Most efficient", unit)
+    elif len(sigmoids) == 1 and len(fits) > 1:
+        e_text = "Most efficient: no call: only one scalerl fit has a C_mid; a power law has none to compare."
+    warned = [f"{_name(f)}: {len(f.outcome.warnings)}" for f in fits if f.outcome.warnings]
+    verdict = f"{a_text} {e_text} " + " ".join(p.verdict for p in pairs)
+    if warned:
+        verdict += " Fit warnings (fits[].warnings): " + ", ".join(warned) + "."
     return Comparison(
         compute_unit=unit,
         level=level,
         fits=rows,
         pairs=pairs,
-        best_asymptote=best.fit_id,
-        most_efficient=efficient.fit_id if efficient else None,
+        highest_fitted_asymptote=highest.fit_id,
+        best_asymptote=best,
+        p_best_asymptote=p_best,
+        asymptote_statement=a_text,
+        most_efficient=efficient,
+        p_most_efficient=p_eff,
+        efficiency_statement=e_text,
         verdict=verdict,
     )
 
@@ -599,8 +795,24 @@ def _pair_verdict(
     ax, ay = x.outcome.parameters["A"].value, y.outcome.parameters["A"].value
     hi = x if ax >= ay else y
     p_hi = None if p_a is None else (p_a if hi is x else 1 - p_a)
-    sure = "" if p_hi is None else f" in {p_hi:.0%} of bootstrap draws"
-    text += f" Asymptote: {names[hi.id]} higher ({max(ax, ay):.3f} vs {min(ax, ay):.3f}){sure}"
-    if abs(ax - ay) < 0.02:
-        text += "; the difference is within ScaleRL's seed-to-seed spread of about 0.02 on A, so treat it as a tie"
+    fitted = f"{names[hi.id]}'s fitted A is higher ({max(ax, ay):.3f} vs {min(ax, ay):.3f})"
+    unknown = [(f, unidentified_reason(f, "A")) for f in (x, y)]
+    unknown = [(f, why) for f, why in unknown if why]
+    if unknown:
+        whose = " and ".join(f"{names[f.id]}'s" for f, _ in unknown)
+        return text + f" Asymptote: no call ({fitted}): {whose} asymptote is not identified by this data (see fits)."
+    if p_hi is None:
+        return text + f" Asymptote: no call: {fitted}, from the point estimates only (no bootstrap draws)."
+    if p_hi < level:
+        overlap = "their intervals overlap" if _overlap([x, y], "A") else "the intervals do not overlap"
+        return text + (
+            f" Asymptote: uncertain: {fitted} in only {p_hi:.0%} of bootstrap draws, below the {level:.0%} level; "
+            f"{overlap} ({_interval_text(x, 'A')}, {_interval_text(y, 'A')})."
+        )
+    text += f" Asymptote: {names[hi.id]} higher ({max(ax, ay):.3f} vs {min(ax, ay):.3f}) in {p_hi:.0%} of draws"
+    if abs(ax - ay) < SEED_SPREAD_A:
+        text += (
+            f" (the gap is within ScaleRL's seed-to-seed spread of about {SEED_SPREAD_A} on A, which one run's "
+            "bootstrap does not include: confirm with another seed)"
+        )
     return text + "."

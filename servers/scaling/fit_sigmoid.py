@@ -68,7 +68,7 @@ from scipy.optimize import OptimizeWarning, curve_fit
 from scipy.special import expit
 
 from servers.core.errors import InputError
-from servers.scaling.fitting import FitOutcome, ParameterEstimate
+from servers.scaling.fitting import FitOutcome, NotIdentified, ParameterEstimate
 
 Model = Literal["scalerl", "power_law"]
 Method = Literal["robust", "scalerl-grid", "curve_fit"]
@@ -78,6 +78,7 @@ NAMES: dict[str, tuple[str, ...]] = {"scalerl": ("A", "B", "C_mid", "R0"), "powe
 HUBER_K = 1.5  # Huber threshold in units of the noise estimate
 BOUND_TOL = 1e-3  # "A at its bound" when within this of 0 or y_max
 WIDE_A = 0.1  # an interval on A wider than this times y_max: warn
+UNIDENTIFIED_A = 0.5  # an interval on A wider than this share of the range A can take beyond R0: A not identified
 RUN_START_FACTOR = 1.05  # runs whose first compute is within this factor of the earliest count for the R0 default
 
 # The robust method's start grid and search box (theta = log C_mid, log B).
@@ -97,6 +98,8 @@ CHUNK_CELLS = 1_000_000  # rows x points per batch of the vectorised solvers (ab
 PAPER_A = np.round(np.arange(0.450, 0.8 + 1e-9, 0.005), 3)
 PAPER_CMID = np.linspace(100.0, 40000.0, 100)
 PAPER_VERIFY = 5
+GRID_DATA_SPAN = 4.0  # off the paper's range, the C_mid grid spans the data's compute up to this times its largest
+NOISE_FACTOR = 4.0  # a fit whose robust residual SD exceeds this times the data's noise does not describe them
 
 
 # --------------------------------------------------------------------------------------------- model evaluation
@@ -635,15 +638,27 @@ def _grid_b_curve_fit(x: Array, y: Array, r0: float, a: float, lc: float) -> tup
         return 1.0, float(_sse(y - f(compute, 1.0))), False, f"curve_fit failed: {err}"
 
 
+def _paper_cmid_grid(x: Array) -> Array:
+    """The C_mid values of the ScaleRL grid for data at log compute x: the paper's 100 linearly spaced values in
+    [100, 40000] (GPU-hours) when that range meets the data's compute range; otherwise (FLOPs, or another unit) the
+    paper's grid would lie wholly outside the data, so the same 100 linearly spaced values span the data's range
+    instead, from its smallest compute to 4 times its largest."""
+    cmin, cmax = math.exp(float(x.min())), math.exp(float(x.max()))
+    if cmax >= PAPER_CMID[0] and cmin <= PAPER_CMID[-1]:
+        return PAPER_CMID
+    return np.linspace(cmin, GRID_DATA_SPAN * cmax, PAPER_CMID.size)
+
+
 def _fit_paper_grid(
     x: Array,
     y: Array,
     r0: float,
     y_max: float,
     a_grid: Array = PAPER_A,
-    cmid_grid: Array = PAPER_CMID,
+    cmid_grid: Array | None = None,
     verify: int = PAPER_VERIFY,
 ) -> tuple[dict[str, float], float, bool, str]:
+    cmid_grid = _paper_cmid_grid(x) if cmid_grid is None else cmid_grid
     a_values = a_grid[a_grid <= y_max + 1e-12]
     if a_values.size == 0:
         raise InputError(f"the ScaleRL grid's A values ({a_grid[0]:g}..{a_grid[-1]:g}) all exceed y_max={y_max:g}")
@@ -659,9 +674,15 @@ def _fit_paper_grid(
             best = (sse, float(aa[i]), float(cc[i]), b, ok, msg)
     assert best is not None
     sse, a, cmid, b, ok, msg = best
+    where = (
+        "the paper's C_mid values 100..40000"
+        if cmid_grid is PAPER_CMID
+        else f"C_mid {cmid_grid[0]:.3g}..{cmid_grid[-1]:.3g} (the paper's 100..40000 GPU-hours lies outside the data's "
+        "compute, so the grid follows the data)"
+    )
     message = (
-        f"ScaleRL grid: {a_values.size} A x {cmid_grid.size} C_mid cells, B per cell by least squares from B = 1 "
-        f"(vectorised), the best {len(order)} refitted with scipy curve_fit; {msg}"
+        f"ScaleRL grid: {a_values.size} A x {cmid_grid.size} C_mid cells ({where}), B per cell by least squares "
+        f"from B = 1 (vectorised), the best {len(order)} refitted with scipy curve_fit; {msg}"
     )
     return {"A": a, "B": b, "C_mid": cmid, "R0": r0}, sse, ok, message
 
@@ -945,6 +966,15 @@ def fit_sigmoid(
     spread = 1.4826 * float(np.median(np.abs(residual - np.median(residual))))  # robust residual SD
     if not math.isfinite(rmse):
         rmse = math.inf
+    floor = max(NOISE_FACTOR * data.sigma, BOUND_TOL * y_max, 0.005 if method == "scalerl-grid" else 0.0)
+    size = 1.4826 * float(np.median(np.abs(residual)))  # robust residual size about zero: an offset counts
+    misfit = size > floor  # the grid's A step (0.005) bounds how close it can get
+    if converged and misfit and method != "robust":
+        converged = False
+        message += (
+            f"; but the fit leaves residuals of robust size {size:.3g}, {size / data.sigma:.0f} times the data's noise "
+            f"({data.sigma:.3g}): it is not a fit of these data, so it is not reported as converged"
+        )
 
     draws: list[dict[str, float]] = []
     failed: dict[str, int] = {}
@@ -963,6 +993,7 @@ def fit_sigmoid(
         )
 
     notes = _warnings(model, method, spec, data, params, parameters, converged, message, y_max, bootstrap, spread)
+    unknown = _not_identified(model, method, spec, data, params, parameters, y_max, spread) if converged else []
     if bootstrap > 0 and not converged:
         notes.append(f"No bootstrap was run ({bootstrap} resamples asked): the fit itself did not converge.")
     return FitOutcome(
@@ -974,6 +1005,7 @@ def fit_sigmoid(
         converged=converged,
         message=message,
         warnings=notes,
+        not_identified=unknown,
         level=level,
         bootstrap=len(draws),
         bootstrap_run=run,
@@ -1024,11 +1056,8 @@ def _warnings(
                 f"A = {a:.4g} sits at its upper bound y_max = {y_max:g}: the data ask for a higher asymptote; "
                 "check y_max (the metric's maximum) or extend the run to see where it saturates."
             )
-        gain = a - params["R0"]
-        # Flat: the gain is within two residual SDs of zero, or the fit leaves most of the values' spread (robust
-        # SDs: a residual SD above 0.7 of the values' SD is an R^2 below 0.5).
-        values_sd = 1.4826 * float(np.median(np.abs(data.y - np.median(data.y))))
-        if abs(gain) < max(2.0 * spread, BOUND_TOL * y_max) or spread > 0.7 * values_sd:
+        flat, gain, values_sd = _flat(data, params, spread, y_max)
+        if flat:
             out.append(
                 f"The curve is nearly flat (A - R0 = {gain:.3g}; residual SD {spread:.3g} against the values' SD "
                 f"{values_sd:.3g}): B and C_mid are not determined; check that the metric moves with compute before "
@@ -1045,15 +1074,23 @@ def _warnings(
                     f"A = {a:.3f} is at the edge of the ScaleRL grid (0.450..0.800): the true asymptote may lie "
                     "outside it; use method='robust'."
                 )
-            if params["C_mid"] in (float(PAPER_CMID[0]), float(PAPER_CMID[-1])):
+            grid = _paper_cmid_grid(data.x)
+            if params["C_mid"] in (float(grid[0]), float(grid[-1])):
                 out.append(
-                    f"C_mid = {params['C_mid']:.4g} is at the edge of the ScaleRL grid (100..40000): use "
-                    "method='robust'."
+                    f"C_mid = {params['C_mid']:.4g} is at the edge of the ScaleRL grid "
+                    f"({grid[0]:.4g}..{grid[-1]:.4g}): use method='robust'."
                 )
     elif a > y_max:
         out.append(
             f"The power law asymptote above the metric's maximum (A = {a:.4g} > y_max = {y_max:g}): a power law does "
             "not saturate, so its A is not a ceiling; use the scalerl sigmoid for the asymptote."
+        )
+    size = 1.4826 * float(np.median(np.abs(data.y - predict(model, params, data.compute))))
+    if method == "robust" and size > max(NOISE_FACTOR * data.sigma, BOUND_TOL * y_max):
+        out.append(
+            f"The residuals' robust size {size:.3g} is {size / data.sigma:.0f} times the data's noise "
+            f"({data.sigma:.3g}, from the values' second differences): the {model} form does not describe these "
+            "points closely; read its parameters with care."
         )
     if method == "robust":
         b = params["B"]
@@ -1072,4 +1109,105 @@ def _warnings(
                 f"The interval of A is wide ({pa.ci_low:.3f} to {pa.ci_high:.3f}): these points do not pin down "
                 "the asymptote; extend the run to higher compute before comparing asymptotes."
             )
+    return out
+
+
+def _flat(data: _Data, params: dict[str, float], spread: float, y_max: float) -> tuple[bool, float, float]:
+    """Whether a scalerl curve is nearly flat: its gain within two residual SDs of zero, or the fit leaves most of
+    the values' spread (robust SDs: a residual SD above 0.7 of the values' SD is an R^2 below 0.5); with the gain
+    and the values' SD."""
+    gain = params["A"] - params["R0"]
+    values_sd = 1.4826 * float(np.median(np.abs(data.y - np.median(data.y))))
+    flat = abs(gain) < max(2.0 * spread, BOUND_TOL * y_max) or spread > 0.7 * values_sd
+    return flat, gain, values_sd
+
+
+def _not_identified(
+    model: Model,
+    method: Method,
+    spec: _Spec,
+    data: _Data,
+    params: dict[str, float],
+    parameters: dict[str, ParameterEstimate],
+    y_max: float,
+    spread: float,
+) -> list[NotIdentified]:
+    """The parameters these data do not determine, and why (a converged fit): the fitted C_mid beyond the largest
+    compute (no point past the midpoint: the curve has not bent, so A and C_mid trade off), an estimate or its
+    interval at a search bound, A's interval over most of the range it can take beyond R0, a flat curve."""
+    out: list[NotIdentified] = []
+
+    def add(name: str, reason: str, detail: str) -> None:
+        out.append(NotIdentified(parameter=name, reason=reason, detail=detail))  # type: ignore[arg-type]
+
+    def edge(name: str, lo: float, hi: float) -> str | None:
+        """How `name` (estimate or interval) touches the search range [lo, hi], in words; None when it does not."""
+        p = parameters[name]
+        near = [v for v in (p.value, p.ci_low, p.ci_high) if v is not None and (v <= lo * 1.001 or v >= hi * 0.999)]
+        if not near:
+            return None
+        what = "its estimate" if near[0] == p.value else "its interval"
+        return f"{what} reaches the edge of its search range [{lo:.3g}, {hi:.3g}]"
+
+    a = params["A"]
+    if model == "power_law":
+        if method == "robust":
+            lo, hi = math.exp(spec.theta_lo[-1]), math.exp(spec.theta_hi[-1])
+            where = edge("B", lo, hi)
+            if where:
+                for name in ("B", "D"):
+                    add(name, "at_bound", f"B: {where}; the points do not determine how fast the curve approaches A")
+        return out
+    cmax, r0, cmid = float(data.compute.max()), params["R0"], params["C_mid"]
+    if cmid > cmax:
+        detail = (
+            f"the fitted C_mid {cmid:.3g} lies beyond the largest compute {cmax:.3g}: no point past the midpoint, so "
+            "the curve has not bent"
+        )
+        add("A", "beyond_data", detail)
+        add("C_mid", "beyond_data", detail)
+    if a <= BOUND_TOL or a >= y_max - BOUND_TOL:
+        add("A", "at_bound", f"A = {a:.4g} ended at its bound ({'0' if a <= BOUND_TOL else f'y_max = {y_max:g}'})")
+    pa = parameters["A"]
+    room = (y_max - r0) if a >= r0 else r0  # what A can be beyond R0: up to y_max, or down to 0
+    if pa.ci_low is not None and pa.ci_high is not None and room > 0:
+        width = pa.ci_high - pa.ci_low
+        if width > UNIDENTIFIED_A * room:
+            add(
+                "A",
+                "wide_interval",
+                f"A's interval {pa.ci_low:.3f} to {pa.ci_high:.3f} spans {width / room:.0%} of the range A can take "
+                f"({'R0 to y_max' if a >= r0 else '0 to R0'}: {min(r0, y_max if a >= r0 else 0.0):.3g} to "
+                f"{max(r0, y_max if a >= r0 else 0.0):.3g})",
+            )
+    if method == "robust":
+        searched = {
+            "B": (math.exp(spec.theta_lo[-1]), math.exp(spec.theta_hi[-1])),
+            "C_mid": (math.exp(spec.theta_lo[0]), math.exp(spec.theta_hi[0])),
+        }
+        for name, (lo, hi) in searched.items():
+            where = edge(name, lo, hi)
+            if where:
+                add(
+                    name,
+                    "at_bound",
+                    f"{name}: {where}; the points do not determine how sharply or where the curve bends",
+                )
+                if name == "B":
+                    add("C_mid", "at_bound", f"B: {where}, and C_mid moves with it")
+    elif method == "scalerl-grid":
+        grid = _paper_cmid_grid(data.x)
+        searched = {
+            "A": (float(PAPER_A[0]), float(PAPER_A[PAPER_A <= y_max + 1e-12].max())),
+            "C_mid": (grid[0], grid[-1]),
+        }
+        for name, (lo, hi) in searched.items():
+            where = edge(name, lo, hi)
+            if where:
+                add(name, "at_bound", f"{name}: {where} (the ScaleRL grid); the true value may lie outside it")
+    flat, gain, values_sd = _flat(data, params, spread, y_max)
+    if flat:
+        detail = f"the curve is nearly flat (A - R0 = {gain:.3g}; residual SD {spread:.3g}, values' SD {values_sd:.3g})"
+        add("B", "flat", detail)
+        add("C_mid", "flat", detail)
     return out

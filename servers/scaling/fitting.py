@@ -42,6 +42,21 @@ def failure_warning(run: int, used: int, failed: dict[str, int]) -> str:
     return text + "."
 
 
+NotIdentifiedReason = Literal["beyond_data", "at_bound", "wide_interval", "flat"]
+
+
+class NotIdentified(Model):
+    """A parameter the fitted data do not determine, and why. A prediction or comparison that rests on it says so."""
+
+    parameter: str
+    reason: NotIdentifiedReason = Field(
+        description="beyond_data: the fitted C_mid lies beyond the largest compute (no point past the midpoint); "
+        "at_bound: the estimate or its interval ended at its search bound; wide_interval: A's interval spans most "
+        "of what A can be; flat: the curve barely moves"
+    )
+    detail: str
+
+
 class FitOutcome(Model):
     """One fit: point estimates, bootstrap intervals and draws, quality, and what to be careful about.
 
@@ -59,6 +74,9 @@ class FitOutcome(Model):
     converged: bool
     message: str = Field(description="What the optimiser said")
     warnings: list[str] = Field(default_factory=list)
+    not_identified: list[NotIdentified] = Field(
+        default_factory=list, description="Parameters these data do not determine, and why"
+    )
     level: float = Field(default=0.95, description="Coverage of the parameters' bootstrap intervals")
     bootstrap: int = Field(description="Bootstrap resamples whose refit is used (the intervals rest on these)")
     bootstrap_run: int | None = Field(
@@ -161,6 +179,10 @@ class FitInComparison(Model):
     asymptote_ci: tuple[float, float] | None
     c_mid: float | None = Field(description="Compute at half the gain (scalerl): lower is more efficient")
     b: float
+    warnings: list[str] = Field(default_factory=list, description="The fit's own warnings")
+    not_identified: list[NotIdentified] = Field(
+        default_factory=list, description="Parameters the fit's data do not determine; no call rests on them"
+    )
 
 
 class LeadRegion(Model):
@@ -206,6 +228,21 @@ class Comparison(Model):
     level: float = Field(description="Share of bootstrap draw pairs that must agree before a fit is called ahead")
     fits: list[FitInComparison]
     pairs: list[PairVerdict]
-    best_asymptote: str
-    most_efficient: str | None
+    highest_fitted_asymptote: str = Field(description="The fit with the highest point estimate of A (no claim)")
+    best_asymptote: str | None = Field(
+        description="The fit whose A is higher than every other's in at least `level` of the bootstrap draw pairs, "
+        "every A identified; null when that does not hold (asymptote_statement says why)"
+    )
+    p_best_asymptote: float | None = Field(
+        description="Least share of draw pairs in which the highest fitted A is above another's"
+    )
+    asymptote_statement: str
+    most_efficient: str | None = Field(
+        description="The scalerl fit whose C_mid is lower than every other's in at least `level` of the draw "
+        "pairs, every C_mid identified; null otherwise (efficiency_statement says why)"
+    )
+    p_most_efficient: float | None = Field(
+        description="Least share of draw pairs in which the lowest fitted C_mid is below another's"
+    )
+    efficiency_statement: str
     verdict: str

@@ -21,13 +21,21 @@ from servers.core.paths import resolve_inside_roots
 from servers.scaling import laws, limits
 from servers.scaling.data import Columns, DataPoint, Excluded, ModelName, points_from_rows, read_rows
 from servers.scaling.fitstore import FIT_ID_PATTERN, FitStore, StoredFit
-from servers.scaling.fitting import Comparison, ComputeForTarget, FitOutcome, ParameterEstimate, PredictedValue
+from servers.scaling.fitting import (
+    Comparison,
+    ComputeForTarget,
+    FitOutcome,
+    NotIdentified,
+    ParameterEstimate,
+    PredictedValue,
+)
 
 NAME = "scaling"
 INSTRUCTIONS = (
     "Scaling laws for LLM training: fit ScaleRL's sigmoid of RL reward against compute (and the power law it is "
     "compared with) or Chinchilla pretraining loss, with bootstrap intervals; predict, check extrapolation, compare "
-    "recipes, plot, and allocate compute. Fits are stored and readable as infra://fits/{fit_id}."
+    "recipes, plot, and give Chinchilla's compute-optimal model size and tokens for a FLOP budget (predict_scaling). "
+    "Fits are stored and readable as infra://fits/{fit_id}."
 )
 
 FitId = Annotated[str, Field(pattern=FIT_ID_PATTERN, max_length=40)]
@@ -178,11 +186,46 @@ def load_points(app: App, model: ModelName, source: DataSource) -> LoadedData:
     return LoadedData(points, f"job:{source.job_id}", columns.compute, notes)
 
 
+PLAUSIBLE_UNIT = 1e9  # no training run has used 1e9 GPU-hours (Llama 3 405B: 3.08e7), nor as few as 1e9 FLOPs
+GPU_HOUR_UNITS = {"gpu_hours", "gpu-hours", "gpu_hour", "gpuhours", "hours", "h"}
+
+
 def default_compute_unit(compute_unit: str | None, loaded: LoadedData) -> str:
-    """The compute unit given, else 'flops' for a FLOPs column and 'gpu_hours' otherwise."""
+    """The compute unit: the one given (with a warning in the fit when the values are implausible for it); else
+    'flops' for the compute_flops column and 'gpu_hours' for compute_gpu_hours; else inferred from the values
+    (the largest >= 1e9: flops, else gpu_hours), with a warning saying so. Warnings go to loaded.notes."""
+    values = [p.compute for p in loaded.points if p.compute is not None]
+    if not values:  # chinchilla: no compute values (FLOPs are 6ND)
+        return compute_unit or ("flops" if loaded.compute_column == FLOPS_COLUMN else "gpu_hours")
+    top = max(values)
     if compute_unit is not None:
+        hours = compute_unit.lower() in GPU_HOUR_UNITS
+        if hours and top >= PLAUSIBLE_UNIT:
+            loaded.notes.append(
+                f"compute_unit {compute_unit!r}, but the compute values reach {top:.3g}: no training run has used "
+                f"{PLAUSIBLE_UNIT:.0e} GPU-hours; if these are FLOPs, refit with compute_unit='flops'."
+            )
+        elif compute_unit.lower() == "flops" and top < PLAUSIBLE_UNIT:
+            loaded.notes.append(
+                f"compute_unit 'flops', but the compute values reach only {top:.3g}: fewer than {PLAUSIBLE_UNIT:.0e} "
+                "FLOPs is no training run; if these are GPU-hours (or FLOPs in some multiple), name that unit."
+            )
         return compute_unit
-    return "flops" if loaded.compute_column == FLOPS_COLUMN else "gpu_hours"
+    if loaded.compute_column == FLOPS_COLUMN:
+        return "flops"
+    if loaded.compute_column == GPU_HOURS_COLUMN:
+        return "gpu_hours"
+    unit = "flops" if top >= PLAUSIBLE_UNIT else "gpu_hours"
+    why = (
+        f"values up to {top:.3g} are implausible as GPU-hours (no run has used {PLAUSIBLE_UNIT:.0e})"
+        if unit == "flops"
+        else f"values up to {top:.3g} are plausible GPU-hours"
+    )
+    loaded.notes.append(
+        f"compute_unit not given: taken as {unit} ({why}); every compute here (C_mid, predictions) is in {unit}. "
+        "Give compute_unit to name the unit (e.g. 'flops', or 'pflops' for FLOPs / 1e15)."
+    )
+    return unit
 
 
 class FitReport(Model):
@@ -196,6 +239,9 @@ class FitReport(Model):
     converged: bool
     message: str
     warnings: list[str]
+    not_identified: list[NotIdentified] = Field(
+        default_factory=list, description="Parameters these data do not determine, and why"
+    )
     points_used: int = Field(description="Points the fit used")
     points_excluded: int = Field(description="Points left out by min_compute / max_compute")
     points_thinned: int = Field(
@@ -234,6 +280,7 @@ def report(fit: StoredFit) -> FitReport:
         converged=o.converged,
         message=o.message,
         warnings=o.warnings,
+        not_identified=o.not_identified,
         points_used=o.points_used,
         points_excluded=len(fit.excluded),
         points_thinned=int(thinning.get("before", 0)) - int(thinning.get("after", 0)),
@@ -496,6 +543,9 @@ class Prediction(Model):
         "(log-spaced), to show the trend",
     )
     target: ComputeForTarget | None = Field(default=None, description="The compute needed to reach the target")
+    warnings: list[str] = Field(
+        default_factory=list, description="What the prediction rests on that the fit's data do not determine"
+    )
 
 
 class ModelCheck(Model):
@@ -558,7 +608,8 @@ ComputeUnit = Annotated[
     Field(
         max_length=32,
         pattern=COMPUTE_UNIT_PATTERN,
-        description="Default: flops for a compute_flops column, else gpu_hours",
+        description="Default: flops for a compute_flops column, gpu_hours for compute_gpu_hours, else from the values "
+        "(>= 1e9: flops, else gpu_hours) with a warning",
     ),
 ]
 
@@ -636,7 +687,7 @@ def register(server: MCPServer, app: App) -> None:
         y_max: Annotated[float, Field(gt=0, le=1e6, description="Metric's maximum; bounds A")] = 1.0,
         method: Annotated[
             Literal["robust", "scalerl-grid"],
-            Field(description="scalerl-grid: the ScaleRL paper's grid; slower"),
+            Field(description="scalerl-grid: the ScaleRL paper's grid (A 0.45-0.8; C_mid 100-40000, else the data's)"),
         ] = "robust",
         bootstrap: Annotated[int, Field(ge=0, le=2000, description="Resamples for intervals; 0: none")] = 200,
         seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0,
@@ -740,6 +791,14 @@ def register(server: MCPServer, app: App) -> None:
             unit = "FLOPs" if kind == "chinchilla" else fit.compute_unit if fit else "compute units"
             draws = fit.outcome.bootstrap_draws if fit else []
             reach = await in_thread(analysis.law_for_target, kind, params, draws, target, level, unit)
+            if fit is not None:
+                reach = analysis.target_given_identifiability(fit, reach)
+        cautions: list[str] = []
+        if fit is not None and kind != "chinchilla":
+            from servers.scaling import analysis
+
+            asked = list(compute or []) + ([reach.compute] if reach is not None and reach.compute else [])
+            cautions = analysis.prediction_warnings(fit, asked or [math.inf])
         result = Prediction(
             fit_id=fit_id,
             model=kind,
@@ -753,8 +812,9 @@ def register(server: MCPServer, app: App) -> None:
             allocations=allocations,
             table=table,
             target=reach,
+            warnings=cautions,
         )
-        lines = []
+        lines = [f"warning: {w}" for w in cautions]
         for v in values[:12]:
             where = f"C={v.compute:.4g}" if v.compute is not None else f"N={v.params:.3g}, D={v.tokens:.3g}"
             band = f" [{v.ci_low:.4g}, {v.ci_high:.4g}]" if v.ci_low is not None else ""
