@@ -451,7 +451,7 @@ async def test_tools_report_the_lost_gpu(suite_client: object) -> None:
     assert "- GPU 2 0000:3b:00.0: unhealthy" in text and "fallen off the bus" in text
     health = result.structured_content
     assert health["gpu_count"] == 8 and health["counts"] == {"healthy": 6, "unhealthy": 2}
-    [lost] = [g for g in health["gpus"] if g["gpu"]["unreachable"]]
+    [lost] = [g for g in health["gpus"] if g["gpu"].get("unreachable")]
     assert lost["gpu"]["unreachable_reason"].startswith("nvidia-smi: Unable to determine the device handle")
     report = await call_ok(client, "triage_node", {"nvidia_smi_text": read(LOST_Q), "kernel_log_text": XID_79_AT_3B})
     [gpu] = [g for g in report["gpus"] if g["bus_id"] == "0000:3b:00"]

@@ -14,12 +14,6 @@ import pytest
 
 from benchmarks.result_sizes import GOAL_BYTES, Call, measure, result_bytes
 
-# Over the bound today, and fixed in other parts of issue 22 (their files are not this test's): strict, so that the
-# entry must go when they are fixed.
-KNOWN_OVER = {
-    "gpu_health": "8 GPUs of nvidia-smi -q with their inventory and findings: ~19.7 KB",
-    "triage_node": "the node's verdict with every source's per-GPU findings: ~25.8 KB",
-}
 TOOLS = [
     "check_extrapolation",
     "compare_scaling_fits",
@@ -58,10 +52,7 @@ def test_the_workflows_call_every_tool_listed_here(calls: list[Call]) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "tool",
-    [
-        pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=KNOWN_OVER[t])) if t in KNOWN_OVER else t
-        for t in TOOLS
-    ],
+    TOOLS,
 )
 def test_a_default_result_is_under_16_kb(calls: list[Call], tool: str) -> None:
     mine = [c for c in calls if c.tool == tool]

@@ -18,6 +18,10 @@ MAX_RESULT_BYTES = 768 * 1024  # structured content of one result, as JSON; the 
 MAX_STR = 256  # characters kept of a name, label or identifier read from the input
 MAX_LINE_TEXT = 500  # characters kept of a message or line quoted from the input
 MAX_NOTES = 50  # warnings / errors / notes listed per result
+# A tool's default answer (issue 22, defect 9): its structured content and text summary together, as compact JSON,
+# stay under RESULT_GOAL_BYTES (~4k tokens); an agent asks for the rest (a limit, detail=true).
+RESULT_GOAL_BYTES = 16 * 1024
+DEFAULT_CONTENT_BYTES = 12 * 1024  # the structured content's share of a default answer; the text has the rest
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -38,19 +42,51 @@ def json_bytes(model: BaseModel) -> int:
     return len(model.model_dump_json().encode())
 
 
+def text_within(lines: Sequence[str], limit: int, more: str = "more in the structured result") -> list[str]:
+    """The first lines whose total length stays within `limit` characters; when some are left out, a last line
+    saying how many (a tool's text summary is read whole by a model: it gets a budget too)."""
+    kept: list[str] = []
+    used = 0
+    for line in lines:
+        if used + len(line) + 1 > limit:
+            kept.append(f"... {len(lines) - len(kept)} {more}")
+            break
+        kept.append(line)
+        used += len(line) + 1
+    return kept
+
+
 def scaled(cap: int, scale: float) -> int:
     """`cap` shrunk by `scale` (0 < scale <= 1), at least 1."""
     return max(1, math.floor(cap * scale))
 
 
 def fit(build: Callable[[float], M], budget: int = MAX_RESULT_BYTES) -> M:
-    """build(scale) makes a result whose list caps are multiplied by scale; the first (largest) that fits."""
+    """build(scale) makes a result whose list caps are multiplied by scale; the largest scale that fits (halving
+    from 1 until one fits, then a few bisection steps back up between it and the last that did not: a result lists
+    close to as much as its budget holds, not down to half of it)."""
     scale = 1.0
     while True:
         model = build(scale)
-        if scale <= 1 / 1024 or json_bytes(model) <= budget:
+        if json_bytes(model) <= budget:
+            break
+        if scale <= 1 / 1024:
             return model
         scale /= 2
+    if scale == 1.0:
+        return model
+    low, high = scale, 2 * scale  # low fits, high does not
+    for _ in range(_BISECTIONS):
+        middle = (low + high) / 2
+        candidate = build(middle)
+        if json_bytes(candidate) <= budget:
+            low, model = middle, candidate
+        else:
+            high = middle
+    return model
+
+
+_BISECTIONS = 6
 
 
 def pick(items: Sequence[T], limit: int, rank: Callable[[T], int] | None = None) -> tuple[list[T], int]:

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field
 
 from servers.core.models import Model
+from servers.diagnostics.bounds import RESULT_GOAL_BYTES
 
 MAX_NODES = 16_384
 MAX_NICS_PER_NODE = 32
@@ -26,7 +27,6 @@ MAX_STEPS = 256  # faulty components one layer's search may name
 MAX_AMBIGUOUS_LISTED = 16
 # What a call with the default listing returns (issue 22, defect 9): the whole result, structured content and text
 # summary as compact JSON, stays under RESULT_GOAL_BYTES (~4k tokens); an agent asks for more with limit / offset.
-RESULT_GOAL_BYTES = 16 * 1024
 SUMMARY_MAX_BYTES = 3 * 1024  # the text summary's share of it (summary_text clips to it)
 DEFAULT_BUDGET_BYTES = RESULT_GOAL_BYTES - SUMMARY_MAX_BYTES - 512  # the structured content's share (512: framing)
 DEFAULT_PLAN_PAIRS = 100  # pairs a plan lists by default (~95 B each)

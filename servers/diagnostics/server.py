@@ -28,7 +28,18 @@ from servers.core.mcp_layer import (
 )
 from servers.core.models import Model
 from servers.core.paths import resolve_inside_roots
-from servers.diagnostics.bounds import MAX_NOTES, cap_notes, fit, omitted_note, pick, scaled
+from servers.diagnostics.bounds import (
+    DEFAULT_CONTENT_BYTES,
+    MAX_NOTES,
+    MAX_RESULT_BYTES,
+    RESULT_GOAL_BYTES,
+    cap_notes,
+    fit,
+    omitted_note,
+    pick,
+    scaled,
+    text_within,
+)
 from servers.diagnostics.snapshot import GpuHealth, GpuSnapshot
 
 NAME = "diagnostics"
@@ -57,6 +68,7 @@ JOB_KINDS = [
 ]
 MAX_TEXT = 64 * 2**20  # captured nvidia-smi, nccl-tests and DCGM outputs are far smaller; logs are streamed
 MAX_GPUS_LISTED = 128  # GPUs one gpu_health result lists; counts cover them all
+TEXT_BYTES = RESULT_GOAL_BYTES - DEFAULT_CONTENT_BYTES - 512  # a default answer's text summary (the rest: framing)
 MAX_EVENTS_LISTED = 500  # kernel-log events one scan lists (max_events' upper bound)
 
 Text = Annotated[str, Field(max_length=MAX_TEXT)]
@@ -123,11 +135,16 @@ class NodeHealth(Model):
     warnings: list[str] = Field(default_factory=list)
 
 
-def bounded_health(health: NodeHealth) -> NodeHealth:
-    """The health listing at most MAX_GPUS_LISTED GPUs, those not healthy first; counts cover them all."""
+def bounded_health(health: NodeHealth, detail: bool = True) -> NodeHealth:
+    """The health listing at most MAX_GPUS_LISTED GPUs, those not healthy first; counts cover them all. Without
+    detail (a tool's default answer): a healthy GPU without findings by its identity only, all within
+    DEFAULT_CONTENT_BYTES."""
+    listed = health.gpus
+    if not detail:
+        listed = [h.by_identity() if h.status == "healthy" and not h.findings else h for h in health.gpus]
 
     def build(scale: float) -> NodeHealth:
-        gpus, omitted = pick(health.gpus, scaled(MAX_GPUS_LISTED, scale), lambda h: STATUS_ORDER[h.status])
+        gpus, omitted = pick(listed, scaled(MAX_GPUS_LISTED, scale), lambda h: STATUS_ORDER[h.status])
         return health.model_copy(
             update={
                 "gpus": gpus,
@@ -136,7 +153,7 @@ def bounded_health(health: NodeHealth) -> NodeHealth:
             }
         )
 
-    return fit(build)
+    return fit(build, MAX_RESULT_BYTES if detail else DEFAULT_CONTENT_BYTES)
 
 
 def snapshots(app: App, nvidia_smi_output: str, path: str | None, fields: list[str] | None) -> Inventory:
@@ -195,6 +212,7 @@ def node_health(inventory: Inventory) -> NodeHealth:
 
 SmiOutput = Annotated[Text, Field(description="nvidia-smi -q, -q -x or --query-gpu CSV output")]
 SmiPath = PathArg | None
+Detail = Annotated[bool, Field(description="Every reading and item (default: ~16 KB, healthy GPUs by identity)")]
 SmiFields = Annotated[
     list[Annotated[str, Field(max_length=128)]] | None,
     Field(max_length=512, description="--query-gpu names, for noheader CSV"),
@@ -204,12 +222,12 @@ SmiFields = Annotated[
 def register(server: MCPServer, app: App) -> None:
     @agent_tool(server, title="GPU health", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def gpu_health(
-        text: SmiOutput = "", path: SmiPath = None, fields: SmiFields = None
+        text: SmiOutput = "", path: SmiPath = None, fields: SmiFields = None, detail: Detail = False
     ) -> Annotated[CallToolResult, NodeHealth]:
         """List a node's GPUs (name, UUID, PCI bus id, serial, memory, driver, CUDA) and judge each healthy,
         degraded, unhealthy or unknown, with findings and actions. No input: live NVML. Instant."""
         inventory = await in_thread(snapshots, app, text, path, fields)
-        health = await in_thread(lambda: bounded_health(node_health(inventory)))
+        health = await in_thread(lambda: bounded_health(node_health(inventory), detail))
         if not health.available:
             return tool_result(health, f"no GPUs read: {health.reason}")
         lines = [
@@ -230,6 +248,8 @@ def register(server: MCPServer, app: App) -> None:
                 f"    {f.severity}: {f.what} ({f.evidence}); {f.action}" for f in h.findings if f.severity != "info"
             ]
         lines += [f"warning: {w}" for w in health.warnings]
+        if not detail:
+            lines = text_within(lines, TEXT_BYTES, "more line(s): the structured result has every GPU listed")
         return tool_result(health, "\n".join(lines))
 
     from servers.diagnostics.kmsg import KernelLogScan
@@ -522,6 +542,7 @@ def register(server: MCPServer, app: App) -> None:
         nccl_tests_path: PathArg | None = None,
         node: Annotated[str | None, Field(max_length=256)] = None,
         interconnect_expected: Literal["nvlink", "pcie"] | None = None,
+        detail: Detail = False,
     ) -> Annotated[CallToolResult, NodeTriage]:
         """One node's verdict per GPU from any of nvidia-smi output or live NVML, kernel log, DCGM JSON and
         nccl-tests output, joined on PCI bus id, with disagreements and the first action. Instant."""
@@ -541,7 +562,11 @@ def register(server: MCPServer, app: App) -> None:
             from servers.diagnostics.nvml import live_gpus
             from servers.diagnostics.xid import classify
 
-            kwargs: dict = {"node": node, "interconnect_expected": interconnect_expected}
+            kwargs: dict = {
+                "node": node,
+                "interconnect_expected": interconnect_expected,
+                "budget": MAX_RESULT_BYTES if detail else DEFAULT_CONTENT_BYTES,
+            }
             if nvidia_smi_text or nvidia_smi_path:
                 kwargs["nvidia_smi"] = read_text_input(app, nvidia_smi_text, nvidia_smi_path, "nvidia-smi output")[0]
                 kwargs["smi_fields"] = fields
@@ -567,7 +592,9 @@ def register(server: MCPServer, app: App) -> None:
 
         result = await in_thread(run)
         lines = [result.summary, f"first action: {result.first_action}"]
-        lines += [f"warning: {w}" for w in result.warnings[:20]]
+        lines += [f"warning: {w}" for w in result.warnings]
+        if not detail:
+            lines = text_within(lines, TEXT_BYTES, "more warning(s) in warnings")
         return tool_result(result, "\n".join(lines))
 
     from servers.diagnostics.netmodels import Localization, ProbePlan, ProbeRow, Topology, summary_text

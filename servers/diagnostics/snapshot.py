@@ -1,12 +1,13 @@
 """One GPU's state as the health rules see it, whatever it was read from (NVML live, nvidia-smi -q text or XML,
 --query-gpu CSV, dcgm-exporter metrics), and what the rules say about it. Types only.
 
-Every field is optional: None means "unknown" (not reported, [N/A], deprecated, unreadable), never zero.
+Every field is optional: None means "unknown" (not reported, [N/A], deprecated, unreadable), never zero. A snapshot
+is written without its unknown fields, so that a node's inventory stays small enough for an agent to read.
 """
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 from servers.core.models import Model
 from servers.diagnostics.bounds import MAX_STR, clip_str
@@ -19,6 +20,12 @@ Status = Literal["healthy", "degraded", "unhealthy", "unknown"]
 
 
 class GpuSnapshot(Model):
+    """One GPU as read; a field not read (unknown; clock_events: none reported) is left out."""
+
+    @model_serializer(mode="wrap")
+    def _known_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None and value != {}}
+
     # identity
     index: int | None = None
     name: str | None = None
@@ -133,7 +140,18 @@ class Finding(Model):
     action: str = Field(description="What to do about it")
 
 
+IDENTITY_FIELDS = ("index", "name", "uuid", "pci_bus_id", "serial", "memory_total_mib", "unreachable")
+
+
 class GpuHealth(Model):
     gpu: GpuSnapshot
     status: Status
     findings: list[Finding]
+    identity_only: bool = Field(
+        default=False, description="True: a healthy GPU without findings, shown by identity (detail: every reading)"
+    )
+
+    def by_identity(self) -> "GpuHealth":
+        """This GPU shown by its identity fields only (a healthy GPU in a default answer)."""
+        kept = {name: getattr(self.gpu, name) for name in IDENTITY_FIELDS}
+        return self.model_copy(update={"gpu": GpuSnapshot(**kept), "identity_only": True})

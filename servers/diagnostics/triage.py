@@ -36,7 +36,17 @@ from pydantic import Field, model_validator
 
 from servers.core.errors import InputError
 from servers.core.models import Model
-from servers.diagnostics.bounds import MAX_LINE_TEXT, MAX_NOTES, cap_notes, clip, clip_str, fit, pick, scaled
+from servers.diagnostics.bounds import (
+    MAX_LINE_TEXT,
+    MAX_NOTES,
+    MAX_RESULT_BYTES,
+    cap_notes,
+    clip,
+    clip_str,
+    fit,
+    pick,
+    scaled,
+)
 from servers.diagnostics.dcgm import DcgmDiagReport
 from servers.diagnostics.kmsg import KernelLogScan
 from servers.diagnostics.nccl_tests import NcclTestsReport
@@ -573,6 +583,56 @@ def _no_gpu_judged(smi_gpus: int | None, smi_missing: str | None, probe: Callabl
     )
 
 
+def _absence_warnings(
+    absent: dict[tuple[tuple[str, ...], tuple[str, ...]], list[tuple[str, str]]],
+    enumerating: Sequence[str],
+    join: _Join,
+) -> list[str]:
+    """One warning per group of GPUs that the same sources list and the same sources do not, and, when two sources
+    that each list every GPU of the node have none in common, that they are probably not of one node and boot."""
+    out = []
+    for (seen_by, missing), labels in absent.items():
+        seen = ", ".join(SOURCE_NAMES[s] for s in seen_by)
+        it, they = ("it", "it") if len(labels) == 1 else ("them", "they")
+        reasons = []
+        if "nvidia_smi" in missing:
+            reasons.append(
+                f"nvidia-smi cannot see {it}: {they} may have fallen off the bus or hung, or the sources come from "
+                "different nodes or boots (count the GPUs with lspci -d 10de:; reboot the node if one is gone)"
+            )
+        if "dcgm" in missing:
+            reasons.append(f"DCGM did not test {it} (it could not reach {it}, or the run excluded {it})")
+        if len(labels) == 1:  # one GPU: with what the sources that list it say (a group's is in its GPUs' evidence)
+            label, said = labels[0]
+            subject = f"GPU {label} is in the {seen}{' (' + said + ')' if said else ''}"
+        else:
+            subject = f"{len(labels)} GPUs ({text_list([label for label, _ in labels], 12)}) are in the {seen}"
+        out.append(
+            clip_str(
+                f"{subject} but not in the {' or the '.join(SOURCE_NAMES[s] for s in missing)}: " + "; ".join(reasons),
+                2 * MAX_LINE_TEXT,
+            )
+        )
+    if len(enumerating) == 2:
+        first, second = enumerating
+        counts = [sum(1 for g in join.gpus if s in g.seen_by) for s in enumerating]
+        shared = sum(1 for g in join.gpus if first in g.seen_by and second in g.seen_by)
+        if shared == 0 and all(counts):
+            out.insert(
+                0,
+                f"The {SOURCE_NAMES[first]} ({counts[0]} GPUs) and the {SOURCE_NAMES[second]} ({counts[1]} GPUs) "
+                "have no GPU in common (joined on PCI bus id, UUID, serial or DCGM's GPU id): they are probably "
+                "from different nodes or boots; triage each node with its own outputs",
+            )
+    return out
+
+
+def text_list(items: Sequence[str], limit: int) -> str:
+    """Up to `limit` items, comma-separated, and how many more."""
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
 def _first_action(
     gpus: list[GpuTriage], node_evidence: list[TriageEvidence], lost: set[str], no_gpu_judged: Callable[[], str]
 ) -> str:
@@ -620,6 +680,7 @@ def triage_node(
     nccl_tests: str | NcclTestsReport | None = None,
     node: str | None = None,
     interconnect_expected: str | None = None,
+    budget: int = MAX_RESULT_BYTES,
 ) -> NodeTriage:
     """Triage one node from any of its sources (see the module docstring).
 
@@ -628,7 +689,8 @@ def triage_node(
     nvml_here: reads NVML on this host (e.g. nvml.live_gpus), called only when no source judges a GPU, for the
     first action to say what this host offers; kernel_log:
     kernel log text, or kernel_scan (an already scanned log); dcgm: `dcgmi diag -j` JSON (or its parsed report);
-    nccl_tests: nccl-tests output (or its parsed report). At least one source. Raises InputError naming every source
+    nccl_tests: nccl-tests output (or its parsed report). At least one source. budget: bytes of the result's JSON
+    (fewer GPUs and items listed until it fits; the counts cover them all). Raises InputError naming every source
     that cannot be read."""
     from servers.diagnostics.dcgm import parse_dcgm_diag
     from servers.diagnostics.kmsg import scan_text
@@ -702,26 +764,17 @@ def triage_node(
     warnings = list(join.warnings)
     results: list[GpuTriage] = []
     lost = {gpu.label for gpu in join.gpus if gpu.lost}
+    # GPUs one source lists and another does not: one warning per (seen by, missing from), naming the GPUs
+    absent: dict[tuple[tuple[str, ...], tuple[str, ...]], list[tuple[str, str]]] = {}
     for gpu in join.gpus:
         missing = [s for s in enumerating if s not in gpu.seen_by]
         verdict = _worst_status([v for v in gpu.verdicts.values() if v != "unknown"])
         if missing:
-            seen = ", ".join(SOURCE_NAMES[s] for s in gpu.seen_by)
             said = "; ".join(
                 h if len(gpu.headline) == 1 else f"{SOURCE_NAMES[s]}: {h}" for s, h in gpu.headline.items()
             )
-            reasons = []
-            if "nvidia_smi" in missing:
-                reasons.append(
-                    "nvidia-smi cannot see it: it may have fallen off the bus or hung, or the sources come from "
-                    "different nodes or boots (count the GPUs with lspci -d 10de:; reboot the node if one is gone)"
-                )
-            if "dcgm" in missing:
-                reasons.append("DCGM did not test it (it could not reach it, or the run excluded it)")
-            warnings.append(
-                f"GPU {gpu.label} is in the {seen}{' (' + said + ')' if said else ''} but not in the "
-                f"{' or the '.join(SOURCE_NAMES[s] for s in missing)}: " + "; ".join(reasons)
-            )
+            key = (tuple(s for s in SOURCES if s in gpu.seen_by), tuple(missing))
+            absent.setdefault(key, []).append((gpu.label, said))
         judged = {s: v for s, v in gpu.verdicts.items() if v != "unknown"}
         if "unhealthy" in judged.values() and "healthy" in judged.values():
             positions = ", ".join(
@@ -752,6 +805,7 @@ def triage_node(
                 action=_gpu_action(gpu, verdict, missing),
             )
         )
+    warnings += _absence_warnings(absent, enumerating, join)
     results.sort(key=lambda g: (g.index is None, g.index if g.index is not None else 0, g.bus_id or "", g.label))
     node_evidence.sort(key=lambda e: -SEVERITY_RANK[e.severity])
     counts = {s: sum(1 for g in results if g.verdict == s) for s in STATUSES}
@@ -802,8 +856,9 @@ def triage_node(
             node_evidence=node_items,
             node_evidence_omitted=node_omitted,
             sources=sources,
-            warnings=cap_notes(warnings, scaled(MAX_NOTES, scale)),
-            notes=cap_notes(notes, scaled(MAX_NOTES, scale)),
+            # warnings and notes are few and say what the GPUs cannot: they shrink last
+            warnings=cap_notes(warnings, max(8, scaled(MAX_NOTES, scale))),
+            notes=cap_notes(notes, max(8, scaled(MAX_NOTES, scale))),
         )
 
-    return fit(build)
+    return fit(build, budget)
