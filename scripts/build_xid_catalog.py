@@ -148,7 +148,9 @@ SOURCES = [
         "name": "reference",
         "what": "Xid 63 disagreement, NVLink5 144-150 per-unit decisions, Xid 154 text, Xid 45 floods, NVML recovery "
         "actions 0-7",
-        "source": "project reference notes (diagnostics.md), compiled from the sources above",
+        "source": "this catalog's own decisions (consensus rule 1): NVIDIA's Xid catalog (above) for 144-150 and "
+        "154, the NVML API reference (https://docs.nvidia.com/deploy/nvml-api/, the GPU recovery-action field) for "
+        "the recovery actions, the sources above side by side for 45 and 63",
     },
 ]
 

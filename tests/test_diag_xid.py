@@ -427,3 +427,11 @@ def test_classify_recovery_action_events_as_the_kernel_log_scanner_sends_them() 
         == "info"
     )
     assert classify("recovery_action", 154, "no action named")[0] == "warning"  # the catalog's Xid 154 entry
+
+
+def test_the_catalog_cites_sources_a_client_can_read() -> None:
+    """Issue 22, defect 11: a source was 'project reference notes (diagnostics.md)', a file no client can open."""
+    document = json.loads((resources_dir() / "xid-catalog.json").read_text(encoding="utf-8"))
+    for source in document["sources"]:
+        assert "reference note" not in source["source"] and ".md" not in source["source"], source
+        assert "https://" in source["source"] or "(" in source["source"], source  # a URL or a named project
