@@ -800,7 +800,8 @@ def _pair_verdict(
     unknown = [(f, why) for f, why in unknown if why]
     if unknown:
         whose = " and ".join(f"{names[f.id]}'s" for f, _ in unknown)
-        return text + f" Asymptote: no call ({fitted}): {whose} asymptote is not identified by this data (see fits)."
+        verb = "asymptote is" if len(unknown) == 1 else "asymptotes are"
+        return text + f" Asymptote: no call ({fitted}): {whose} {verb} not identified by this data (see fits)."
     if p_hi is None:
         return text + f" Asymptote: no call: {fitted}, from the point estimates only (no bootstrap draws)."
     if p_hi < level:

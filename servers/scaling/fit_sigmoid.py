@@ -24,12 +24,18 @@ Methods:
   sum rho_c(r) over all parameters). c = 1.5 sigma, sigma a model-free noise estimate from the second differences
   of the values along each run (MAD-based); ``objective`` is the Huber sum.
 - "scalerl-grid": the ScaleRL paper's procedure: A on a 0.005 grid from 0.450 to 0.800 (capped at y_max), C_mid on
-  100 linearly spaced values in [100, 40000], R0 fixed; for each cell B is fitted by least squares from B = 1 (the
-  default start of curve_fit), the lowest squared error wins. The 7,100 one-parameter fits run vectorised (a
-  damped Gauss-Newton over all cells at once); the best five cells are then refitted with scipy's curve_fit itself
-  and the lowest squared error among those is returned, so the answer is curve_fit's.
+  100 linearly spaced values in [100, 40000] (the paper's GPU-hours; when that range does not meet the data's
+  compute, as for FLOPs, the 100 values span the data's smallest compute to 4x its largest instead), R0 fixed;
+  for each cell B is fitted by least squares from B = 1 (the default start of curve_fit), the lowest squared error
+  wins. The 7,100 one-parameter fits run vectorised (a damped Gauss-Newton over all cells at once); the best five
+  cells are then refitted with scipy's curve_fit itself and the lowest squared error among those is returned, so
+  the answer is curve_fit's.
 - "curve_fit": scipy.optimize.curve_fit of the model from its default start (all parameters 1), the naive
   baseline. A failure is reported (converged=False, with curve_fit's message), not raised.
+
+A grid or curve_fit fit whose residuals' robust size (1.4826 x median |r|) exceeds NOISE_FACTOR (4) times the
+model-free noise estimate (and the grid's A step) is not a fit of the data: converged=False, with the reason.
+``not_identified`` lists what the data do not determine (see _not_identified).
 
 Bootstrap (``bootstrap`` resamples, seeded): a circular-block residual bootstrap that keeps what the estimate
 used. The compute points are kept; the residuals of the full-data fit, scaled by sqrt(n / (n - p)) (fitted
