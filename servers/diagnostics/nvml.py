@@ -14,7 +14,7 @@ from typing import Any
 
 from servers.core.machine import NvmlUnavailable, nvml_session
 from servers.diagnostics.smi import decode_clock_events, normalise_bus_id
-from servers.diagnostics.snapshot import GpuSnapshot
+from servers.diagnostics.snapshot import GpuSnapshot, unreachable_gpu
 
 
 def _text(value: Any) -> str:
@@ -251,14 +251,7 @@ def _unreachable(pynvml: Any, index: int, handle: Any, why: str, driver: str | N
             bus = normalise_bus_id(_text(pynvml.nvmlDeviceGetPciInfo(handle).busId))
         except Exception:  # the GPU is gone: any failure leaves its address unknown
             bus = None
-    return GpuSnapshot(
-        index=index,
-        pci_bus_id=bus,
-        driver_version=driver,
-        cuda_version=cuda,
-        unreachable=True,
-        unreachable_reason=f"NVML, GPU index {index}: {why}",
-    )
+    return unreachable_gpu(index=index, bus=bus, driver=driver, cuda=cuda, reason=f"NVML, GPU index {index}: {why}")
 
 
 def read_snapshots() -> tuple[list[GpuSnapshot], str | None]:

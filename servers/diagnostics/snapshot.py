@@ -132,6 +132,21 @@ class GpuSnapshot(Model):
         return {clip_str(k, 64): v for k, v in list(value.items())[:MAX_CLOCK_EVENTS]}
 
 
+def unreachable_gpu(
+    *, index: int | None, bus: str | None, driver: str | None, cuda: str | None, reason: str
+) -> GpuSnapshot:
+    """A GPU the driver lists but cannot reach (nvidia-smi's 'Unable to determine the device handle', NVML's
+    GPU_IS_LOST): what is known of it and what said so."""
+    return GpuSnapshot(
+        index=index,
+        pci_bus_id=bus,
+        driver_version=driver,
+        cuda_version=cuda,
+        unreachable=True,
+        unreachable_reason=reason,
+    )
+
+
 class Finding(Model):
     check: str = Field(description="Short name of the rule, e.g. ecc_uncorrectable_volatile")
     what: str = Field(description="What was found, in a sentence")

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import Field
 
 from servers.core.models import Model
-from servers.diagnostics.snapshot import GpuSnapshot
+from servers.diagnostics.snapshot import GpuSnapshot, unreachable_gpu
 
 SmiFormat = Literal["q", "xml", "csv", "message"]
 
@@ -299,14 +299,7 @@ class LostGpus:
         self.dropped = 0
 
     def snapshot(self, bus: str, *, index: int | None, driver: str | None, cuda: str | None) -> GpuSnapshot:
-        return GpuSnapshot(
-            index=index,
-            pci_bus_id=bus,
-            driver_version=driver,
-            cuda_version=cuda,
-            unreachable=True,
-            unreachable_reason=f"nvidia-smi: {self.gpus[bus]}",
-        )
+        return unreachable_gpu(index=index, bus=bus, driver=driver, cuda=cuda, reason=f"nvidia-smi: {self.gpus[bus]}")
 
     def warnings(self) -> list[str]:
         out = []
