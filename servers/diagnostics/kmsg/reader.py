@@ -15,7 +15,7 @@ skipped; a candidate line is handed on with at most MAX_PARSE characters. Memory
 size, and the carried start of an unfinished line (at most MAX_LINE).
 """
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
@@ -149,32 +149,37 @@ class BlockReader:
 
     def block(self, text: str | bytes, begin: int, end: int) -> None:
         """text[begin:end] is whole lines, each ending in a newline. Only lines holding a trigger are looked at."""
-        if isinstance(text, bytes):
+        if isinstance(text, bytes) and end - begin >= self.vector_bytes:
             self._block_bytes(text, begin, end)
             return
+        self._block_find(text, begin, end)
+
+    def _block_find(self, text: str | bytes, begin: int, end: int) -> None:
+        """block() with str.find / bytes.find: text, and blocks of bytes too small for numpy to pay."""
+        nl: Any = b"\n" if isinstance(text, bytes) else "\n"
+        triggers: Sequence[Any] = self.triggers_bytes if isinstance(text, bytes) else self.triggers
         find = text.find
         rfind = text.rfind
         starts: set[int] = set()
-        for word in self.triggers:
+        for word in triggers:
             pos = find(word, begin, end)
             while pos >= 0:
-                starts.add((rfind("\n", begin, pos) + 1) or begin)
-                pos = find(word, find("\n", pos, end) + 1, end)
+                starts.add((rfind(nl, begin, pos) + 1) or begin)
+                pos = find(word, find(nl, pos, end) + 1, end)
         base = self.lines_read
         count = text.count
         on_line = self.on_line
         seen = 0
         prev = begin
         for start in sorted(starts):
-            seen += count("\n", prev, start)
+            seen += count(nl, prev, start)
             prev = start
-            on_line(text[start : min(find("\n", start, end), start + MAX_PARSE)].rstrip("\r"), base + seen + 1)
-        self.lines_read = base + count("\n", begin, end)
+            line = text[start : min(find(nl, start, end), start + MAX_PARSE)]
+            decoded = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+            on_line(decoded.rstrip("\r"), base + seen + 1)
+        self.lines_read = base + count(nl, begin, end)
 
     def _block_bytes(self, text: bytes, begin: int, end: int) -> None:
-        if end - begin < self.vector_bytes:
-            self._block_small(text, begin, end)
-            return
         import numpy as np
 
         data = np.frombuffer(text, dtype=np.uint8, count=end - begin, offset=begin)
@@ -207,27 +212,6 @@ class BlockReader:
                 line = text[begin + first : begin + min(stop, first + MAX_PARSE)]
                 on_line(line.decode("utf-8", "replace").rstrip("\r"), base + index + 1)
         self.lines_read = base + int(np.count_nonzero(newlines))
-
-    def _block_small(self, text: bytes, begin: int, end: int) -> None:
-        find = text.find
-        rfind = text.rfind
-        starts: set[int] = set()
-        for word in self.triggers_bytes:
-            pos = find(word, begin, end)
-            while pos >= 0:
-                starts.add((rfind(b"\n", begin, pos) + 1) or begin)
-                pos = find(word, find(b"\n", pos, end) + 1, end)
-        base = self.lines_read
-        count = text.count
-        on_line = self.on_line
-        seen = 0
-        prev = begin
-        for start in sorted(starts):
-            seen += count(b"\n", prev, start)
-            prev = start
-            line = text[start : min(find(b"\n", start, end), start + MAX_PARSE)]
-            on_line(line.decode("utf-8", "replace").rstrip("\r"), base + seen + 1)
-        self.lines_read = base + count(b"\n", begin, end)
 
     def finish(self) -> None:
         """The end of the log: a last line without a newline is handed on too."""
