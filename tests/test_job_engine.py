@@ -131,7 +131,7 @@ def test_timeout_ends_the_job_as_failed(engine: JobEngine) -> None:
 
 
 def test_bad_submissions_are_refused_clearly(engine: JobEngine, settings: Settings) -> None:
-    with pytest.raises(InputError, match="unknown job kind 'nope'; this server runs: test_count"):
+    with pytest.raises(InputError, match="unknown job kind 'nope'; this server runs: test_big, test_count, test_crash"):
         engine.submit("nope", {})
     with pytest.raises(InputError, match="timeout_s must be in"):
         engine.submit("test_count", {}, timeout_s=settings.max_job_wall_s * 2)
