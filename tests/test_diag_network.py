@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from servers.core.errors import InputError
@@ -663,7 +663,7 @@ async def test_the_topology_text_error_names_only_what_the_schema_documents(app:
         assert planned.structured_content["coverage"]["nic"]["total"] == 5
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=10, deadline=None, derandomize=True)
 @given(
     nodes=st.sampled_from([8, 32, 64]),
     faults=st.dictionaries(st.sampled_from(ISSUE_KINDS), st.integers(1, 4), max_size=3),
@@ -676,7 +676,11 @@ def test_default_results_fit_their_budget_and_list_the_faulty_first(
     plan = plan_network_probes(fleet(nodes).topology, mode)  # type: ignore[arg-type]
     assert compact_bytes(plan) <= DEFAULT_BUDGET_BYTES
     assert plan.next_offset == (len(plan.pairs) if plan.count > len(plan.pairs) else None)
-    scenario = make_scenario(nodes, faults, seed=seed, fleet=fleet(nodes), pairs=skeleton(nodes), rounds=1)
+    try:
+        scenario = make_scenario(nodes, faults, seed=seed, fleet=fleet(nodes), pairs=skeleton(nodes), rounds=1)
+    except InputError as exc:  # more faults of a kind than the fleet has disjoint places for: not a fleet
+        assert "cannot place another" in str(exc)
+        assume(False)
     result = localize_network_fault(scenario.fleet.topology, scenario.probes)
     assert compact_bytes(result) <= DEFAULT_BUDGET_BYTES
     flags = [s.faulty for s in result.suspects]

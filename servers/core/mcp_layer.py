@@ -843,12 +843,16 @@ def register_job_tools(server: MCPServer, app: App) -> None:
         kind: Annotated[str | None, Field(max_length=64, description="e.g. training")] = None,
         state: JobState | None = None,
         sweep_id: Annotated[str | None, Field(pattern=SWEEP_ID)] = None,
-        limit: Annotated[int, Field(ge=1, le=200)] = 20,
+        limit: Annotated[
+            int | None, Field(ge=1, le=200, description=f"Default 20 ({LIST_DETAIL_MAX} with detail)")
+        ] = None,
         offset: Annotated[int, Field(ge=0, le=1_000_000)] = 0,
         detail: Annotated[bool, Field(description=f"Also the full views (limit <= {LIST_DETAIL_MAX})")] = False,
     ) -> Annotated[CallToolResult, JobList]:
         """Jobs, newest first, by kind, state or sweep, one short row each: to find a job id or what is running.
         Instant."""
+        if limit is None:
+            limit = LIST_DETAIL_MAX if detail else 20
         if detail and limit > LIST_DETAIL_MAX:
             raise InputError(f"limit: {limit} with detail; accepted: at most {LIST_DETAIL_MAX} full views a page")
 
