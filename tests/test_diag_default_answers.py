@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
-from servers.diagnostics.bounds import fit, text_within
+from servers.diagnostics.bounds import fit, summary_text
 from servers.diagnostics.triage import triage_node
 from tests.helpers import call_ok
 
@@ -82,6 +82,8 @@ def test_fit_lists_close_to_what_the_budget_holds() -> None:
     assert 58 <= listed <= 64  # 64 fit (93 bytes each); halving alone would stop at 50
 
 
-def test_text_within_says_how_many_lines_were_left_out() -> None:
-    assert text_within(["a" * 10] * 5, 35) == ["a" * 10] * 3 + ["... 2 more in the structured result"]
-    assert text_within(["short"], 100) == ["short"]
+def test_a_cut_summary_keeps_whole_lines_within_its_bytes_and_says_where_the_rest_is() -> None:
+    cut = summary_text(["a" * 10] * 8, 70, "warnings has them all")
+    assert cut == "\n".join(["a" * 10] * 2) + "\n... (summary cut; warnings has them all)"
+    assert len(json.dumps(cut).encode()) <= 70
+    assert summary_text(["short"], 100) == "short"

@@ -8,6 +8,7 @@ taken from the input, and, as a last guard, lists fewer items until its JSON fit
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -42,18 +43,29 @@ def json_bytes(model: BaseModel) -> int:
     return len(model.model_dump_json().encode())
 
 
-def text_within(lines: Sequence[str], limit: int, more: str = "more in the structured result") -> list[str]:
-    """The first lines whose total length stays within `limit` characters; when some are left out, a last line
-    saying how many (a tool's text summary is read whole by a model: it gets a budget too)."""
+def summary_text(lines: Sequence[str], limit: int, tail: str = "the structured content has it all") -> str:
+    """The lines joined, cut (whole lines first, then characters) until their JSON string is at most `limit` bytes;
+    a cut summary ends with a line saying so and where the rest is (a tool's text summary is read whole by a model:
+    it gets a budget too)."""
+
+    def size(text: str) -> int:
+        return len(json.dumps(text, ensure_ascii=False).encode())
+
+    text = "\n".join(lines)
+    if size(text) <= limit:
+        return text
+    ending = f"\n... (summary cut; {tail})"
     kept: list[str] = []
-    used = 0
     for line in lines:
-        if used + len(line) + 1 > limit:
-            kept.append(f"... {len(lines) - len(kept)} {more}")
+        if size("\n".join([*kept, line]) + ending) > limit:
             break
         kept.append(line)
-        used += len(line) + 1
-    return kept
+    if not kept:  # one line longer than the limit: its characters, cut by halves
+        line = lines[0]
+        while line and size(line + ending) > limit:
+            line = line[: len(line) // 2]
+        kept = [line]
+    return "\n".join(kept) + ending
 
 
 def scaled(cap: int, scale: float) -> int:

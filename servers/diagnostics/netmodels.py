@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field
 
 from servers.core.models import Model
 from servers.diagnostics.bounds import RESULT_GOAL_BYTES
+from servers.diagnostics.bounds import summary_text as bounded_summary
 
 MAX_NODES = 16_384
 MAX_NICS_PER_NODE = 32
@@ -63,28 +64,8 @@ TOPOLOGY_ACCEPTED = (
 
 
 def summary_text(lines: list[str], limit: int = SUMMARY_MAX_BYTES) -> str:
-    """The lines joined, cut (whole lines first, then characters) until their JSON string is at most `limit` bytes;
-    a cut summary ends with a line saying so."""
-    import json
-
-    def size(text: str) -> int:
-        return len(json.dumps(text, ensure_ascii=False).encode())
-
-    text = "\n".join(lines)
-    if size(text) <= limit:
-        return text
-    tail = "\n... (summary cut; the structured content has it all)"
-    kept: list[str] = []
-    for line in lines:
-        if size("\n".join([*kept, line]) + tail) > limit:
-            break
-        kept.append(line)
-    if not kept:  # one line longer than the limit: its characters, cut by halves
-        line = lines[0]
-        while line and size(line + tail) > limit:
-            line = line[: len(line) // 2]
-        kept = [line]
-    return "\n".join(kept) + tail
+    """The network tools' summary, cut to its share of a default answer (bounds.summary_text)."""
+    return bounded_summary(lines, limit)
 
 
 def link_name(leaf: str, spine: str) -> str:

@@ -38,7 +38,7 @@ from servers.diagnostics.bounds import (
     omitted_note,
     pick,
     scaled,
-    text_within,
+    summary_text,
 )
 from servers.diagnostics.snapshot import GpuHealth, GpuSnapshot
 
@@ -249,7 +249,7 @@ def register(server: MCPServer, app: App) -> None:
             ]
         lines += [f"warning: {w}" for w in health.warnings]
         if not detail:
-            lines = text_within(lines, TEXT_BYTES, "more line(s): the structured result has every GPU listed")
+            return tool_result(health, summary_text(lines, TEXT_BYTES, "the structured content lists the GPUs"))
         return tool_result(health, "\n".join(lines))
 
     from servers.diagnostics.kmsg import KernelLogScan
@@ -594,10 +594,11 @@ def register(server: MCPServer, app: App) -> None:
         lines = [result.summary, f"first action: {result.first_action}"]
         lines += [f"warning: {w}" for w in result.warnings]
         if not detail:
-            lines = text_within(lines, TEXT_BYTES, "more warning(s) in warnings")
+            return tool_result(result, summary_text(lines, TEXT_BYTES, "warnings has them all"))
         return tool_result(result, "\n".join(lines))
 
-    from servers.diagnostics.netmodels import Localization, ProbePlan, ProbeRow, Topology, summary_text
+    from servers.diagnostics.netmodels import Localization, ProbePlan, ProbeRow, Topology
+    from servers.diagnostics.netmodels import summary_text as network_summary
 
     def read_topology(topology: Topology | None, text: str, path: str | None, what: str) -> dict:
         from servers.diagnostics.netloc import parse_topology_text, topology_from_probe_table
@@ -654,7 +655,7 @@ def register(server: MCPServer, app: App) -> None:
             + (f"; {left:,} more not listed: offset={result.next_offset} (limit up to 5000)" if result.has_more else "")
         ]
         lines += [f"note: {n}" for n in result.notes[:5]]
-        return tool_result(result, summary_text(lines))
+        return tool_result(result, network_summary(lines))
 
     @agent_tool(
         server,
@@ -736,7 +737,7 @@ def register(server: MCPServer, app: App) -> None:
             for s in faulty[:20]
         ]
         lines += [f"warning: {w}" for w in result.warnings[:10]]
-        return tool_result(result, summary_text(lines))
+        return tool_result(result, network_summary(lines))
 
     from servers.diagnostics.exporter import ExporterSummary
 
