@@ -1,0 +1,107 @@
+"""The bundled backends: one BackendInfo each. Their modules (servers/launch/*) are imported on first use."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from servers.engines.registry import BackendInfo, register
+
+
+def _local(config: Mapping[str, Any]) -> Any:
+    """The local backend runs its jobs in the job engine given in the config ("engine", "kind")."""
+    from servers.launch.local import LocalBackend
+
+    return LocalBackend(config["engine"], kind=config.get("kind", "training"))
+
+
+def _slurm(config: Mapping[str, Any]) -> Any:
+    from servers.launch.slurm import SlurmBackend
+
+    return SlurmBackend(job_root=config.get("job_root") or None)
+
+
+def _slurm_config(settings: Any) -> dict[str, Any]:
+    return {"job_root": str(settings.home / "slurm-jobs")}
+
+
+def _ray(config: Mapping[str, Any]) -> Any:
+    from servers.launch.ray_backend import RayBackend
+
+    return RayBackend(address=config.get("address") or None)
+
+
+def _ray_config(settings: Any) -> dict[str, Any]:
+    return {"address": settings.ray_address}
+
+
+def _kubernetes(config: Mapping[str, Any]) -> Any:
+    from servers.launch.kubernetes import KubernetesBackend
+
+    return KubernetesBackend(kubeconfig=config.get("kubeconfig") or None)
+
+
+def _skypilot(config: Mapping[str, Any]) -> Any:
+    from servers.launch.skypilot import SkyPilotBackend
+
+    return SkyPilotBackend()
+
+
+register(
+    BackendInfo(
+        name="local",
+        summary="torchrun on this machine, run by the job engine",
+        factory=_local,
+        options="servers.launch.local:LocalOptions",
+        detect="servers.launch.backends:detect_local",
+        poll_s=0.5,
+        capabilities=frozenset({"in_engine"}),
+    )
+)
+register(
+    BackendInfo(
+        name="ray",
+        summary="a Ray cluster's Jobs API",
+        factory=_ray,
+        config=_ray_config,
+        options="servers.launch.ray_backend:RayOptions",
+        detect="servers.launch.backends:detect_ray",
+        poll_s=0.25,  # one cheap HTTP GET
+        capabilities=frozenset(),
+    )
+)
+register(
+    BackendInfo(
+        name="slurm",
+        summary="sbatch on a Slurm cluster",
+        factory=_slurm,
+        config=_slurm_config,
+        options="servers.launch.slurm:SlurmOptions",
+        detect="servers.launch.backends:detect_slurm",
+        poll_s=1.0,  # slurmctld is shared by every user of the cluster: at most once a second per job
+        capabilities=frozenset({"multi_node", "arrays", "node_pinning"}),
+    )
+)
+register(
+    BackendInfo(
+        name="kubernetes",
+        summary="a Kubeflow TrainJob or PyTorchJob",
+        factory=_kubernetes,
+        options="servers.launch.kubernetes:KubernetesOptions",
+        detect="servers.launch.backends:detect_kubernetes",
+        poll_s=2.0,
+        capabilities=frozenset({"multi_node", "cluster_nodes", "images", "log_sync"}),
+    )
+)
+register(
+    BackendInfo(
+        name="skypilot",
+        summary="a SkyPilot managed job",
+        factory=_skypilot,
+        options="servers.launch.skypilot:SkyPilotOptions",
+        detect="servers.launch.backends:detect_skypilot",
+        poll_s=10.0,  # each status is a request to the API server, which asks its controller
+        grace_s=6 * 3600.0,  # provisioning and spot recovery
+        capabilities=frozenset({"multi_node", "cluster_nodes", "images"}),
+    )
+)
