@@ -219,7 +219,9 @@ SmiFields = Annotated[
 ]
 
 
-def register(server: MCPServer, app: App) -> None:
+def _register_gpu_tools(server: MCPServer, app: App) -> None:
+    """gpu_health, scan_kernel_log, explain_xid."""
+
     @agent_tool(server, title="GPU health", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def gpu_health(
         text: SmiOutput = "", path: SmiPath = None, fields: SmiFields = None, detail: Detail = False
@@ -321,6 +323,10 @@ def register(server: MCPServer, app: App) -> None:
             text += f"\nSources disagree: {result.disagreement}"
         return tool_result(result, text)
 
+
+def _register_test_tools(server: MCPServer, app: App) -> None:
+    """parse_nccl_tests, parse_dcgm_diag, run_dcgm_diag."""
+
     from servers.diagnostics.nccl_tests import NcclTestsReport
 
     @agent_tool(
@@ -389,6 +395,10 @@ def register(server: MCPServer, app: App) -> None:
             app, "dcgm_diag", {"level": level, "timeout_s": timeout}, wait_s=wait_s, ctx=ctx, timeout_s=timeout
         )
         return tool_result(view, summarize_job(view))
+
+
+def _register_bandwidth(server: MCPServer, app: App) -> None:
+    """check_collective_bandwidth."""
 
     @agent_tool(
         server,
@@ -459,6 +469,10 @@ def register(server: MCPServer, app: App) -> None:
             summary = "\n".join(lines)
         return tool_result(view, summary, *extra)
 
+
+def _register_stragglers(server: MCPServer, app: App) -> None:
+    """detect_stragglers."""
+
     from servers.diagnostics.stragglers import StragglerReport
 
     @agent_tool(server, title="Find stragglers", read_only=True, destructive=False, idempotent=True, open_world=False)
@@ -524,6 +538,10 @@ def register(server: MCPServer, app: App) -> None:
         ]
         lines += [f"warning: {w}" for w in report.warnings]
         return tool_result(report, "\n".join(lines))
+
+
+def _register_triage(server: MCPServer, app: App) -> None:
+    """triage_node."""
 
     from servers.diagnostics.triage import NodeTriage
 
@@ -596,6 +614,10 @@ def register(server: MCPServer, app: App) -> None:
         if not detail:
             return tool_result(result, summary_text(lines, TEXT_BYTES, "warnings has them all"))
         return tool_result(result, "\n".join(lines))
+
+
+def _register_network(server: MCPServer, app: App) -> None:
+    """plan_network_probes, localize_network_fault."""
 
     from servers.diagnostics.netmodels import Localization, ProbePlan, ProbeRow, Topology
     from servers.diagnostics.netmodels import summary_text as network_summary
@@ -739,6 +761,10 @@ def register(server: MCPServer, app: App) -> None:
         lines += [f"warning: {w}" for w in result.warnings[:10]]
         return tool_result(result, network_summary(lines))
 
+
+def _register_exporter(server: MCPServer, app: App) -> None:
+    """read_dcgm_exporter."""
+
     from servers.diagnostics.exporter import ExporterSummary
 
     @agent_tool(
@@ -766,6 +792,20 @@ def register(server: MCPServer, app: App) -> None:
 
         summary = await read_exporter(url, allowed=app.settings.exporter_urls, timeout_s=http_timeout_s)
         return tool_result(summary, summary.text)
+
+
+def register(server: MCPServer, app: App) -> None:
+    """Every diagnostics tool, one group of tools after another."""
+    for group in (
+        _register_gpu_tools,
+        _register_test_tools,
+        _register_bandwidth,
+        _register_stragglers,
+        _register_triage,
+        _register_network,
+        _register_exporter,
+    ):
+        group(server, app)
 
 
 def read_live_kernel_log(source: str | None) -> str:
