@@ -269,7 +269,7 @@ def approve(plan_id: str, *, yes: bool, tty: TextIO | None = None, out: TextIO |
     is read from the terminal (/dev/tty), never from stdin (`tty`: a stand-in for tests); `out`: stdout."""
     from servers.core.display import quoted, visible
     from servers.core.settings import Settings
-    from servers.launch.training import PLAN_ID_PATTERN, Approvals
+    from servers.engines.admission import PLAN_ID_PATTERN, Approvals
 
     out = out or sys.stdout
 

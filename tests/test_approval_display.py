@@ -27,7 +27,7 @@ from servers.core.db import connect
 from servers.core.display import quoted, quoted_list, visible
 from servers.core.mcp_layer import App
 from servers.core.settings import Settings
-from servers.launch.training import Approvals
+from servers.engines.admission import Approvals
 from tests.conftest import CHILD_ENV
 from tests.fixtures.k8s import goldens
 from tests.helpers import call_ok, create_test_suite

@@ -14,7 +14,8 @@ from mcp import Client
 
 from servers.core.mcp_layer import App
 from servers.core.settings import Settings, settings_table
-from servers.launch.training import TrainingJobSpec, confirmation_needed
+from servers.engines.admission import confirmation_needed
+from servers.launch.training import TrainingJobSpec
 from tests.conftest import CHILD_ENV
 from tests.fixtures.k8s import goldens
 from tests.helpers import call_error, call_ok, create_test_suite

@@ -211,7 +211,7 @@ async def test_a_client_that_cannot_ask_needs_the_plan_token_and_the_persons_app
         )
         # The token binds the submit to the plan; it does not stand for the person (the agent holds it).
         assert "llm-infra-mcp approve" in await error(client, "submit_training_job", {"plan_token": plan["plan_token"]})
-        from servers.launch.training import Approvals
+        from servers.engines.admission import Approvals
 
         assert Approvals(app.settings).approve(plan["plan_id"], "a person")
         job = await ok(client, "submit_training_job", {"plan_token": plan["plan_token"], "wait_s": 0})

@@ -19,6 +19,7 @@ from servers.core.jobstore import JobRecord
 from servers.core.jobview import JobView
 from servers.core.mcp_layer import App, WaitS, agent_tool, client_name, in_thread, summarize_job, tool_result
 from servers.core.models import Model
+from servers.engines.admission import Approvals, Launch, admit, elicit_asker
 from servers.launch.backends import BackendStatus, detect_all
 from servers.launch.sweeps import SweepPlan
 from servers.launch.training import TrainingJobSpec, TrainingPlan
@@ -81,10 +82,6 @@ class RecipeList(Model):
     recipes: list[RecipeDoc]
 
 
-class Confirmation(Model):
-    confirm: bool = Field(description="Start this training job")
-
-
 def gpus_in_use(active: list[JobRecord]) -> int:
     """Distinct GPUs held by the active training jobs among `active` (their spec records the assignment): a GPU that
     jobs share (share_gpus) counts once, as admission counts it."""
@@ -129,10 +126,14 @@ def recipe_docs() -> list[RecipeDoc]:
 
 
 def register(server: MCPServer, app: App) -> None:
-    from servers.core.audit import AuditLog
-    from servers.launch.training import Approvals, IdempotencyKeys, spec_from_token, spec_hash
-
     register_resources(server)
+    register_catalog(server, app)
+    register_jobs(server, app)
+    register_sweeps(server, app)
+
+
+def register_catalog(server: MCPServer, app: App) -> None:
+    """list_backends, list_recipes."""
 
     @agent_tool(
         server, title="List launch backends", read_only=True, destructive=False, idempotent=True, open_world=False
@@ -155,6 +156,12 @@ def register(server: MCPServer, app: App) -> None:
         docs = await in_thread(recipe_docs)
         lines = [f"- {d.name}: {d.description} (CPU {d.expected_time_cpu}; GPU {d.expected_time_gpu})" for d in docs]
         return tool_result(RecipeList(recipes=docs), "\n".join(lines))
+
+
+def register_jobs(server: MCPServer, app: App) -> None:
+    """plan_training_job, submit_training_job."""
+    from servers.core.audit import AuditLog
+    from servers.launch.training import IdempotencyKeys, spec_from_token, spec_hash
 
     @agent_tool(
         server, title="Plan a training job", read_only=False, destructive=False, idempotent=True, open_world=False
@@ -230,30 +237,23 @@ def register(server: MCPServer, app: App) -> None:
             if found is not None:
                 view = await in_thread(lambda: job_view_of(app, found))
                 return tool_result(view, f"already submitted with this idempotency_key: {summarize_job(view)}")
-        approval_taken = False
-        if plan.needs_confirmation:
-            how = await confirm(ctx, job_launch(plan), token_spec is not None)
-            approval_taken = how == APPROVED_BY_PERSON
-            audit.record(
-                "confirm" if how else "decline",
-                who=client_name(ctx),
-                plan_hash=plan.plan_hash,
-                estimated_gpu_hours=plan.estimated_gpu_hours,
-                how=how or "declined by the person",
-            )
-            if not how:
-                raise ToolError(
-                    f"not started: the person declined the launch ({plan.estimated_gpu_hours:.3g} GPU-hours at most)"
-                )
+        admitted = await admit(
+            app.settings,
+            job_launch(plan),
+            needed=plan.needs_confirmation,
+            ask=elicit_asker(ctx),
+            has_token=token_spec is not None,
+            who=client_name(ctx),
+            audit={"plan_hash": plan.plan_hash, "estimated_gpu_hours": plan.estimated_gpu_hours},
+            declined=f"not started: the person declined the launch ({plan.estimated_gpu_hours:.3g} GPU-hours at most)",
+        )
         try:
             record = await in_thread(start_keyed, app, keys, plan, normalised)
         except BaseException:
-            if approval_taken:
-                await in_thread(Approvals(app.settings).used, plan.plan_id, None)
+            await admitted.started(app.settings, None)
             raise
         view = job_view_of(app, record.id)
-        if approval_taken:
-            await in_thread(Approvals(app.settings).used, plan.plan_id, view.job_id)
+        await admitted.started(app.settings, view.job_id)
         audit.record(
             "submit",
             who=client_name(ctx),
@@ -273,32 +273,10 @@ def register(server: MCPServer, app: App) -> None:
             view = waited.job
         return tool_result(view, summarize_job(view))
 
-    async def confirm(ctx: Context, launch: Launch, has_token: bool) -> str | None:
-        """How the launch was approved, or None when the person declined. A token alone approves only up to
-        LLM_INFRA_MCP_AUTO_APPROVE_GPU_HOURS: the agent holds the token, so it cannot stand for the person."""
-        caps = ctx.client_capabilities
-        if caps is not None and getattr(caps, "elicitation", None) is not None:
-            try:
-                answer = await ctx.elicit(launch.message, Confirmation)
-            except Exception:
-                answer = None
-            if answer is not None:
-                accepted = answer.action == "accept" and bool(getattr(answer.data, "confirm", False))
-                return "confirmed by the person (elicitation)" if accepted else None
-        if not has_token:
-            raise InputError(
-                f"this launch (up to {launch.gpu_hours:.3g} GPU-hours) needs the person's approval and this client "
-                f"cannot ask: call {launch.plan_tool}, show the plan to the person, then submit with its "
-                f"{launch.token_name}"
-            )
-        if max(launch.gpu_hours, launch.node_hours) <= app.settings.auto_approve_gpu_hours:
-            ceiling = app.settings.auto_approve_gpu_hours
-            return f"auto-approved: at most LLM_INFRA_MCP_AUTO_APPROVE_GPU_HOURS={ceiling:g}"
-        approvals = Approvals(app.settings)
-        if await in_thread(approvals.take, launch.plan_id):
-            return APPROVED_BY_PERSON
-        await in_thread(approvals.request, launch.plan_id, launch.summary)
-        raise InputError(approval_needed(app, launch))
+
+def register_sweeps(server: MCPServer, app: App) -> None:
+    """plan_sweep, submit_sweep."""
+    from servers.core.audit import AuditLog
 
     @agent_tool(
         server,
@@ -360,28 +338,22 @@ def register(server: MCPServer, app: App) -> None:
                 "the sweep's plans changed since they were shown (the machine, the settings or a script changed): "
                 "call plan_sweep again, show it, and submit its sweep_token"
             )
-        launch = sweep_launch(swept)
-        approval_taken = False
-        if swept.needs_confirmation:
-            how = await confirm(ctx, launch, True)
-            approval_taken = how == APPROVED_BY_PERSON
-            AuditLog(app.settings).record(
-                "confirm" if how else "decline",
-                who=client_name(ctx),
-                sweep_id=swept.sweep_id,
-                estimated_gpu_hours=swept.total_gpu_hours,
-                how=how or "declined by the person",
-            )
-            if not how:
-                raise ToolError(f"not started: the person declined the sweep ({swept.total_gpu_hours:.3g} GPU-hours)")
+        admitted = await admit(
+            app.settings,
+            sweep_launch(swept),
+            needed=swept.needs_confirmation,
+            ask=elicit_asker(ctx),
+            has_token=True,
+            who=client_name(ctx),
+            audit={"sweep_id": swept.sweep_id, "estimated_gpu_hours": swept.total_gpu_hours},
+            declined=f"not started: the person declined the sweep ({swept.total_gpu_hours:.3g} GPU-hours)",
+        )
         try:
             job_ids = await in_thread(start_sweep, app, swept)
         except BaseException:
-            if approval_taken:
-                await in_thread(Approvals(app.settings).used, swept.plan_id, None)
+            await admitted.started(app.settings, None)
             raise
-        if approval_taken:
-            await in_thread(Approvals(app.settings).used, swept.plan_id, swept.sweep_id)
+        await admitted.started(app.settings, swept.sweep_id)
         AuditLog(app.settings).record("submit_sweep", who=client_name(ctx), sweep_id=swept.sweep_id, job_ids=job_ids)
         result = SweepSubmitted(sweep_id=swept.sweep_id, job_ids=job_ids, total_gpu_hours=swept.total_gpu_hours)
         return tool_result(
@@ -389,36 +361,6 @@ def register(server: MCPServer, app: App) -> None:
             f"sweep {swept.sweep_id}: {len(job_ids)} job(s) started or already running. Next: "
             f"wait_for_job(job_id={swept.sweep_id!r}) until all end; list_jobs(sweep_id={swept.sweep_id!r}).",
         )
-
-
-APPROVED_BY_PERSON = "approved by the person (llm-infra-mcp approve)"
-
-
-def approval_needed(app: App, launch: "Launch") -> str:
-    """What the person must do to let a launch start when the client cannot ask them."""
-    from servers.core.settings import default_home
-
-    home = "" if app.settings.home == default_home().resolve() else f"LLM_INFRA_MCP_HOME={app.settings.home} "
-    return (
-        f"not started: this launch (up to {launch.gpu_hours:.3g} GPU-hours, above "
-        f"LLM_INFRA_MCP_CONFIRM_ABOVE_GPU_HOURS={app.settings.confirm_above_gpu_hours:g}) needs the person's "
-        "approval, and this client cannot ask them. Ask the person to run, in a terminal on this machine: "
-        f"`{home}llm-infra-mcp approve {launch.plan_id}` (it shows the plan and asks), then call {launch.submit_tool} "
-        f"again with the same {launch.token_name}. An agent cannot approve its own launch"
-    )
-
-
-class Launch(Model):
-    """What a launch that needs the person's approval shows them, whatever it is (a job, a sweep)."""
-
-    plan_id: str
-    gpu_hours: float
-    node_hours: float = Field(default=0.0, description="Nodes x wall-time limit: the token-alone ceiling bounds both")
-    message: str
-    summary: dict[str, Any]
-    plan_tool: str
-    submit_tool: str
-    token_name: str
 
 
 class SweepSubmitted(Model):

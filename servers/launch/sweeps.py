@@ -23,7 +23,8 @@ from pydantic import Field
 from servers.core.errors import InputError, QuotaError
 from servers.core.models import Model
 from servers.core.settings import Settings
-from servers.launch.training import TrainingJobSpec, TrainingPlan, confirmation_needed, sign, unsign
+from servers.engines.admission import confirmation_needed
+from servers.launch.training import TrainingJobSpec, TrainingPlan, sign, unsign
 
 MAX_RUNS = 64
 SWEEP_ID_PATTERN = r"^sweep-[0-9a-f]{16}$"

@@ -23,10 +23,12 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from servers.core.db import connect, initialise
-from servers.core.errors import InputError, QuotaError
+from servers.core.errors import InputError
 from servers.core.models import Model
 from servers.core.paths import resolve_inside_roots
 from servers.core.settings import Settings
+from servers.engines import admission
+from servers.engines.admission import confirmation_needed
 from servers.launch.backend import Backend, BackendPlan
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -362,17 +364,6 @@ def check_env(env: dict[str, str]) -> None:
         )
 
 
-def confirmation_needed(
-    settings: Settings, *, backend: str, gpus_per_node: int, gpu_hours: float, node_hours: float
-) -> bool:
-    """Whether a launch needs the person: above LLM_INFRA_MCP_CONFIRM_ABOVE_GPU_HOURS, or, on a cluster with no
-    GPUs asked for (GPU-hours 0, yet every node held costs), above LLM_INFRA_MCP_CONFIRM_ABOVE_NODE_HOURS. A
-    careful operator's rule: nodes count whether or not their GPUs are asked for."""
-    if gpu_hours > settings.confirm_above_gpu_hours:
-        return True
-    return backend != "local" and gpus_per_node == 0 and node_hours > settings.confirm_above_node_hours
-
-
 def state_dir_refusal(settings: Settings, folder: Path) -> str | None:
     """Why `folder` (resolved) may not be a job's workdir or script, or None: the state directory (the signing key,
     the database, every job's folder) must never be a job's working directory nor travel in an upload, so a path
@@ -501,85 +492,6 @@ class IdempotencyKeys:
     def release(self, key: str) -> None:
         with connect(self.db_path) as conn:
             conn.execute("DELETE FROM launch_keys WHERE key = ? AND job_id IS NULL", (key,))
-
-
-_APPROVALS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS launch_approvals (
-    plan_id TEXT PRIMARY KEY,
-    summary TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    approved_at REAL,
-    approved_by TEXT,
-    used_by_job TEXT
-);
-"""
-APPROVAL_TTL_S = 24 * 3600.0
-PLAN_ID_PATTERN = re.compile(r"[0-9a-f]{16}")
-
-
-class Approvals:
-    """A person's approval of one plan, given outside the MCP session (`llm-infra-mcp approve PLAN_ID` in a
-    terminal), for clients that cannot ask the person themselves. An approval is for one launch of exactly that
-    plan and lapses after a day; the agent has no tool that gives one."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.db_path = settings.db_path
-        initialise(self.db_path, _APPROVALS_SCHEMA)
-
-    def request(self, plan_id: str, summary_fields: dict[str, Any]) -> None:
-        """Record that this plan waits for a person (again, if an earlier approval of it was used). The summary is
-        what `llm-infra-mcp approve` shows; it must hold estimated_gpu_hours."""
-        summary = json.dumps(summary_fields, default=str)
-        with connect(self.db_path) as conn:
-            conn.execute(
-                "INSERT INTO launch_approvals (plan_id, summary, created_at) VALUES (?, ?, ?) "
-                "ON CONFLICT(plan_id) DO UPDATE SET summary = excluded.summary, created_at = excluded.created_at, "
-                "approved_at = NULL, approved_by = NULL, used_by_job = NULL WHERE used_by_job IS NOT NULL",
-                (plan_id, summary, time.time()),
-            )
-
-    def pending(self) -> list[dict[str, Any]]:
-        with connect(self.db_path) as conn:
-            rows = conn.execute(
-                "SELECT * FROM launch_approvals WHERE used_by_job IS NULL AND created_at > ? ORDER BY created_at",
-                (time.time() - APPROVAL_TTL_S,),
-            ).fetchall()
-        return [dict(r) for r in rows]
-
-    def get(self, plan_id: str) -> dict[str, Any] | None:
-        with connect(self.db_path) as conn:
-            row = conn.execute("SELECT * FROM launch_approvals WHERE plan_id = ?", (plan_id,)).fetchone()
-        return None if row is None else dict(row)
-
-    def approve(self, plan_id: str, who: str) -> bool:
-        with connect(self.db_path) as conn:
-            cursor = conn.execute(
-                "UPDATE launch_approvals SET approved_at = ?, approved_by = ? "
-                "WHERE plan_id = ? AND used_by_job IS NULL",
-                (time.time(), who, plan_id),
-            )
-        return cursor.rowcount > 0
-
-    def take(self, plan_id: str) -> bool:
-        """Whether the person approved this plan (within the last day, not used yet); marks it in use."""
-        with connect(self.db_path) as conn:
-            cursor = conn.execute(
-                "UPDATE launch_approvals SET used_by_job = '(starting)' WHERE plan_id = ? AND approved_at > ? "
-                "AND used_by_job IS NULL",
-                (plan_id, time.time() - APPROVAL_TTL_S),
-            )
-        return cursor.rowcount > 0
-
-    def used(self, plan_id: str, job_id: str | None) -> None:
-        """Bind a taken approval to the job it started (None: the start failed, the approval stands again)."""
-        with connect(self.db_path) as conn:
-            if job_id is None:
-                conn.execute(
-                    "UPDATE launch_approvals SET used_by_job = NULL WHERE plan_id = ? AND used_by_job = '(starting)'",
-                    (plan_id,),
-                )
-            else:
-                conn.execute("UPDATE launch_approvals SET used_by_job = ? WHERE plan_id = ?", (job_id, plan_id))
 
 
 SUMMARY_LAYOUT = "training-job/2"  # what `llm-infra-mcp approve` knows how to show field by field
@@ -758,26 +670,10 @@ def plan(
         f"max_concurrent_gpus {settings.max_concurrent_gpus} ({gpus_in_use} in use)",
         f"max_concurrent_jobs {settings.max_concurrent_jobs}",
     ]
-    if spec.max_wall_s > settings.max_job_wall_s:
-        raise QuotaError(
-            f"max_wall_s {spec.max_wall_s:g} s is above the quota of {settings.max_job_wall_s:g} s "
-            "(LLM_INFRA_MCP_MAX_JOB_WALL_S)"
-        )
-    if gpus > settings.max_gpus_per_job:
-        raise QuotaError(
-            f"the job would use {gpus} GPUs; the quota is {settings.max_gpus_per_job} per job "
-            "(LLM_INFRA_MCP_MAX_GPUS_PER_JOB)"
-        )
-    if not remote and gpus > settings.max_concurrent_gpus:
-        raise QuotaError(
-            f"the job would use {gpus} GPUs and at most {settings.max_concurrent_gpus} may be in use at once, "
-            "shared or not (LLM_INFRA_MCP_MAX_CONCURRENT_GPUS)"
-        )
-    if not remote and gpus and gpus_in_use + gpus > settings.max_concurrent_gpus and not spec.share_gpus:
-        raise QuotaError(
-            f"{gpus_in_use} GPUs are in use and this job needs {gpus}; at most "
-            f"{settings.max_concurrent_gpus} at once (LLM_INFRA_MCP_MAX_CONCURRENT_GPUS)"
-        )
+    admission.check_wall(settings, spec.max_wall_s)
+    admission.check_gpus_per_job(settings, gpus)
+    if not remote:
+        admission.check_gpus_here(settings, gpus, gpus_in_use, shared=spec.share_gpus)
     workdir = resolve_inside_roots(spec.workdir, settings.roots(), what="workdir") if spec.workdir else None
     if workdir is not None and (why := state_dir_refusal(settings, workdir)):
         raise InputError(
