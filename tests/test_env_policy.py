@@ -3,7 +3,7 @@ TORCH_LOGS_OUT=/outside/file wrote outside the roots, uncounted by the log cap; 
 writing), NCCL_CONF_FILE, NCCL_TOPO_FILE, NCCL_GRAPH_DUMP_FILE, PYTORCH_TUNABLEOP_FILENAME, OMP_TOOL_LIBRARIES,
 CUDA_MPS_PIPE_DIRECTORY... were accepted too.
 
-The rule (training.env_refusal, the one check of every backend): outside JOB_*, a variable that names a file,
+The rule (envpolicy.env_refusal, the one check of every backend): outside JOB_*, a variable that names a file,
 folder, library, pipe or socket is refused by name (a known list, and words of the name: *_FILE, *_DIR, *_PATH,
 *_LIB*, *_PLUGIN, *_CONF_*, *_DUMP_*, ..._OUT, ..._TRACE...), and a value that reads as a path ('/', or a leading
 '~' or '.') or holds a control character is refused, but in the forms a few variables take (TZ=Europe/Paris).
@@ -19,8 +19,9 @@ from servers.core.errors import InputError
 from servers.core.mcp_layer import App
 from servers.core.settings import Settings
 from servers.launch import training
+from servers.launch.envpolicy import check_env, env_refusal
 from servers.launch.slurm import SlurmBackend
-from servers.launch.training import TrainingJobSpec, check_env, env_refusal
+from servers.launch.training import TrainingJobSpec
 from tests.helpers import call_error as error
 from tests.helpers import call_ok as ok
 from tests.helpers import create_test_suite, finish_job

@@ -24,8 +24,9 @@ from servers.core.jobstore import JobState
 from servers.core.mcp_layer import App
 from servers.core.netns import probe
 from servers.core.settings import Settings
+from servers.launch.envpolicy import check_env, env_refusal
 from servers.launch.local import ENTRY, LocalBackend
-from servers.launch.training import TrainingJobSpec, check_env, env_refusal
+from servers.launch.training import TrainingJobSpec
 from tests.conftest import CHILD_ENV
 from tests.helpers import call_error as error
 from tests.helpers import call_ok as ok

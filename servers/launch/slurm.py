@@ -64,6 +64,7 @@ from servers.launch.backend import (
     SubmitRequest,
     map_state,
 )
+from servers.launch.envpolicy import env_refusal
 from servers.launch.local import (
     CHECKPOINT_ENV,
     LOG_DIR_NAME,
@@ -1267,8 +1268,6 @@ class _SpecReader:
         env = self.spec.get("env") or {}
         if not isinstance(env, dict):
             raise ValueError("env: must map names to string values")
-        from servers.launch.training import env_refusal  # lazily: training imports the backends
-
         problems = []
         for k, v in env.items():
             if not isinstance(k, str) or not isinstance(v, str):
@@ -1282,7 +1281,7 @@ class _SpecReader:
             if why is not None:
                 problems.append(f"env: {k!r} may not be set: {why}")
         if problems:
-            raise ValueError("; ".join(problems) + "; accepted: see training.env_refusal (NCCL_*, TORCH_*, GLOO_*...)")
+            raise ValueError("; ".join(problems) + "; accepted: see envpolicy.env_refusal (NCCL_*, TORCH_*, GLOO_*...)")
         return dict(env)
 
 
