@@ -14,32 +14,14 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, ValidationError
 
 from servers.core.db import BUSY_TIMEOUT_S, SCHEMA_VERSION, as_state_error, connect, initialise
+from servers.core.jobrow import ACTIVE_STATES, BOOL_COLUMNS, JobState, states_sql, update_row
 from servers.core.models import Model
-
-
-class JobState(str, Enum):
-    QUEUED = "QUEUED"
-    STARTING = "STARTING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    LOST = "LOST"
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL_STATES
-
-
-TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.LOST})
-ACTIVE_STATES = frozenset(set(JobState) - TERMINAL_STATES)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -97,8 +79,7 @@ class JobRecord(Model):
     )
 
 
-_ACTIVE_SQL = ", ".join(f"'{s.value}'" for s in sorted(ACTIVE_STATES, key=lambda s: s.value))
-_BOOL_COLUMNS = ("cancel_requested", "supervisor_ready")
+_ACTIVE_SQL = states_sql(ACTIVE_STATES)
 _REQUIRED_FALLBACK: dict[str, Any] = {"kind": "?", "created_at": 0.0, "timeout_s": 0.0, "owner": "?", "job_dir": ""}
 
 
@@ -162,7 +143,7 @@ class JobStore:
             damage.append(f"its spec in the database is not a JSON object ({_short(raw_spec)}); shown empty")
             spec = {}
         data["spec"] = spec
-        for column in _BOOL_COLUMNS:
+        for column in BOOL_COLUMNS:
             data[column] = data.get(column) in (1, True)
         data["id"] = str(data.get("id"))
         only_spec = bool(damage)
@@ -205,7 +186,7 @@ class JobStore:
     def _row(record: JobRecord) -> dict[str, Any]:
         data = record.model_dump(mode="json")
         data["spec"] = json.dumps(record.spec, sort_keys=True)
-        for column in _BOOL_COLUMNS:
+        for column in BOOL_COLUMNS:
             data[column] = int(bool(data[column]))
         return data
 
@@ -258,20 +239,9 @@ class JobStore:
         """Set columns of one job. With only_if_active, a job already in a terminal state is left as it is,
         so that of two processes recording an end, the first one wins; only_in narrows that to the given
         states. Returns whether a row changed."""
-        if not fields:
-            return False
-        values = {k: (v.value if isinstance(v, JobState) else v) for k, v in fields.items()}
-        for column in _BOOL_COLUMNS:
-            if column in values:
-                values[column] = int(bool(values[column]))
-        assignments = ", ".join(f"{k} = :{k}" for k in values)
-        sql = f"UPDATE jobs SET {assignments} WHERE id = :_id"
         states = only_in if only_in is not None else (ACTIVE_STATES if only_if_active else None)
-        if states is not None:
-            sql += f" AND state IN ({', '.join(repr(s.value) for s in sorted(states, key=lambda s: s.value))})"
         with self._connect() as conn:
-            cursor = conn.execute(sql, {**values, "_id": job_id})
-            return cursor.rowcount > 0
+            return update_row(conn, job_id, fields, only_in=states)
 
     def list_jobs(
         self,

@@ -12,19 +12,21 @@ does a server cancel by SIGTERM (before, SIGTERM would kill it unrecorded). It r
 right after, so a cancel asked for while it started is not missed.
 """
 
+import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from servers.core.engine_state import STATE_FD_ENV, StateReader, StateReport
 from servers.core.jobfiles import JobFiles, atomic_write_json, read_json, worker_error
-from servers.core.jobstore import JobState, JobStore
+from servers.core.jobrow import JobRow, JobState
 from servers.core.procs import (
     boot_id,
     child_command,
@@ -34,7 +36,11 @@ from servers.core.procs import (
     terminate_group,
 )
 
+if TYPE_CHECKING:
+    from servers.core.engine_state import StateReader, StateReport
+
 _DB_POLL_S = 1.0
+_STEP_S = 0.05  # the longest a cancel signal or an engine report waits to be acted on; the worker's end wakes us
 
 
 def describe_exit(returncode: int, error: dict[str, str] | None) -> str:
@@ -51,7 +57,7 @@ def describe_exit(returncode: int, error: dict[str, str] | None) -> str:
     return f"the worker exited with code {returncode}; see read_job_logs"
 
 
-def engine_fields(report: StateReport, *, created_at: float, first: bool) -> dict[str, Any]:
+def engine_fields(report: "StateReport", *, created_at: float, first: bool) -> dict[str, Any]:
     """The row's columns for a report of the followed engine: its state and reason, and, the first time it says
     RUNNING, the start (the engine's own when it gives one between the job's creation and now, else now)."""
     fields: dict[str, Any] = {"state": JobState(report.state), "reason": report.reason}
@@ -62,161 +68,209 @@ def engine_fields(report: StateReport, *, created_at: float, first: bool) -> dic
     return fields
 
 
-def main(argv: list[str]) -> int:
+def _handle_signals() -> tuple[threading.Event, int]:
+    """Our first act: SIGTERM and SIGINT (a cancel) set the event and wake the watch (signal.set_wakeup_fd: the
+    returned descriptor becomes readable), SIGHUP is ignored."""
     cancel = threading.Event()
+    wake_r, wake_w = os.pipe()
+    for fd in (wake_r, wake_w):
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     signal.signal(signal.SIGTERM, lambda *_: cancel.set())
     signal.signal(signal.SIGINT, lambda *_: cancel.set())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    return cancel, wake_r
 
+
+def _waiter(worker_pid: int, wake_fd: int) -> Callable[[float], None]:
+    """A wait of at most a given time that ends early when the worker ends (its pidfd, Linux 5.3+) or a signal
+    arrives (`wake_fd`), so that the end is recorded at once instead of at the next poll."""
+    poller = select.poll()  # not select(): it refuses descriptors past FD_SETSIZE
+    poller.register(wake_fd, select.POLLIN)
+    with contextlib.suppress(AttributeError, OSError):  # no pidfd here: the worker's end is seen at the next step
+        poller.register(os.pidfd_open(worker_pid), select.POLLIN)
+
+    def wait(timeout_s: float) -> None:
+        if poller.poll(timeout_s * 1000):
+            with contextlib.suppress(OSError):  # drain the signals' bytes (a pidfd stays readable: the loop ends)
+                os.read(wake_fd, 512)
+
+    return wait
+
+
+class _Run:
+    """One job's run, step by step: mark ready, start the worker, watch it, record how it ended."""
+
+    def __init__(
+        self, files: JobFiles, row: JobRow, descriptor: dict[str, Any], grace_s: float, cancel: threading.Event
+    ) -> None:
+        self.files = files
+        self.row = row
+        self.job_id = row.job_id
+        self.descriptor = descriptor
+        self.grace_s = grace_s
+        self.cancel = cancel
+        self.timeout_s = float(descriptor["timeout_s"])
+        # A job that follows another engine's job has that engine's state, as its worker reports it
+        # (engine_state.py): not RUNNING because its follower runs here. Until the engine has it, it is STARTING.
+        self.follows = descriptor.get("follows_engine") is True
+        self.reader: StateReader | None = None
+        me = os.getpid()
+        self.identity: dict[str, Any] = {"pid": me, "start_time": process_start_time(me), "boot_id": boot_id()}
+
+    def mark_ready(self) -> None:
+        atomic_write_json(self.files.supervisor_identity, self.identity)
+        try:
+            self.row.update(
+                only_if_active=True,
+                supervisor_ready=True,
+                supervisor_pid=self.identity["pid"],
+                supervisor_start=self.identity["start_time"],
+                boot_id=self.identity["boot_id"],
+            )
+        except Exception as exc:  # not marked ready: a cancel then waits, and we still see it in the row after
+            print(f"supervisor: marking the job ready failed ({exc!r})", file=sys.stderr)
+
+    def finish(self, state: JobState, exit_code: int | None, reason: str | None) -> int:
+        ended = time.time()
+        record = {"state": state.value, "exit_code": exit_code, "reason": reason, "ended_at": ended}
+        atomic_write_json(self.files.exit, record)
+        for attempt in range(20):  # the database may be busy; exit.json already holds the truth
+            try:
+                self.row.update(only_if_active=True, state=state, exit_code=exit_code, reason=reason, ended_at=ended)
+                break
+            except Exception as exc:
+                print(f"supervisor: recording the end failed ({exc!r}), attempt {attempt + 1}", file=sys.stderr)
+                time.sleep(0.5)
+        print(f"supervisor: {self.job_id} ended {json.dumps(record)}", file=sys.stderr)
+        return 0
+
+    def start_worker(self) -> "subprocess.Popen[bytes] | str":
+        """The worker in a process group of its own, in the job's run/ folder; or why it could not start."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "LLM_INFRA_MCP_JOB_ID": self.job_id}
+        write_end: int | None = None
+        if self.follows:
+            from servers.core.engine_state import STATE_FD_ENV, StateReader
+
+            self.row.update(only_in=frozenset({JobState.QUEUED}), state=JobState.STARTING)
+            read_end, write_end = os.pipe()
+            os.set_inheritable(read_end, False)
+            self.reader = StateReader(read_end)
+            env[STATE_FD_ENV] = str(write_end)
+        files = self.files
+        files.logs_dir.mkdir(parents=True, exist_ok=True)
+        files.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(files.log(), "ab") as log:
+            try:
+                return subprocess.Popen(
+                    child_command("servers.core.worker", str(files.dir)),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group: ending the job ends everything it started
+                    cwd=files.run_dir,  # apart from the engine's files (exit.json, result.json...)
+                    env=env,
+                    pass_fds=(write_end,) if write_end is not None else (),
+                )
+            except OSError as exc:
+                return f"could not start the worker: {exc}"
+            finally:
+                if write_end is not None:
+                    os.close(write_end)  # the worker holds it now; our copy would keep the pipe open past its end
+
+    def record_start(self, worker: "subprocess.Popen[bytes]") -> None:
+        started = time.time()
+        worker_start = process_start_time(worker.pid)
+        atomic_write_json(
+            self.files.supervisor_identity,
+            {**self.identity, "worker_pid": worker.pid, "worker_start": worker_start, "started_at": started},
+        )
+        running = {} if self.follows else {"state": JobState.RUNNING, "started_at": started}
+        self.row.update(
+            only_if_active=True, worker_pid=worker.pid, worker_start=worker_start, boot_id=boot_id(), **running
+        )
+
+    def watch(self, worker: "subprocess.Popen[bytes]", wake_fd: int) -> tuple[str, int | None]:
+        """Until the worker ends, a cancel (a signal, or recorded in the row by a server that could not signal us)
+        or the wall-time limit: (what happened, the worker's exit status if it ended)."""
+        # The wall-time limit counts from the start: the worker's, or for a followed job the engine's (time in the
+        # engine's queue is not run time); a followed job may wait in the queue as long again, then it is ended.
+        deadline = time.monotonic() + self.timeout_s
+        engine_started = False
+        next_db_check = time.monotonic() + _DB_POLL_S
+        wait = _waiter(worker.pid, wake_fd)
+        while (returncode := worker.poll()) is None:
+            if self.cancel.is_set():
+                return "cancelled", None
+            if self.reader is not None and (report := self.reader.latest()) is not None:
+                created_at = float(self.descriptor.get("created_at") or 0)
+                fields = engine_fields(report, created_at=created_at, first=not engine_started)
+                if report.state == JobState.RUNNING.value and not engine_started:
+                    engine_started = True
+                    deadline = time.monotonic() + self.timeout_s
+                self.row.update(only_if_active=True, **fields)
+            if time.monotonic() >= deadline:
+                return ("timed out" if engine_started or not self.follows else "queued too long"), None
+            if time.monotonic() >= next_db_check:  # a cancel recorded by a server that could not signal us
+                next_db_check = time.monotonic() + _DB_POLL_S
+                if self.row.cancel_requested():
+                    return "cancelled", None
+            wait(_STEP_S)
+        return "exited", returncode
+
+    def conclude(self, worker: "subprocess.Popen[bytes]", outcome: str, returncode: int | None) -> int:
+        if outcome == "exited" and returncode is not None:
+            if group_alive(worker.pid):  # the worker is gone; leftovers in its group would run unsupervised
+                signal_group(worker.pid, signal.SIGKILL)
+            if returncode == 0:
+                return self.finish(JobState.SUCCEEDED, 0, None)
+            return self.finish(JobState.FAILED, returncode, describe_exit(returncode, worker_error(self.files.error)))
+        grace_s, timeout_s = self.grace_s, self.timeout_s
+        how = terminate_group(worker.pid, grace_s, reap=worker.poll)
+        returncode = worker.wait()
+        ended_by = (
+            "ended with SIGTERM" if how != "killed" else f"did not stop within {grace_s:g} s of SIGTERM and was killed"
+        )
+        if outcome == "cancelled":
+            return self.finish(JobState.CANCELLED, returncode, f"cancelled on request; the process group {ended_by}")
+        if outcome == "queued too long":
+            return self.finish(
+                JobState.FAILED,
+                returncode,
+                f"never started: the engine kept it queued past {timeout_s:g} s (the job's wall-time limit, which "
+                "counts from its start); its follower was stopped, which cancels it there; "
+                f"the process group {ended_by}",
+            )
+        return self.finish(
+            JobState.FAILED,
+            returncode,
+            f"timed out: it ran past its wall-time limit of {timeout_s:g} s; the process group {ended_by}",
+        )
+
+
+def main(argv: list[str]) -> int:
+    cancel, wake_fd = _handle_signals()
     files = JobFiles(Path(argv[0]).resolve())
-    store = JobStore(Path(argv[1]), prepare=False)  # the server made and checked the file; only our row is written
     grace_s = float(argv[2])
     descriptor = read_json(files.descriptor, 1024 * 1024)
     if not isinstance(descriptor, dict) or not isinstance(descriptor.get("id"), str):
         print(f"supervisor: cannot read {files.descriptor}", file=sys.stderr)
         return 2
-    job_id = descriptor["id"]
-    timeout_s = float(descriptor["timeout_s"])
-    me = os.getpid()
-    identity = {"pid": me, "start_time": process_start_time(me), "boot_id": boot_id()}
-    atomic_write_json(files.supervisor_identity, identity)
-    try:
-        store.update(
-            job_id,
-            only_if_active=True,
-            supervisor_ready=True,
-            supervisor_pid=me,
-            supervisor_start=identity["start_time"],
-            boot_id=identity["boot_id"],
-        )
-    except Exception as exc:  # not marked ready: a cancel then waits, and we still see it in the row below
-        print(f"supervisor: marking the job ready failed ({exc!r})", file=sys.stderr)
-
-    def finish(state: JobState, exit_code: int | None, reason: str | None) -> int:
-        ended = time.time()
-        record = {"state": state.value, "exit_code": exit_code, "reason": reason, "ended_at": ended}
-        atomic_write_json(files.exit, record)
-        for attempt in range(20):  # the database may be busy; exit.json already holds the truth
-            try:
-                store.update(
-                    job_id, only_if_active=True, state=state, exit_code=exit_code, reason=reason, ended_at=ended
-                )
-                break
-            except Exception as exc:
-                print(f"supervisor: recording the end failed ({exc!r}), attempt {attempt + 1}", file=sys.stderr)
-                time.sleep(0.5)
-        print(f"supervisor: {job_id} ended {json.dumps(record)}", file=sys.stderr)
-        return 0
-
-    record = store.get(job_id)
-    if record is None:
-        print(f"supervisor: job {job_id} is not in {argv[1]}", file=sys.stderr)
+    # The server made and checked the database; only our row is written.
+    run = _Run(files, JobRow(Path(argv[1]), descriptor["id"]), descriptor, grace_s, cancel)
+    run.mark_ready()
+    cancel_recorded = run.row.cancel_requested()
+    if cancel_recorded is None:
+        print(f"supervisor: job {run.job_id} is not in {argv[1]}", file=sys.stderr)
         return 2
-    if cancel.is_set() or record.cancel_requested:
-        return finish(JobState.CANCELLED, None, "cancelled before it started")
-
-    # A job that follows another engine's job has that engine's state, as its worker reports it (engine_state.py):
-    # not RUNNING because its follower runs here. Until the engine has it, it is STARTING (being submitted).
-    follows = descriptor.get("follows_engine") is True
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "LLM_INFRA_MCP_JOB_ID": job_id}
-    reader: StateReader | None = None
-    write_end: int | None = None
-    if follows:
-        store.update(job_id, only_in=frozenset({JobState.QUEUED}), state=JobState.STARTING)
-        read_end, write_end = os.pipe()
-        os.set_inheritable(read_end, False)
-        reader = StateReader(read_end)
-        env[STATE_FD_ENV] = str(write_end)
-    files.logs_dir.mkdir(parents=True, exist_ok=True)
-    files.run_dir.mkdir(parents=True, exist_ok=True)
-    with open(files.log(), "ab") as log:
-        try:
-            worker = subprocess.Popen(
-                child_command("servers.core.worker", str(files.dir)),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: ending the job ends everything it started
-                cwd=files.run_dir,  # apart from the engine's files (exit.json, result.json...)
-                env=env,
-                pass_fds=(write_end,) if write_end is not None else (),
-            )
-        except OSError as exc:
-            return finish(JobState.FAILED, None, f"could not start the worker: {exc}")
-        finally:
-            if write_end is not None:
-                os.close(write_end)  # the worker holds it now; our copy would keep the pipe open past its end
-    started = time.time()
-    worker_start = process_start_time(worker.pid)
-    atomic_write_json(
-        files.supervisor_identity,
-        {**identity, "worker_pid": worker.pid, "worker_start": worker_start, "started_at": started},
-    )
-    running = {} if follows else {"state": JobState.RUNNING, "started_at": started}
-    store.update(
-        job_id,
-        only_if_active=True,
-        worker_pid=worker.pid,
-        worker_start=worker_start,
-        boot_id=boot_id(),
-        **running,
-    )
-
-    # The wall-time limit counts from the start: the worker's, or for a followed job the engine's (time in the
-    # engine's queue is not run time); a followed job may wait in the queue as long again, then it is ended.
-    deadline = time.monotonic() + timeout_s
-    engine_started = False
-    next_db_check = time.monotonic() + _DB_POLL_S
-    outcome = "exited"
-    while (returncode := worker.poll()) is None:
-        if cancel.is_set():
-            outcome = "cancelled"
-            break
-        if reader is not None and (report := reader.latest()) is not None:
-            fields = engine_fields(
-                report, created_at=float(descriptor.get("created_at") or 0), first=not engine_started
-            )
-            if report.state == JobState.RUNNING.value and not engine_started:
-                engine_started = True
-                deadline = time.monotonic() + timeout_s
-            store.update(job_id, only_if_active=True, **fields)
-        if time.monotonic() >= deadline:
-            outcome = "timed out" if engine_started or not follows else "queued too long"
-            break
-        if time.monotonic() >= next_db_check:  # a cancel recorded by a server that could not signal us
-            next_db_check = time.monotonic() + _DB_POLL_S
-            current = store.get(job_id)
-            if current is not None and current.cancel_requested:
-                outcome = "cancelled"
-                break
-        cancel.wait(0.05)
-
-    if outcome == "exited":
-        if group_alive(worker.pid):  # the worker is gone; leftovers in its group would run unsupervised
-            signal_group(worker.pid, signal.SIGKILL)
-        if returncode == 0:
-            return finish(JobState.SUCCEEDED, 0, None)
-        return finish(JobState.FAILED, returncode, describe_exit(returncode, worker_error(files.error)))
-
-    how = terminate_group(worker.pid, grace_s, reap=worker.poll)
-    returncode = worker.wait()
-    ended_by = (
-        "ended with SIGTERM" if how != "killed" else f"did not stop within {grace_s:g} s of SIGTERM and was killed"
-    )
-    if outcome == "cancelled":
-        return finish(JobState.CANCELLED, returncode, f"cancelled on request; the process group {ended_by}")
-    if outcome == "queued too long":
-        return finish(
-            JobState.FAILED,
-            returncode,
-            f"never started: the engine kept it queued past {timeout_s:g} s (the job's wall-time limit, which counts "
-            f"from its start); its follower was stopped, which cancels it there; the process group {ended_by}",
-        )
-    return finish(
-        JobState.FAILED,
-        returncode,
-        f"timed out: it ran past its wall-time limit of {timeout_s:g} s; the process group {ended_by}",
-    )
+    if cancel.is_set() or cancel_recorded:
+        return run.finish(JobState.CANCELLED, None, "cancelled before it started")
+    worker = run.start_worker()
+    if isinstance(worker, str):
+        return run.finish(JobState.FAILED, None, worker)
+    run.record_start(worker)
+    outcome, returncode = run.watch(worker, wake_fd)
+    return run.conclude(worker, outcome, returncode)
 
 
 if __name__ == "__main__":
