@@ -38,7 +38,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from servers.core.jobstore import JobState
-from servers.launch.backend import SubmitRequest
+from servers.engines import registry
+from servers.engines.backend import SubmitRequest
 from servers.launch.ray_backend import RayBackend
 from tests.fixtures.launch.ray_head import start_head
 
@@ -167,7 +168,7 @@ def report(
         print(
             f"mcp-tools stages (medians): submit_training_job returned after {call_s:.3f} s; the job's worker "
             f"reported after {worker_s:.3f} s (the follower polls Ray every 0.1 s at first, then at most every "
-            f"{RayBackend.poll_s:g} s)"
+            f"{registry.get('ray').poll_s:g} s)"
         )
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from servers.core.jobstore import JobState
-from servers.launch.backend import SubmitRequest
+from servers.engines.backend import SubmitRequest
 from servers.launch.slurm import SlurmBackend
 
 ROOT = Path(__file__).resolve().parents[1]

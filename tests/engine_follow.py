@@ -1,4 +1,4 @@
-"""A scripted stand-in for a cluster engine, followed in a real worker process by the real `remote.follow`: the test
+"""A scripted stand-in for a cluster engine, followed in a real worker process by the real `follow`: the test
 writes what the engine says (an EngineStatus as JSON) into a control file, the stand-in answers status() with it.
 What it answers is built by the test from each backend's own state table or status code; this module invents none.
 """
@@ -12,15 +12,14 @@ from servers.core.jobfiles import JobContext
 from servers.core.jobs import JobKind
 from servers.core.jobstore import JobState
 from servers.core.procs import stop_on_sigterm
-from servers.launch.backend import BackendHandle, EngineStatus
-from servers.launch.remote import follow
+from servers.engines.backend import BackendHandle, EngineStatus
+from servers.engines.follow import follow
+from servers.engines.registry import BackendInfo
 
 FOLLOW_KIND = "test_follow_engine"
 
 
 class ScriptedEngine:
-    poll_s = 0.2
-
     def __init__(self, name: str, control: Path) -> None:
         self.name = name
         self.control = control
@@ -40,7 +39,9 @@ def run_follow(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     engine = ScriptedEngine(str(spec["backend"]), Path(spec["control"]))
     handle = BackendHandle(backend=engine.name, key="k", native_id="1")
     with stop_on_sigterm() as stop:
-        status = follow(engine, handle, ctx, stop)  # type: ignore[arg-type]
+        # Declared as the engine it stands for would be, but asked every 0.2 s at most (the test's pace).
+        info = BackendInfo(name=engine.name, summary="a scripted stand-in", factory=ScriptedEngine, poll_s=0.2)
+        status = follow(engine, handle, ctx, stop, info=info)  # type: ignore[arg-type]
     return {"state": status.state.value, "at": time.time()}
 
 

@@ -24,7 +24,7 @@ from servers.core.jobs import JobEngine
 from servers.core.jobstore import JobRecord, JobState
 from servers.core.jobview import job_view
 from servers.core.settings import Settings
-from servers.launch.backend import EngineStatus, map_state
+from servers.engines.backend import EngineStatus, map_state
 from servers.launch.ray_backend import RAY_STATES
 from servers.launch.skypilot import MANAGED_JOB_STATES
 from servers.launch.slurm import SLURM_STATES

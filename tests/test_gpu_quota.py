@@ -17,8 +17,8 @@ import pytest
 from servers.core.errors import QuotaError
 from servers.core.jobs import JobEngine
 from servers.core.settings import Settings
+from servers.engines.backend import BackendPlan, SubmitRequest
 from servers.launch import training
-from servers.launch.backend import BackendPlan, SubmitRequest
 from servers.launch.local import LocalBackend
 from servers.launch.training import TrainingJobSpec
 from tests.conftest import CHILD_ENV

@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 
 from servers.core.errors import InputError
 from servers.core.jobstore import JobState
+from servers.engines.backend import Backend, BackendHandle, SubmitRequest
 from servers.launch import k8s_manifests as m
-from servers.launch.backend import Backend, BackendHandle, SubmitRequest
 from servers.launch.kubernetes import (
     CANCEL_RECORD,
     STATE_RECORD,

@@ -15,7 +15,7 @@ from servers.core.jobs import JobEngine, JobKind
 from servers.core.jobstore import JobState
 from servers.core.procs import ProcessIdentity
 from servers.core.settings import Settings
-from servers.launch.backend import JOB_DIR_PLACEHOLDER, Backend, SubmitRequest, map_state
+from servers.engines.backend import JOB_DIR_PLACEHOLDER, Backend, SubmitRequest, map_state
 from servers.launch.local import (
     ENTRY,
     LocalBackend,

@@ -18,7 +18,7 @@ import pytest
 from servers.core.errors import InputError
 from servers.core.jobstore import JobState
 from servers.core.settings import Settings
-from servers.launch.backend import JOB_DIR_PLACEHOLDER, Backend, BackendHandle, EngineStatus, SubmitRequest, map_state
+from servers.engines.backend import JOB_DIR_PLACEHOLDER, Backend, BackendHandle, EngineStatus, SubmitRequest, map_state
 from servers.launch.ray_backend import (
     CANCEL_RECORD,
     EXIT_RECORD,
@@ -448,7 +448,7 @@ def test_ray_working_dir_goes_through_the_sdk_and_following_imports_no_ray(
     wait_for(backend, handle, {JobState.SUCCEEDED}, 120)
     assert "sees ['data.txt', 'train.py']" in backend.logs(handle, "rank0")
     code = (
-        "import sys, json; from servers.launch.ray_backend import RayBackend; from servers.launch.backend import "
+        "import sys, json; from servers.launch.ray_backend import RayBackend; from servers.engines.backend import "
         "BackendHandle; b = RayBackend(sys.argv[1], auth_token=sys.argv[2]); "
         "h = BackendHandle.model_validate_json(sys.argv[3]); s = b.status(h); b.logs(h, 'driver'); "
         "print(json.dumps([s.state.value, 'ray' in sys.modules]))"

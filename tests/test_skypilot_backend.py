@@ -42,8 +42,8 @@ import yaml
 from servers.core.errors import InputError
 from servers.core.jobstore import JobState
 from servers.core.settings import Settings
+from servers.engines.backend import Backend, BackendHandle, SubmitRequest
 from servers.launch import skypilot
-from servers.launch.backend import Backend, BackendHandle, SubmitRequest
 from servers.launch.skypilot import (
     CANCEL_RECORD,
     MANAGED_JOB_STATES,
@@ -1070,10 +1070,13 @@ class Progress:
 
 
 def test_the_follower_follows_a_preempted_job_to_its_end(fake_sky: FakeSky, tmp_path: Path) -> None:
-    from servers.launch.remote import follow
+    import dataclasses
+
+    from servers.engines import registry
+    from servers.engines.follow import follow
 
     backend = quick_backend(tmp_path)
-    backend.poll_s = 0.05
+    quick = dataclasses.replace(registry.get("skypilot"), poll_s=0.05)
     fake_sky.hold_launch = True
     handle = backend.submit(planned(tmp_path).bind(tmp_path / "job"), request_for())
     rid = handle.native_id.split(":", 1)[1]
@@ -1092,7 +1095,7 @@ def test_the_follower_follows_a_preempted_job_to_its_end(fake_sky: FakeSky, tmp_
     releaser = threading.Timer(0.3, lambda: fake_sky.finish_launch(rid))
     releaser.start()
     ctx = Progress()
-    status = follow(backend, handle, ctx, threading.Event())  # type: ignore[arg-type]
+    status = follow(backend, handle, ctx, threading.Event(), info=quick)  # type: ignore[arg-type]
     assert status.state is JobState.SUCCEEDED
     said = [m.split(":")[0] for m in ctx.messages]
     assert said == [

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from servers.core.jobstore import JobState
-from servers.launch.backend import (
+from servers.engines.backend import (
     JOB_DIR_PLACEHOLDER,
     Backend,
     BackendHandle,

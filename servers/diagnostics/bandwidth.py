@@ -333,8 +333,8 @@ def run_slurm(spec: BandwidthCheckSpec, ctx: Any) -> dict[str, Any]:
     """Every probe as a Slurm job pinned to its nodes, one at a time (the `bandwidth_check_cluster` job kind)."""
     from servers.core.jobstore import JobState
     from servers.core.procs import stop_on_sigterm
-    from servers.launch.backend import SubmitRequest
-    from servers.launch.remote import follow
+    from servers.engines.backend import SubmitRequest
+    from servers.engines.follow import follow
     from servers.launch.slurm import SlurmBackend
 
     backend = SlurmBackend(job_root=Path(ctx.files.dir) / "probes")

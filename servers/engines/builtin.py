@@ -60,18 +60,6 @@ register(
 )
 register(
     BackendInfo(
-        name="ray",
-        summary="a Ray cluster's Jobs API",
-        factory=_ray,
-        config=_ray_config,
-        options="servers.launch.ray_backend:RayOptions",
-        detect="servers.launch.backends:detect_ray",
-        poll_s=0.25,  # one cheap HTTP GET
-        capabilities=frozenset(),
-    )
-)
-register(
-    BackendInfo(
         name="slurm",
         summary="sbatch on a Slurm cluster",
         factory=_slurm,
@@ -84,10 +72,24 @@ register(
 )
 register(
     BackendInfo(
+        name="ray",
+        summary="a Ray cluster's Jobs API",
+        factory=_ray,
+        config=_ray_config,
+        options=None,  # the Ray backend takes no options of its own
+        plan_model="servers.launch.ray_backend:RayPlan",
+        detect="servers.launch.backends:detect_ray",
+        poll_s=0.25,  # one cheap HTTP GET
+        capabilities=frozenset(),
+    )
+)
+register(
+    BackendInfo(
         name="kubernetes",
         summary="a Kubeflow TrainJob or PyTorchJob",
         factory=_kubernetes,
         options="servers.launch.kubernetes:KubernetesOptions",
+        plan_model="servers.launch.kubernetes:KubernetesPlan",
         detect="servers.launch.backends:detect_kubernetes",
         poll_s=2.0,
         capabilities=frozenset({"multi_node", "cluster_nodes", "images", "log_sync"}),

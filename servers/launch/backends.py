@@ -1,20 +1,13 @@
-"""What launch engines this machine offers. Detection only: nothing is started and nothing heavy imported."""
+"""What launch engines this machine offers: the bundled backends' detection (their BackendInfo's `detect`, in
+servers/engines/builtin.py), each taking the server's Settings. Detection only: nothing is started and nothing
+heavy imported."""
 
 import importlib.metadata
 import importlib.util
 import shutil
 
-from pydantic import Field
-
-from servers.core.models import Model
-
-
-class BackendStatus(Model):
-    name: str
-    detected: bool = Field(description="Whether what this engine needs is present on this machine")
-    detail: str = Field(description="What was found, or what is missing")
-    launch_supported: bool = Field(description="Whether this server version can launch jobs on it")
-    launch_note: str | None = None
+from servers.core.settings import Settings
+from servers.engines.backend import BackendStatus
 
 
 def _version(distribution: str) -> str | None:
@@ -24,7 +17,7 @@ def _version(distribution: str) -> str | None:
         return None
 
 
-def detect_local() -> BackendStatus:
+def detect_local(settings: Settings | None = None) -> BackendStatus:
     torch_version = _version("torch")
     if torch_version is None or importlib.util.find_spec("torch") is None:
         return BackendStatus(
@@ -44,7 +37,7 @@ def detect_local() -> BackendStatus:
     )
 
 
-def detect_slurm() -> BackendStatus:
+def detect_slurm(settings: Settings | None = None) -> BackendStatus:
     commands = ["sbatch", "squeue", "scancel", "scontrol"]
     missing = [c for c in commands if shutil.which(c) is None]
     if missing:
@@ -67,7 +60,7 @@ def detect_slurm() -> BackendStatus:
     )
 
 
-def detect_kubernetes() -> BackendStatus:
+def detect_kubernetes(settings: Settings | None = None) -> BackendStatus:
     """Kubernetes: the client, the kubeconfig (KUBECONFIG or ~/.kube/config, read only), and a pre-flight of its
     cluster: the API answers, the TrainJob / PyTorchJob APIs are served, the runtime and the namespace exist."""
     if importlib.util.find_spec("kubernetes") is None:
@@ -90,7 +83,7 @@ def detect_kubernetes() -> BackendStatus:
     )
 
 
-def detect_skypilot() -> BackendStatus:
+def detect_skypilot(settings: Settings | None = None) -> BackendStatus:
     from servers.launch.skypilot import SkyPilotBackend
 
     found, detail = SkyPilotBackend().available()
@@ -106,8 +99,9 @@ def detect_skypilot() -> BackendStatus:
     )
 
 
-def detect_ray(address: str | None = None) -> BackendStatus:
-    """Ray: the package, and the Jobs API at `address` (LLM_INFRA_MCP_RAY_ADDRESS, else RAY_ADDRESS) answering."""
+def detect_ray(settings: Settings | None = None) -> BackendStatus:
+    """Ray: the package, and the Jobs API at the settings' ray_address (LLM_INFRA_MCP_RAY_ADDRESS, else
+    RAY_ADDRESS) answering."""
     if importlib.util.find_spec("ray") is None:
         return BackendStatus(
             name="ray",
@@ -118,7 +112,7 @@ def detect_ray(address: str | None = None) -> BackendStatus:
         )
     from servers.launch.ray_backend import RayBackend
 
-    found, detail = RayBackend(address=address or None).available()
+    found, detail = RayBackend(address=(settings.ray_address if settings is not None else None) or None).available()
     return BackendStatus(
         name="ray",
         detected=found,
@@ -128,5 +122,9 @@ def detect_ray(address: str | None = None) -> BackendStatus:
     )
 
 
-def detect_all(ray_address: str | None = None) -> list[BackendStatus]:
-    return [detect_local(), detect_slurm(), detect_ray(ray_address), detect_kubernetes(), detect_skypilot()]
+def detect_all(settings: Settings | None = None) -> list[BackendStatus]:
+    """Every registered backend's detection, in the registry's order."""
+    from servers.engines import registry
+
+    settings = settings if settings is not None else Settings()
+    return [registry.get(name).detect_status(settings) for name in registry.names()]

@@ -4,7 +4,7 @@ cluster, never at start-up).
 
 `KubernetesBackend(kubeconfig=None, context=None)` reads the user's kubeconfig (KUBECONFIG, else ~/.kube/config;
 several files merged as kubectl merges them) and never writes it (the client's loader runs with
-persist_config=False). The steps of the `Backend` protocol (servers/launch/backend.py):
+persist_config=False). The steps of the `Backend` protocol (servers/engines/backend.py):
 
 - ``plan(spec, settings)``: no side effects and no network (the kubeconfig file is read to name the context, its
   server and its namespace). The manifest comes from k8s_manifests.py: a TrainJob of Kubeflow Trainer v2.3.0 on the
@@ -29,7 +29,8 @@ persist_config=False). The steps of the `Backend` protocol (servers/launch/backe
 - ``logs(handle, "node<r>")``: the pod log of node rank r (a TrainJob's pod whose completion index is r; a
   PyTorchJob's Master is node0, Worker i is node<i+1>), container "node" or "pytorch", by byte offset.
   ``sync_logs`` copies each node's pod log into the job folder (logs/node<r>.log) while the job is followed (the
-  follower in remote.py calls it), capped at max_log_bytes, so read_job_logs serves them after the pods are gone.
+  follower, engines/follow.py, calls it: the log_sync capability), capped at max_log_bytes, so read_job_logs serves
+  them after the pods are gone.
 
 Tested against a stand-in API on 127.0.0.1 answering in the API's documented shapes (tests/test_k8s_backend.py),
 not against a real cluster.
@@ -50,8 +51,8 @@ from pydantic import Field
 from servers.core.jobfiles import atomic_write_json, read_json
 from servers.core.jobstore import JobState
 from servers.core.settings import Settings
+from servers.engines.backend import JOB_DIR_PLACEHOLDER, BackendHandle, BackendPlan, EngineStatus, SubmitRequest
 from servers.launch import k8s_manifests as m
-from servers.launch.backend import JOB_DIR_PLACEHOLDER, BackendHandle, BackendPlan, EngineStatus, SubmitRequest
 
 BACKEND_NAME = "kubernetes"
 SUBMIT_RECORD = "k8s-submit.json"
@@ -157,7 +158,6 @@ class KubernetesBackend:
     """Training jobs as TrainJobs or PyTorchJobs on the kubeconfig's cluster. See the module docstring."""
 
     name = BACKEND_NAME
-    poll_s = 2.0  # the API server is shared: a status is a GET and, before the end, a pod list
     log_sync_s = 5.0
 
     def __init__(

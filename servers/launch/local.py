@@ -51,7 +51,7 @@ from servers.core.procs import stop_on_sigterm
 from servers.core.sandbox import Layout, code_folders, sandbox_argv
 from servers.core.settings import ENV_PREFIX as SETTINGS_PREFIX
 from servers.core.settings import Settings
-from servers.launch.backend import (
+from servers.engines.backend import (
     GPUS_PLACEHOLDER,
     JOB_DIR_PLACEHOLDER,
     BackendHandle,

@@ -4,7 +4,7 @@
 http://127.0.0.1:8265) through its REST endpoints (`RestJobsClient`, httpx: status, stop, logs, and submit), or
 `ray.job_submission.JobSubmissionClient` for a submit that uploads a working_dir (the SDK packages it); ray is
 imported only then, never at start-up (importing it costs every follower process about half a second). The five
-steps of the `Backend` protocol (servers/launch/backend.py):
+steps of the `Backend` protocol (servers/engines/backend.py):
 
 - ``plan(spec, settings, job_dir=None)``: no side effects. The command is torchrun of the recipe or script with
   its args, as `local.torchrun_argv` builds it (``launcher="python"``: ``python SCRIPT ARGS`` for one rank),
@@ -57,7 +57,7 @@ from servers.core.jobfiles import PROCESS_NAME, BadJobFileError, atomic_write_js
 from servers.core.jobstore import JobState
 from servers.core.paths import resolve_inside_roots
 from servers.core.settings import Settings
-from servers.launch.backend import (
+from servers.engines.backend import (
     JOB_DIR_PLACEHOLDER,
     BackendHandle,
     BackendPlan,
@@ -611,7 +611,6 @@ class RayBackend:
     """
 
     name = "ray"
-    poll_s = 0.25  # how often a follower asks the Jobs API once a job is under way (servers/launch/remote.py)
 
     def __init__(
         self,

@@ -20,13 +20,13 @@ from servers.core.jobview import JobView
 from servers.core.mcp_layer import App, WaitS, agent_tool, client_name, in_thread, summarize_job, tool_result
 from servers.core.models import Model
 from servers.engines.admission import Approvals, Launch, admit, elicit_asker
-from servers.launch.backends import BackendStatus, detect_all
+from servers.engines.backend import BackendStatus
+from servers.launch.backends import detect_all
 from servers.launch.sweeps import SweepPlan
 from servers.launch.training import TrainingJobSpec, TrainingPlan
 
 if TYPE_CHECKING:
-    from servers.launch.backend import Backend
-    from servers.launch.local import LocalBackend
+    from servers.engines.backend import Backend
     from servers.launch.training import IdempotencyKeys
 
 NAME = "launch"
@@ -37,10 +37,6 @@ INSTRUCTIONS = (
 )
 TRAINING_KIND = "training"
 REMOTE_KIND = "training_remote"
-REMOTE_GRACE_S = 600.0  # the follower outlives the job's own limit by this much (queueing, the engine's ending)
-# SkyPilot's wait for capacity (spot above all), provisioning and recoveries after preemptions all come before or
-# between the job's own runs (each run is limited by max_wall_s on the nodes): its follower waits far longer.
-REMOTE_GRACE_BY_BACKEND_S = {"skypilot": 6 * 3600.0}
 JOB_KINDS = [
     JobKind(
         TRAINING_KIND, "servers.launch.local:run_training_job", "torchrun of a recipe or script", default_timeout_s=3600
@@ -140,7 +136,7 @@ def register_catalog(server: MCPServer, app: App) -> None:
     )
     async def list_backends() -> Annotated[CallToolResult, BackendList]:
         """Which spec.backend values work on this machine, with what was found for each or why not. Instant."""
-        backends = await in_thread(detect_all, app.settings.ray_address)
+        backends = await in_thread(detect_all, app.settings)
         lines = [
             f"- {b.name}: {'found' if b.detected else 'missing'} ({b.detail})"
             + ("" if b.launch_supported else f"; {b.launch_note}")
@@ -487,18 +483,23 @@ def start_sweep(app: App, swept: SweepPlan) -> list[str]:
 
 
 def submit_array(app: App, swept: SweepPlan, job_ids: list[str]) -> None:
-    """A Slurm sweep as one job array (idempotent by the sweep id): task i runs in the folder of run i's job. A run
-    whose job ended before the array was submitted (cancelled) has its task cancelled; if sbatch refuses the array,
-    every run's job is cancelled and the error raised."""
-    from servers.launch.slurm import ArrayRun, SlurmBackend
+    """A sweep as one job array (a backend with arrays: Slurm; idempotent by the sweep id): task i runs in the
+    folder of run i's job. A run whose job ended before the array was submitted (cancelled) has its task cancelled;
+    if the engine refuses the array, every run's job is cancelled and the error raised."""
+    from typing import cast
 
+    from servers.engines import registry
+    from servers.engines.backend import ArrayBackend, ArrayRun
+
+    name = swept.runs[0].plan.backend
+    if not registry.get(name).can("arrays"):
+        raise InputError(f"backend: {name!r} cannot run a sweep as one job array")
     records = [app.engine.get(job_id) for job_id in job_ids]
     runs = [
         ArrayRun(plan=run.plan.backend_plan, key=run.idempotency_key, job_dir=record.job_dir)
         for run, record in zip(swept.runs, records, strict=True)
     ]
-    backend = backend_for(app, "slurm")
-    assert isinstance(backend, SlurmBackend)
+    backend = cast(ArrayBackend, backend_for(app, name))
     try:
         handles = backend.submit_array(runs, sweep_key=swept.sweep_id, sweep_dir=backend.job_root / swept.sweep_id)
     except (RuntimeError, ValueError) as exc:
@@ -528,28 +529,22 @@ def job_view_of(app: App, job_id: str) -> JobView:
 
 
 def backend_for(app: App, name: str) -> "Backend":
-    """The backend a spec names: local (the job engine runs torchrun here) or a cluster engine."""
-    if name == "local":
-        return local_backend(app)
-    from servers.launch.remote import make_backend
+    """The backend a spec names, built as the registry declares it: one the job engine runs itself (in_engine:
+    local torchrun) on the server's engine, any other from the config it stores with its jobs."""
+    from servers.engines import registry
 
-    return make_backend(name, backend_config(app, name))
+    info = registry.get(name)
+    if info.can("in_engine"):
+        return info.build({"engine": app.engine, "kind": TRAINING_KIND})
+    return info.build(backend_config(app, name))
 
 
 def backend_config(app: App, name: str) -> dict[str, Any]:
-    """What a remote job's worker needs to reach its engine (no secrets: tokens stay in the environment)."""
-    if name == "ray":
-        return {"address": app.settings.ray_address}
-    if name == "slurm":
-        return {"job_root": str(app.settings.home / "slurm-jobs")}
-    return {}
+    """What a remote job's worker needs to reach its engine (its BackendInfo's config; no secrets: tokens stay in
+    the environment)."""
+    from servers.engines import registry
 
-
-def local_backend(app: App) -> "LocalBackend":
-    """The backend the server runs training jobs on (the local one: the job engine runs torchrun)."""
-    from servers.launch.local import LocalBackend
-
-    return LocalBackend(app.engine, kind=TRAINING_KIND)
+    return registry.get(name).config_for(app.settings)
 
 
 def start_training(
@@ -559,7 +554,8 @@ def start_training(
     `extra` joins the job's spec (a sweep's id and index)."""
     import secrets
 
-    from servers.launch.backend import SubmitRequest
+    from servers.engines import registry
+    from servers.engines.backend import SubmitRequest
 
     key = spec.idempotency_key or f"{plan.plan_hash}-{secrets.token_hex(6)}"
     request = SubmitRequest(
@@ -572,19 +568,21 @@ def start_training(
         },
         timeout_s=spec.max_wall_s,
     )
-    if spec.backend == "local":
-        handle = local_backend(app).submit(plan.backend_plan, request)
+    info = registry.get(spec.backend)
+    if info.can("in_engine"):
+        handle = backend_for(app, spec.backend).submit(plan.backend_plan, request)
         return app.engine.get(handle.native_id)
-    # A cluster engine: a job of the engine here follows it (see remote.py); the key makes the submit idempotent.
+    # Another engine: a job of the engine here follows it (see remote.py); the key makes the submit idempotent. The
+    # backend's declaration travels with the job, so that its worker builds the same backend (engines/registry.py).
     tracked = {
         **request.spec,
         "backend": spec.backend,
+        "backend_info": info.record(),
         "backend_config": backend_config(app, spec.backend),
         "idempotency_key": key,
         "plan": plan.backend_plan.model_dump(mode="json"),
     }
-    grace = REMOTE_GRACE_BY_BACKEND_S.get(spec.backend, REMOTE_GRACE_S)
-    follow_s = min(spec.max_wall_s + grace, max(spec.max_wall_s, app.settings.max_job_wall_s))
+    follow_s = min(spec.max_wall_s + info.grace_s, max(spec.max_wall_s, app.settings.max_job_wall_s))
     return app.engine.submit(REMOTE_KIND, tracked, timeout_s=follow_s)
 
 
@@ -617,7 +615,8 @@ def start_keyed(
 
 def existing_job(app: App, keys: "IdempotencyKeys", spec: TrainingJobSpec) -> str | None:
     """The job already submitted with the spec's idempotency key, or None. A key claimed by a submit that never
-    recorded its job (the server died in between) is recovered from the backend, or released once stale."""
+    recorded its job (the server died in between) is recovered from the job engine's records, where every backend's
+    job is (a local run, or the follower of a cluster's job), or released once stale."""
     from servers.launch.training import spec_hash
 
     key = spec.idempotency_key
@@ -630,14 +629,30 @@ def existing_job(app: App, keys: "IdempotencyKeys", spec: TrainingJobSpec) -> st
         raise InputError(f"idempotency_key {key!r} was used for a different spec; use a new key")
     if job_id is not None:
         return job_id
-    handle = local_backend(app).find(key)
-    if handle is not None:
-        keys.bind(key, handle.native_id)
-        return handle.native_id
+    recorded = job_of_key(app, key)
+    if recorded is not None:
+        keys.bind(key, recorded)
+        return recorded
     if time.time() - claimed_at > STALE_CLAIM_S:
         keys.release(key)
         return None
     raise InputError("a submit with this idempotency_key is starting right now; get_job shortly")
+
+
+def job_of_key(app: App, key: str) -> str | None:
+    """The id of the training job (of any backend) whose spec carries this idempotency key."""
+    store = app.engine.store
+    for kind in (TRAINING_KIND, REMOTE_KIND):
+        offset = 0
+        while True:
+            page = store.list_jobs(kind=kind, limit=200, offset=offset)
+            for job in page.jobs:
+                if job.spec.get("idempotency_key") == key:
+                    return job.id
+            offset += len(page.jobs)
+            if not page.jobs or offset >= page.total:
+                break
+    return None
 
 
 PART = ServerPart(name=NAME, instructions=INSTRUCTIONS, register=register, job_kinds=JOB_KINDS, starts_jobs=True)

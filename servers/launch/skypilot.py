@@ -7,7 +7,7 @@ Its client talks to a SkyPilot API server (a remote one from ``SKYPILOT_API_SERV
 ``api_server.endpoint`` in ~/.sky/config.yaml, else a local one that SkyPilot starts on 127.0.0.1:46580 on first
 use); every call (``sky.jobs.launch``, ``sky.jobs.queue_v2``, ``sky.jobs.cancel``...) returns a request id at once,
 and the result is fetched with ``sky.get`` once the API server says the request finished (``sky.api_status``).
-The five steps of the `Backend` protocol (servers/launch/backend.py):
+The five steps of the `Backend` protocol (servers/engines/backend.py):
 
 - ``plan(spec, settings)``: no side effects (validating with SkyPilot imports it, which creates ~/.sky as every
   SkyPilot command does). `rendered` is the task YAML: name, num_nodes, resources (accelerators "H100:8" from the
@@ -33,7 +33,7 @@ The five steps of the `Backend` protocol (servers/launch/backend.py):
   FAILED, FAILED_SETUP, FAILED_PRECHECKS, FAILED_NO_RESOURCE, FAILED_CONTROLLER, and WINDING_DOWN, SUBMITTED); any
   other name is LOST. Reasons carry SkyPilot's failure_reason; restarts its recovery_count. These calls wait on
   the API server (bounded by ``request_timeout_s``): status is called by the job's follower process
-  (servers/launch/remote.py), never inside a tool call. While the job runs, status also copies SkyPilot's job log
+  (servers/engines/follow.py), never inside a tool call. While the job runs, status also copies SkyPilot's job log
   into the job folder (logs/skypilot.log, every ``log_sync_s`` in a background thread, once more at the end, with
   the jobs controller's log as logs/controller.log), where read_job_logs serves it.
 - ``cancel``: ``sky.jobs.cancel(job_ids=[id])``, or ``sky.api_cancel`` of a launch request still in flight (and
@@ -67,7 +67,7 @@ from servers.core.jobfiles import BadJobFileError, atomic_write_json, open_regul
 from servers.core.jobstore import JobState
 from servers.core.paths import resolve_inside_roots
 from servers.core.settings import Settings
-from servers.launch.backend import (
+from servers.engines.backend import (
     GPUS_PLACEHOLDER,
     JOB_DIR_PLACEHOLDER,
     BackendHandle,
@@ -172,7 +172,6 @@ TASK_FIELDS = ("name", "num_nodes", "resources", "envs", "workdir", "file_mounts
 RESOURCES_FIELDS = ("infra", "accelerators", "use_spot", "job_recovery", "image_id")
 
 # ---- the follower's pace --------------------------------------------------------------------------------------------
-POLL_S = 10.0  # the slowest a follower asks (each status is a request to the API server, which asks its controller)
 REQUEST_TIMEOUT_S = 60.0
 CANCEL_WAIT_S = 30.0
 LOG_SYNC_S = 30.0
@@ -607,7 +606,6 @@ class SkyPilotBackend:
     """
 
     name = BACKEND_NAME
-    poll_s = POLL_S  # the slowest a follower asks (servers/launch/remote.py)
 
     def __init__(
         self,

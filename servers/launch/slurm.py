@@ -56,8 +56,9 @@ from typing import Any
 from servers.core.jobfiles import JobFiles, atomic_write_json, open_regular, read_json
 from servers.core.jobstore import JobState
 from servers.core.settings import Settings
-from servers.launch.backend import (
+from servers.engines.backend import (
     JOB_DIR_PLACEHOLDER,
+    ArrayRun,
     BackendHandle,
     BackendPlan,
     EngineStatus,
@@ -418,7 +419,6 @@ class SlurmBackend:
     """
 
     name = BACKEND_NAME
-    poll_s = 1.0  # a follower asks slurmctld at most once a second per job once it is under way (remote.py)
 
     def __init__(
         self,
@@ -939,7 +939,11 @@ class SlurmBackend:
         return self._recorded(folder, key, job_id, "submitted")
 
     # ---- a sweep as one job array ----
-    def submit_array(self, runs: Sequence["ArrayRun"], *, sweep_key: str, sweep_dir: Path | str) -> list[BackendHandle]:
+    def plan_array(self, runs: Sequence[tuple[Path | str, str]], *, sweep_key: str, sweep_dir: Path | str) -> str:
+        """The array script of a sweep, without side effects (render_array)."""
+        return render_array(runs, sweep_key=sweep_key, sweep_dir=sweep_dir)
+
+    def submit_array(self, runs: Sequence[ArrayRun], *, sweep_key: str, sweep_dir: Path | str) -> list[BackendHandle]:
         """One `sbatch --array=0-(N-1)` for the runs of a sweep: task i runs run i's own batch script in run i's
         job folder (its logs, metrics and exit record there, exactly as a job of its own); each run is then the
         Slurm job "<array id>_<i>". Idempotent by `sweep_key`: the array's submit record in `sweep_dir` (and the
@@ -1283,15 +1287,6 @@ class _SpecReader:
         if problems:
             raise ValueError("; ".join(problems) + "; accepted: see envpolicy.env_refusal (NCCL_*, TORCH_*, GLOO_*...)")
         return dict(env)
-
-
-@dataclass
-class ArrayRun:
-    """One run of a job array: its plan (SlurmBackend.plan), its idempotency key and its own job folder."""
-
-    plan: BackendPlan
-    key: str
-    job_dir: Path | str
 
 
 def sbatch_options(rendered: str) -> list[str]:

@@ -16,14 +16,16 @@ import itertools
 import json
 import re
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from pydantic import Field
 
 from servers.core.errors import InputError, QuotaError
 from servers.core.models import Model
 from servers.core.settings import Settings
+from servers.engines import registry
 from servers.engines.admission import confirmation_needed
+from servers.engines.backend import ArrayBackend
 from servers.launch.training import TrainingJobSpec, TrainingPlan, sign, unsign
 
 MAX_RUNS = 64
@@ -160,17 +162,17 @@ def build(
         )
     warnings = sorted({w for p in plans for w in p.warnings})
     array_script = None
-    if base.backend == "slurm":
-        from servers.launch.slurm import render_array
-
+    info = registry.get(base.backend)
+    if info.can("arrays"):  # one job array for the whole sweep (Slurm's)
+        arrays = cast(ArrayBackend, info.build(info.config_for(settings)))
         try:
-            array_script = render_array(
+            array_script = arrays.plan_array(
                 [(f"<job folder of run {i}>", p.backend_plan.rendered or "") for i, p in enumerate(plans)],
                 sweep_key=sweep_id,
-                sweep_dir=settings.home / "slurm-jobs" / sweep_id,
+                sweep_dir=arrays.job_root / sweep_id,
             )
         except ValueError as exc:
-            raise InputError(f"the sweep cannot be one Slurm job array: {exc}") from None
+            raise InputError(f"the sweep cannot be one {base.backend} job array: {exc}") from None
     return SweepPlan(
         sweep_id=sweep_id,
         sweep_token=make_token(settings, base, runs, digest),

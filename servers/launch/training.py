@@ -29,7 +29,7 @@ from servers.core.paths import resolve_inside_roots
 from servers.core.settings import Settings
 from servers.engines import admission
 from servers.engines.admission import confirmation_needed
-from servers.launch.backend import Backend, BackendPlan
+from servers.engines.backend import Backend, BackendPlan
 from servers.launch.envpolicy import check_env
 
 SLURM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"

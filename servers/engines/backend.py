@@ -1,25 +1,35 @@
-"""The protocol every launch backend implements: local torchrun now; Slurm, Kubernetes and SkyPilot later.
+"""The protocol every launch backend implements, and the models it speaks (plain: pydantic and the standard library).
 
-A backend is an adapter between a validated training spec and one engine. Its five steps:
+A backend is an adapter between a validated training spec and one engine. What the servers call, and nothing else:
 
-- ``available()``: whether the engine is usable here, and what was found or is missing. Cheap, starts nothing.
+- ``available()``: whether the engine is usable here, and what was found or is missing. Cheap, starts nothing
+  (list_backends asks it through the registry's detection).
 - ``plan(spec, settings)``: what would run, exactly, with NO side effects (no files, no processes, no network):
   the argv or the rendered batch script/manifest, the environment additions, the working directory, the
   resources. The server shows the plan for confirmation, and the launch is bound to it.
-- ``submit(plan, request)``: start exactly that plan, recording ``request.key`` with the job. Idempotency is the
-  launch server's, one table for every backend (training.IdempotencyKeys); ``find(key)`` recovers a job whose
-  submit was not recorded there (the server died in between).
-- ``poll(handle)``: the engine's state mapped onto the job engine's seven states (``JobState``).
-- ``cancel(handle)``: stop it; idempotent. ``logs(handle, ...)``: text of one process's log.
+- ``submit(plan, request)``: start exactly that plan, recording ``request.key`` with the job, idempotently: a second
+  submit of one key (a restarted follower) finds the job the first one started. The idempotency table is the launch
+  server's, one for every backend (training.IdempotencyKeys); a key whose bind was lost is recovered from the job
+  engine's records, where every backend's job is (launch/server.py existing_job).
+- ``status(handle)``: the engine's state mapped onto the job engine's seven states (``JobState``), with the engine's
+  own words; what a follower (engines/follow.py) asks until the job ends.
+- ``cancel(handle)``: stop it; idempotent.
+
+What only some engines can do is a sub-protocol, tied to the capability the backend declares in its BackendInfo
+(engines/registry.py), never found by getattr or isinstance:
+
+- ``log_sync`` -> ``LogSyncBackend.sync_logs``: the ranks' logs live on the engine and are copied into the job
+  folder while the job is followed (read_job_logs serves the job folder, for every backend);
+- ``arrays`` -> ``ArrayBackend``: a sweep planned and submitted as one job array, each run finding its task's
+  submit record.
 
 Engines' own states map onto ``JobState`` with ``map_state`` and a per-engine table, e.g. Slurm
 PENDING -> QUEUED, CONFIGURING -> STARTING, COMPLETED -> SUCCEEDED, TIMEOUT/OUT_OF_MEMORY -> FAILED,
 CANCELLED -> CANCELLED; anything unknown maps to LOST rather than being guessed.
-
-Plain module (pydantic and the standard library only): the server imports it at start-up.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -107,6 +117,25 @@ class EngineStatus(Model):
     restarts: int = Field(default=0, description="Times the engine requeued or restarted it")
 
 
+class BackendStatus(Model):
+    """What list_backends says of one engine on this machine."""
+
+    name: str
+    detected: bool = Field(description="Whether what this engine needs is present on this machine")
+    detail: str = Field(description="What was found, or what is missing")
+    launch_supported: bool = Field(description="Whether this server version can launch jobs on it")
+    launch_note: str | None = None
+
+
+@dataclass
+class ArrayRun:
+    """One run of a job array: its plan (the backend's own), its idempotency key and its own job folder."""
+
+    plan: BackendPlan
+    key: str
+    job_dir: Path | str
+
+
 @runtime_checkable
 class Backend(Protocol):
     """One launch engine. See the module docstring for the contract of each method."""
@@ -122,16 +151,7 @@ class Backend(Protocol):
         ...
 
     def submit(self, plan: BackendPlan, request: SubmitRequest) -> BackendHandle:
-        """Start exactly this plan, recording request.key with the job (so `find` recovers it)."""
-        ...
-
-    def find(self, key: str) -> BackendHandle | None:
-        """The job submitted with this key, if the engine has one: what recovers a submit whose server died
-        between starting the job and recording it (the launch server keeps the one idempotency table)."""
-        ...
-
-    def poll(self, handle: BackendHandle) -> JobState:
-        """The job's state, mapped onto the engine's seven states."""
+        """Start exactly this plan, recording request.key with the job; a second submit of the key finds that job."""
         ...
 
     def status(self, handle: BackendHandle) -> EngineStatus:
@@ -144,8 +164,34 @@ class Backend(Protocol):
         """Stop the job (idempotent); returns the state after the attempt."""
         ...
 
-    def logs(self, handle: BackendHandle, process: str = "rank0", *, offset: int = 0, max_bytes: int = 65536) -> str:
-        """Text of one process's log from byte `offset`, at most `max_bytes`."""
+
+@runtime_checkable
+class LogSyncBackend(Backend, Protocol):
+    """Capability ``log_sync``: the ranks' logs live on the engine (Kubernetes pods)."""
+
+    def sync_logs(self, handle: BackendHandle, job_dir: Path | str, *, final: bool = False) -> None:
+        """Copy what is new of the job's logs into the job folder (bounded); `final`: the job ended, copy the rest."""
+        ...
+
+
+@runtime_checkable
+class ArrayBackend(Backend, Protocol):
+    """Capability ``arrays``: a sweep as one job array (Slurm)."""
+
+    job_root: Path  # where the array's own folder (job_root/<sweep key>) is made
+
+    def plan_array(self, runs: Sequence[tuple[Path | str, str]], *, sweep_key: str, sweep_dir: Path | str) -> str:
+        """The array's script for (run folder, that run's rendered plan) pairs. No side effects; ValueError naming
+        why the runs cannot be one array."""
+        ...
+
+    def submit_array(self, runs: Sequence[ArrayRun], *, sweep_key: str, sweep_dir: Path | str) -> list[BackendHandle]:
+        """One submission for every run (idempotent by `sweep_key`): a handle per run, in order."""
+        ...
+
+    def find_recorded(self, key: str, job_dir: Path | str) -> BackendHandle | None:
+        """The job of `key` by the submit record in its folder alone (no engine command): what a run of an array
+        waits for while the array is being submitted."""
         ...
 
 
