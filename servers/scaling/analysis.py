@@ -22,7 +22,7 @@ from servers.scaling.fitting import (
 )
 
 MAX_CROSSINGS = 100  # crossings listed per pair (near-identical noisy curves could cross at many grid steps)
-MAX_COMPUTE = 1e40  # the largest compute the tools accept anywhere; targets beyond it count as out of reach
+MAX_COMPUTE = laws.MAX_COMPUTE
 UNIDENTIFIED_A = 0.5  # as fit_sigmoid.UNIDENTIFIED_A: A's interval over more than this share of its range
 SEED_SPREAD_A = 0.02  # ScaleRL's seed-to-seed spread on A (Khatri et al. 2025)
 
@@ -32,12 +32,11 @@ def point_params(fit: StoredFit) -> dict[str, float]:
 
 
 def curve(model: str, params: dict[str, float], compute: np.ndarray) -> np.ndarray:
-    """The fitted curve at `compute` (numpy arrays broadcast through the scalar forms of laws.py)."""
-    if model == "scalerl":
-        return laws.scalerl(compute, **params)
-    if model == "power_law":
-        return laws.power_law(compute, **params)
-    raise InputError(f"a {model} fit has no curve in compute; use params and tokens")
+    """The fitted curve at `compute` (numpy arrays broadcast through the law's own form, laws.py)."""
+    law = laws.get(model)
+    if not law.on_compute:
+        raise InputError(f"a {model} fit has no curve in compute; use params and tokens")
+    return law.evaluate(compute, **params)
 
 
 def _draw_matrix(fit: StoredFit, evaluate: Any) -> np.ndarray | None:
@@ -123,7 +122,8 @@ def _envelope(fit: StoredFit, level: float) -> tuple[float | None, float | None]
     between R0 and A, and A lies in [0, y_max], so a rising curve stays between its value at the data's end (the
     interval's lower end there) and y_max; a falling one between 0 and its value at the data's end (the interval's
     upper end). None when A is identified (or for a power law)."""
-    if fit.model != "scalerl" or unidentified_reason(fit, "A") is None:
+    law = laws.get(fit.model)
+    if not law.bounded_asymptote or unidentified_reason(fit, law.asymptote) is None:
         return None
     p = point_params(fit)
     end = used_compute_max(fit)
@@ -132,7 +132,8 @@ def _envelope(fit: StoredFit, level: float) -> tuple[float | None, float | None]
         draws = _draw_matrix(fit, lambda d: curve(fit.model, d, np.array([end])))
     lo, hi, _, _ = _intervals(center, draws, fit.outcome.rmse, level)[0]
     y_max = float(fit.options.get("y_max") or 1.0)
-    return (lo, y_max) if p["A"] >= p["R0"] else (0.0, hi)
+    start = p[law.start] if law.start is not None else float(center[0])
+    return (lo, y_max) if p[law.asymptote] >= start else (0.0, hi)
 
 
 def prediction_warnings(fit: StoredFit, compute: list[float]) -> list[str]:
@@ -160,9 +161,10 @@ def prediction_warnings(fit: StoredFit, compute: list[float]) -> list[str]:
 def predict_loss(fit: StoredFit, at: list[tuple[float, float]], level: float) -> list[PredictedValue]:
     n = np.array([a[0] for a in at], dtype=float)
     d = np.array([a[1] for a in at], dtype=float)
+    law = laws.get(fit.model)
     with np.errstate(all="ignore"):
-        center = laws.chinchilla(n, d, **point_params(fit))
-        draws = _draw_matrix(fit, lambda p: laws.chinchilla(n, d, **p))
+        center = law.evaluate(n, d, **point_params(fit))
+        draws = _draw_matrix(fit, lambda p: law.evaluate(n, d, **p))
     _check_center(center, [f"at[{i}] (params {a[0]:g}, tokens {a[1]:g})" for i, a in enumerate(at)], fit.model)
     n_max = max(p.params or 0 for p in fit.points)
     d_max = max(p.tokens or 0 for p in fit.points)
@@ -193,51 +195,13 @@ def used_compute_max(fit: StoredFit) -> float:
     return max(p.compute for i, p in enumerate(fit.points) if p.compute is not None and i not in excluded)
 
 
-def _power(base: float, exponent: float) -> float:
-    """base ** exponent for base >= 0, infinity where it overflows."""
-    try:
-        return base**exponent
-    except OverflowError:
-        return math.inf
-
-
 def compute_to_reach(model: str, params: dict[str, float], target: float) -> float | None:
-    """Compute at which the curve reaches `target`; None when it never does, 0 when it starts there, infinity
-    when it gets there only beyond any representable compute."""
-    if model == "scalerl":
-        a, b, c_mid, r0 = params["A"], params["B"], params["C_mid"], params["R0"]
-        rising = a > r0
-        if (target <= r0) if rising else (target >= r0):
-            return 0.0
-        if (target >= a) if rising else (target <= a):
-            return None
-        return c_mid * _power((target - r0) / (a - target), 1.0 / b)
-    if model == "power_law":
-        a, b, d = params["A"], params["B"], params["D"]
-        if target >= a:
-            return None
-        return _power(d / (a - target), 1.0 / b)
-    if model == "chinchilla":
-        if target <= params["E"] or not has_optimal_path(params):
-            return None
-        low, high = 1.0, MAX_COMPUTE  # FLOPs; loss along the compute-optimal path falls monotonically in C
-        if laws.optimal_loss(high, params) > target:
-            return math.inf
-        for _ in range(200):
-            mid = math.sqrt(low * high)
-            if laws.optimal_loss(mid, params) > target:
-                low = mid
-            else:
-                high = mid
-            if high <= low * (1 + 1e-12):
-                break
-        return high
-    raise InputError(f"unknown model {model!r}")
-
-
-def has_optimal_path(params: dict[str, float]) -> bool:
-    """Whether a chinchilla law has a compute-optimal path: A, B, alpha and beta all > 0."""
-    return min(params["A"], params["B"], params["alpha"], params["beta"]) > 0
+    """Compute at which the curve reaches `target` (the law's inverse); None when it never does, 0 when it starts
+    there, infinity when it gets there only beyond any representable compute."""
+    law = laws.get(model)
+    if law.inverse is None:
+        raise InputError(f"the {model} law does not give the compute at which it reaches a target; omit target")
+    return law.inverse(params, target)
 
 
 def compute_for_target(fit: StoredFit, target: float, level: float, unit: str) -> ComputeForTarget:
@@ -252,8 +216,9 @@ def law_for_target(
 ) -> ComputeForTarget:
     """compute_for_target for a law given by its point estimates and bootstrap draws (none for parameters given:
     then the verdict rests on the point estimate alone, and says so)."""
-    asymptote = params["E"] if model == "chinchilla" else params["A"]
-    if model == "chinchilla" and not has_optimal_path(params):
+    law = laws.get(model)
+    asymptote = params[law.asymptote]
+    if law.undefined is not None and law.undefined(params) is not None:
         return ComputeForTarget(
             target=target,
             verdict="undefined",
@@ -329,7 +294,8 @@ def law_for_target(
 def target_given_identifiability(fit: StoredFit, reach: ComputeForTarget) -> ComputeForTarget:
     """A compute-for-target verdict from a fit whose A is not identified: beyond the data the draws do not say
     where the curve saturates, so neither 'reachable' there nor 'unreachable' holds; within the data it stands."""
-    why = unidentified_reason(fit, "A") if fit.model == "scalerl" else None
+    law = laws.get(fit.model)
+    why = unidentified_reason(fit, law.asymptote) if law.bounded_asymptote else None
     if why is None or reach.verdict == "undefined":
         return reach
     if reach.verdict == "uncertain":
@@ -541,12 +507,17 @@ def _share(first: list[float], second: list[float], better: Any) -> float | None
 
 
 def not_identified(fit: StoredFit) -> list[NotIdentified]:
-    """What the fit's data do not determine: the fit's own findings (fit_sigmoid), and for a scalerl fit stored
-    without them (an older fit) the two its stored data show: C_mid beyond the largest fitted compute, and A's
-    interval over most of the range it can take beyond R0."""
+    """What the fit's data do not determine: the fit's own findings (its fitter's), and those its law's checks of
+    stored fits find (laws.Law.identifiability: for a scalerl fit stored without findings, sigmoid_identifiability)."""
     found = list(fit.outcome.not_identified)
-    if fit.model != "scalerl":
-        return found
+    check = laws.get(fit.model).identifiability
+    return found if check is None else laws.resolve(check)(fit, found)
+
+
+def sigmoid_identifiability(fit: StoredFit, found: list[NotIdentified]) -> list[NotIdentified]:
+    """The two checks a scalerl fit's stored data allow (an older fit was stored without its fitter's): C_mid
+    beyond the largest fitted compute, and A's interval over most of the range it can take beyond R0."""
+    found = list(found)
     have = {(u.parameter, u.reason) for u in found}
     p = fit.outcome.parameters
     cmid, cmax = p["C_mid"].value, used_compute_max(fit)
@@ -648,11 +619,28 @@ def _winner(
     )
 
 
+def _most_efficient(fits: list[StoredFit], level: float, unit: str) -> tuple[str | None, float | None, str]:
+    """The efficiency call among the fits whose law declares an efficiency parameter (scalerl's C_mid)."""
+    with_eff = [n for n in laws.names(on_compute=True) if laws.get(n).efficiency is not None]
+    shared = {laws.get(n).efficiency for n in with_eff}
+    eff = shared.pop() if len(shared) == 1 else "efficiency"
+    text = f"Most efficient: no call: efficiency ({eff}) is compared between {', '.join(with_eff)} fits only."
+    having = [f for f in fits if laws.get(f.model).efficiency == eff]
+    if len(having) >= 2:
+        return _winner(having, eff, True, level, "Most efficient", unit)
+    if len(having) == 1 and len(fits) > 1:
+        other = next(laws.get(f.model).title for f in fits if f not in having)
+        text = f"Most efficient: no call: only one {having[0].model} fit has a {eff}; a {other} has none to compare."
+    return None, None, text
+
+
 def compare(fits: list[StoredFit], level: float = 0.95) -> Comparison:
+    comparable = [n for n in laws.names(on_compute=True) if {"A", "B"} <= set(laws.get(n).parameter_names)]
     models = {f.model for f in fits}
-    if not models <= {"scalerl", "power_law"}:
+    if not models <= set(comparable):
+        sizes = ", ".join(laws.names(on_compute=False))
         raise InputError(
-            "compare_scaling_fits compares RL compute curves (scalerl, power_law fits); for chinchilla "
+            f"compare_scaling_fits compares RL compute curves ({', '.join(comparable)} fits); for {sizes} "
             "fits compare predict_scaling's compute-optimal loss at the same FLOP budget (compute)"
         )
     units = {f.compute_unit for f in fits}
@@ -673,7 +661,7 @@ def compare(fits: list[StoredFit], level: float = 0.95) -> Comparison:
                 model=f.model,
                 asymptote=a.value,
                 asymptote_ci=ci,
-                c_mid=p["C_mid"].value if "C_mid" in p else None,
+                c_mid=p[eff].value if (eff := laws.get(f.model).efficiency) in p else None,
                 b=p["B"].value,
                 warnings=list(f.outcome.warnings),
                 not_identified=not_identified(f),
@@ -686,8 +674,9 @@ def compare(fits: list[StoredFit], level: float = 0.95) -> Comparison:
             draws_x, draws_y = x.outcome.bootstrap_draws, y.outcome.bootstrap_draws
             p_a = _share([d["A"] for d in draws_x], [d["A"] for d in draws_y], lambda u, v: u > v)
             p_e = None
-            if x.model == y.model == "scalerl":
-                p_e = _share([d["C_mid"] for d in draws_x], [d["C_mid"] for d in draws_y], lambda u, v: u < v)
+            eff = laws.get(x.model).efficiency
+            if x.model == y.model and eff is not None:
+                p_e = _share([d[eff] for d in draws_x], [d[eff] for d in draws_y], lambda u, v: u < v)
             start, end, data_end = compute_range(x, y)
             regions = lead_regions(x, y, level)
             pairs.append(
@@ -704,13 +693,7 @@ def compare(fits: list[StoredFit], level: float = 0.95) -> Comparison:
             )
     highest = max(rows, key=lambda r: r.asymptote)
     best, p_best, a_text = _winner(fits, "A", False, level, "Best asymptote", unit)
-    sigmoids = [f for f in fits if f.model == "scalerl"]
-    efficient = p_eff = None
-    e_text = "Most efficient: no call: efficiency (C_mid) is compared between scalerl fits only."
-    if len(sigmoids) >= 2:
-        efficient, p_eff, e_text = _winner(sigmoids, "C_mid", True, level, "Most efficient", unit)
-    elif len(sigmoids) == 1 and len(fits) > 1:
-        e_text = "Most efficient: no call: only one scalerl fit has a C_mid; a power law has none to compare."
+    efficient, p_eff, e_text = _most_efficient(fits, level, unit)
     warned = [f"{_name(f)}: {len(f.outcome.warnings)}" for f in fits if f.outcome.warnings]
     verdict = f"{a_text} {e_text} " + " ".join(p.verdict for p in pairs)
     if warned:

@@ -11,17 +11,16 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, BinaryIO, Literal
+from typing import Annotated, Any, BinaryIO
 
 from pydantic import Field, ValidationError
 
 from servers.core.errors import InputError
 from servers.core.models import Model
+from servers.scaling import laws
 from servers.scaling.limits import MAX_FILE_BYTES, MAX_LINE_BYTES, MAX_ROWS
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
-ModelName = Literal["scalerl", "power_law", "chinchilla"]
-FREE_PARAMETERS = {"scalerl": 4, "power_law": 3, "chinchilla": 5}
 MAX_POINTS = MAX_ROWS  # inline points, file rows and metrics rows alike
 
 
@@ -184,11 +183,11 @@ def read_rows(path: Path, keys: list[str], source: str) -> tuple[list[dict[str, 
 
 
 def points_from_rows(
-    rows: list[dict[str, Any]], present: set[str], model: ModelName, columns: Columns, source: str
+    rows: list[dict[str, Any]], present: set[str], model: str, columns: Columns, source: str
 ) -> list[DataPoint]:
     if not rows:
         raise InputError(f"{source} holds no rows")
-    wanted = ["params", "tokens", "loss"] if model == "chinchilla" else ["compute", "value"]
+    wanted = list(laws.get(model).columns)
     missing = [getattr(columns, name) for name in wanted if getattr(columns, name) not in present]
     if missing:
         expected = ", ".join(f"{name}={getattr(columns, name)!r}" for name in wanted)
@@ -213,7 +212,7 @@ def points_from_rows(
 
 
 def curve_data(
-    points: list[DataPoint], *, y_max: float, min_compute: float | None, max_compute: float | None, model: ModelName
+    points: list[DataPoint], *, y_max: float, min_compute: float | None, max_compute: float | None, model: str
 ) -> tuple[CurveData, list[Excluded]]:
     """Validate curve points and split them into those fitted and those excluded (with the reason)."""
     compute, value, run = [], [], []
@@ -247,7 +246,7 @@ def curve_data(
         compute.append(p.compute)
         value.append(p.value)
         run.append(label)
-    need = FREE_PARAMETERS[model]
+    need = len(laws.get(model).parameters)
     if len(compute) < need:
         raise InputError(
             f"{len(compute)} point(s) remain to fit after min_compute/max_compute; {model} needs at "
@@ -256,12 +255,12 @@ def curve_data(
     return CurveData(compute=compute, value=value, run=run), excluded
 
 
-def loss_data(points: list[DataPoint]) -> LossData:
+def loss_data(points: list[DataPoint], model: str) -> LossData:
     params, tokens, loss = [], [], []
     seen: dict[tuple[float, float], int] = {}
     for i, p in enumerate(points):
         if p.params is None or p.tokens is None or p.loss is None:
-            raise InputError(f"point {i}: chinchilla needs 'params', 'tokens' and 'loss' in every point")
+            raise InputError(f"point {i}: {model} needs 'params', 'tokens' and 'loss' in every point")
         for name, v in (("params", p.params), ("tokens", p.tokens), ("loss", p.loss)):
             if v <= 0:
                 raise InputError(f"point {i}: {name} must be > 0, got {v}")
@@ -274,9 +273,10 @@ def loss_data(points: list[DataPoint]) -> LossData:
         params.append(p.params)
         tokens.append(p.tokens)
         loss.append(p.loss)
-    if len(params) < FREE_PARAMETERS["chinchilla"]:
+    need = len(laws.get(model).parameters)
+    if len(params) < need:
         raise InputError(
-            f"{len(params)} point(s) given; chinchilla has 5 parameters and needs at least 5 points "
+            f"{len(params)} point(s) given; {model} has {need} parameters and needs at least {need} points "
             "(and 3x that for a trustworthy fit)"
         )
     return LossData(params=params, tokens=tokens, loss=loss)

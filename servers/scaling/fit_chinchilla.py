@@ -29,7 +29,7 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -38,6 +38,9 @@ from scipy.optimize import minimize, nnls
 from servers.core.errors import InputError
 from servers.scaling.fitting import FitOutcome, ParameterEstimate
 from servers.scaling.laws import check_parameters
+
+if TYPE_CHECKING:
+    from servers.scaling.limits import FitTask
 
 try:  # optional: pins BLAS to one thread during a fit (see _one_blas_thread)
     from threadpoolctl import threadpool_limits
@@ -357,6 +360,13 @@ def _validate(
             f"them: give at least {MIN_POINTS} (params, tokens, loss) runs, preferably 15 or more"
         )
     return n, d, loss_
+
+
+def fit_task(task: "FitTask") -> FitOutcome:
+    """The fitter the registry names for chinchilla (laws.py): a fit task's (N, D, loss) points, fitted here."""
+    return fit_chinchilla(
+        task.params, task.tokens, task.loss, bootstrap=task.bootstrap, seed=task.seed, level=task.level
+    )
 
 
 def fit_chinchilla(

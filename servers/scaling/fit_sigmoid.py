@@ -66,7 +66,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -75,6 +75,9 @@ from scipy.special import expit
 
 from servers.core.errors import InputError
 from servers.scaling.fitting import FitOutcome, NotIdentified, ParameterEstimate
+
+if TYPE_CHECKING:
+    from servers.scaling.limits import FitTask
 
 Model = Literal["scalerl", "power_law"]
 Method = Literal["robust", "scalerl-grid", "curve_fit"]
@@ -1019,6 +1022,24 @@ def fit_sigmoid(
         bootstrap_draws=draws,
         points_used=n,
         duration_s=time.perf_counter() - started,
+    )
+
+
+def fit_task(task: "FitTask") -> FitOutcome:
+    """The fitter the registry names for scalerl and power_law (laws.py): a fit task's curve, fitted here."""
+    return fit_sigmoid(
+        task.compute,
+        task.value,
+        task.run,
+        model=task.model,  # type: ignore[arg-type]
+        method=task.method,  # type: ignore[arg-type]
+        r0=task.r0,
+        r0_from=task.r0_from,
+        free_r0=task.free_r0,
+        y_max=task.y_max,
+        bootstrap=task.bootstrap,
+        seed=task.seed,
+        level=task.level,
     )
 
 

@@ -64,7 +64,7 @@ class FitOutcome(Model):
     carries a warning (interval_warning), and the bootstrap's counts add up (bootstrap + failed = bootstrap_run,
     with a warning naming the reasons whenever refits were left out)."""
 
-    model: Literal["scalerl", "power_law", "chinchilla"]
+    model: str = Field(max_length=64, description="The law's name in the registry (laws.py)")
     method: str
     parameters: dict[str, ParameterEstimate]
     rmse: float = Field(

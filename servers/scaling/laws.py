@@ -1,27 +1,189 @@
-"""The scaling-law forms and their evaluation. Plain Python; the fitting lives beside it.
+"""The scaling laws: one Law per law, in one registry, and the bundled laws' forms. Plain Python (no numpy: the
+server imports this at start; the fitters load when a fit runs).
 
 - scalerl (ScaleRL, arXiv 2510.13786): R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)
 - power_law: R(C) = A - D * C^(-B)
 - chinchilla (Hoffmann et al. 2022): L(N, D) = E + A / N^alpha + B / D^beta, with the compute-optimal
   allocation for C = 6 N D: N_opt = G (C/6)^(beta/(alpha+beta)), D_opt = (C/6)^(alpha/(alpha+beta)) / G,
   G = (alpha A / (beta B))^(1/(alpha+beta)).
+
+A new law is one module that declares a Law (its parameters, its curve, its fitter, the data it reads) and one line
+`laws.register(MY_LAW)`; every tool asks the registry (get, names) instead of naming laws.
 """
 
+import importlib
 import math
-from typing import Literal
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from servers.core.errors import InputError
 from servers.core.models import Model
 
-ModelName = Literal["scalerl", "power_law", "chinchilla"]
+if TYPE_CHECKING:
+    from servers.scaling.fitting import FitOutcome
+    from servers.scaling.limits import FitTask
 
-PARAMETERS: dict[str, tuple[str, ...]] = {
-    "scalerl": ("A", "B", "C_mid", "R0"),
-    "power_law": ("A", "B", "D"),
-    "chinchilla": ("E", "A", "B", "alpha", "beta"),
-}
+# The two shapes of data a law reads (servers/scaling/data.py reads both): a metric against compute, with optional
+# run labels (RL curves), or a loss against model size N and training tokens D (pretraining).
+CURVE = ("compute", "value")
+SIZES = ("params", "tokens", "loss")
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One parameter of a law: its name (as the tools show it), what it means, whether it must be > 0, and the
+    bounds a fitter searches (the generic fitter needs them; the bundled fitters set data-dependent ones)."""
+
+    name: str
+    meaning: str
+    positive: bool = False
+    bounds: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one fitting procedure costs, for the bootstrap budget and the thread-or-process choice (limits.py):
+    `weight` per point and refit, `budget` on points x resamples (x (resamples + 1) when `counts_fit`)."""
+
+    name: str
+    weight: int
+    budget: int
+    counts_fit: bool = False
+
+
+@dataclass(frozen=True)
+class Law:
+    """A scaling law, as every tool uses it.
+
+    evaluate(*inputs, **parameters) is the curve, where inputs are the data columns but the last (compute for a
+    CURVE law; params and tokens for a SIZES law); it broadcasts over numpy arrays. fitter(task) fits it (a
+    callable, or "module:function" loaded when a fit runs) and returns a FitOutcome with its bootstrap intervals
+    and draws, its identifiability checks in not_identified. work maps the fit methods it accepts to their cost.
+    The optional parts say what the law can answer: inverse(parameters, target) the compute where the curve
+    reaches a target (None: never); efficiency the parameter compared across recipes (lower: less compute);
+    start the parameter r0 sets; bounded_asymptote whether the asymptote is searched within [0, y_max] (then
+    predictions beyond data that do not identify it are widened to that range); published the parameters used
+    when none are given; allocate(compute, parameters) the compute-optimal allocation of a SIZES law, and
+    undefined(parameters) why a SIZES law has no compute-optimal path (None when it has one); identifiability(fit,
+    found) the checks a stored fit's data allow beyond its fitter's own findings; plot(fit, width, height) the PNG
+    of one fit of a SIZES law (CURVE laws share plot.plot_curves). Callables may be given as "module:function"."""
+
+    name: str
+    title: str
+    formula: str
+    parameters: tuple[Parameter, ...]
+    evaluate: Callable[..., Any]
+    fitter: "Callable[[FitTask], FitOutcome] | str"
+    columns: tuple[str, ...] = CURVE
+    asymptote: str = "A"
+    work: Mapping[str, Work] = field(default_factory=lambda: {"robust": Work("generic", 20, 200_000)})
+    inverse: Callable[[dict[str, float], float], float | None] | None = None
+    efficiency: str | None = None
+    start: str | None = None
+    bounded_asymptote: bool = False
+    published: Mapping[str, float] | None = None
+    published_note: str | None = None
+    allocate: "Callable[[float, dict[str, float]], ComputeOptimal] | None" = None
+    undefined: Callable[[dict[str, float]], str | None] | None = None
+    identifiability: Callable[..., Any] | str | None = None
+    plot: Callable[..., bytes] | str | None = None
+
+    def __post_init__(self) -> None:
+        names = self.parameter_names
+        if self.columns not in (CURVE, SIZES):
+            raise ValueError(f"law {self.name!r}: columns must be {CURVE} or {SIZES}, got {self.columns}")
+        for what, name in (("asymptote", self.asymptote), ("efficiency", self.efficiency), ("start", self.start)):
+            if name is not None and name not in names:
+                raise ValueError(f"law {self.name!r}: its {what} {name!r} is not one of its parameters {names}")
+        if not self.work:
+            raise ValueError(f"law {self.name!r} declares no fit method")
+
+    @property
+    def parameter_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.parameters)
+
+    @property
+    def on_compute(self) -> bool:
+        """True for a law of a metric against compute (CURVE), False for one of a loss against N and D (SIZES)."""
+        return self.columns == CURVE
+
+    def fit(self, task: "FitTask") -> "FitOutcome":
+        return resolve(self.fitter)(task)
+
+
+def resolve(ref: Callable[..., Any] | str) -> Callable[..., Any]:
+    """A callable, or the function a "module:function" string names (imported when first used)."""
+    if isinstance(ref, str):
+        module, _, attr = ref.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    return ref
+
+
+_LAWS: dict[str, Law] = {}
+
+
+def register(law: Law) -> Law:
+    """Add a law to the registry (a name already taken is refused); the tools built after this offer it."""
+    if law.name in _LAWS:
+        raise ValueError(f"a scaling law named {law.name!r} is registered already")
+    _LAWS[law.name] = law
+    return law
+
+
+def unregister(name: str) -> None:
+    _LAWS.pop(name, None)
+
+
+@contextmanager
+def registered(law: Law) -> Iterator[Law]:
+    """The law registered for the duration of a block (tests, notebooks)."""
+    register(law)
+    try:
+        yield law
+    finally:
+        unregister(law.name)
+
+
+def names(on_compute: bool | None = None) -> tuple[str, ...]:
+    """The registered laws' names in registration order; only CURVE (True) or SIZES (False) laws if asked."""
+    return tuple(n for n, law in _LAWS.items() if on_compute is None or law.on_compute == on_compute)
+
+
+def get(name: str) -> Law:
+    law = _LAWS.get(name)
+    if law is None:
+        raise InputError(f"unknown scaling law {name!r}; accepted: {', '.join(_LAWS)}")
+    return law
+
+
+def name_type(on_compute: bool | None = None) -> Any:
+    """A Literal of the registered names (for a tool's input: its JSON schema enumerates them)."""
+    return Literal[names(on_compute)]  # type: ignore[valid-type]
+
+
+def methods() -> tuple[str, ...]:
+    """Every fit method some registered law accepts, in registration order."""
+    return tuple(dict.fromkeys(m for law in _LAWS.values() for m in law.work))
+
+
+def work_named(name: str) -> Work:
+    """The fitting procedure of this name, among the registered laws'."""
+    for law in _LAWS.values():
+        for work in law.work.values():
+            if work.name == name:
+                return work
+    raise InputError(f"unknown fitting procedure {name!r}")
+
+
+def forms() -> str:
+    """Each law's name and formula, as the fit tool describes them."""
+    return "; ".join(f"{law.name}: {law.formula}" for law in _LAWS.values())
+
+
 # Hoffmann et al. 2022, approach 3 (the published fit); used when no chinchilla parameters are given.
 CHINCHILLA_PUBLISHED = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
 
@@ -46,8 +208,9 @@ class EvaluatedPoint(Model):
     value: float = Field(description="Predicted metric (scalerl, power_law) or loss (chinchilla)")
 
 
-def check_parameters(model: ModelName, params: dict[str, float]) -> dict[str, float]:
-    required = PARAMETERS[model]
+def check_parameters(model: str, params: dict[str, float]) -> dict[str, float]:
+    law = get(model)
+    required = law.parameter_names
     missing = [p for p in required if p not in params]
     extra = sorted(set(params) - set(required))
     if missing or extra:
@@ -58,10 +221,9 @@ def check_parameters(model: ModelName, params: dict[str, float]) -> dict[str, fl
     for name, value in params.items():
         if not math.isfinite(value):
             raise InputError(f"parameter {name} must be a finite number, got {value}")
-    positive = {"scalerl": ("B", "C_mid"), "power_law": ("B",), "chinchilla": ("alpha", "beta", "A", "B")}[model]
-    for name in positive:
-        if params[name] <= 0:
-            raise InputError(f"parameter {name} of {model!r} must be > 0, got {params[name]}")
+    for p in law.parameters:
+        if p.positive and params[p.name] <= 0:
+            raise InputError(f"parameter {p.name} of {model!r} must be > 0, got {params[p.name]}")
     return {p: float(params[p]) for p in required}
 
 
@@ -90,28 +252,21 @@ def _finite(value: float, where: str, model: str, params: dict[str, float]) -> f
     return value
 
 
-def evaluate(model: ModelName, params: dict[str, float], points: list[EvaluationPoint]) -> list[EvaluatedPoint]:
+def evaluate(model: str, params: dict[str, float], points: list[EvaluationPoint]) -> list[EvaluatedPoint]:
     checked = check_parameters(model, params)
+    law = get(model)
+    inputs = law.columns[:-1]
     out: list[EvaluatedPoint] = []
     for i, point in enumerate(points):
-        if model == "chinchilla":
-            if point.params is None or point.tokens is None:
-                raise InputError(f"point {i}: chinchilla needs 'params' (N) and 'tokens' (D) for every point")
-            try:
-                value = chinchilla(point.params, point.tokens, **checked)
-            except (OverflowError, ZeroDivisionError):
-                value = math.inf
-            value = _finite(value, f"point {i}", model, checked)
-            out.append(EvaluatedPoint(params=point.params, tokens=point.tokens, value=value))
-        else:
-            if point.compute is None:
-                raise InputError(f"point {i}: {model} needs 'compute' for every point")
-            fn = scalerl if model == "scalerl" else power_law
-            try:
-                value = fn(point.compute, **checked)
-            except (OverflowError, ZeroDivisionError):
-                value = math.inf
-            out.append(EvaluatedPoint(compute=point.compute, value=_finite(value, f"point {i}", model, checked)))
+        given = {name: getattr(point, name) for name in inputs}
+        if any(v is None for v in given.values()):
+            needs = " and ".join(f"'{n}'" + {"params": " (N)", "tokens": " (D)"}.get(n, "") for n in inputs)
+            raise InputError(f"point {i}: {model} needs {needs} for every point")
+        try:
+            value = law.evaluate(*given.values(), **checked)
+        except (OverflowError, ZeroDivisionError):
+            value = math.inf
+        out.append(EvaluatedPoint(**given, value=_finite(value, f"point {i}", model, checked)))
     return out
 
 
@@ -175,3 +330,133 @@ def compute_optimal(compute_flops: float, params: dict[str, float]) -> ComputeOp
         tokens_per_param=ratio,
         loss=loss,
     )
+
+
+def has_optimal_path(params: dict[str, float]) -> bool:
+    """Whether a chinchilla law has a compute-optimal path: A, B, alpha and beta all > 0."""
+    return min(params["A"], params["B"], params["alpha"], params["beta"]) > 0
+
+
+def _no_optimal_path(params: dict[str, float]) -> str | None:
+    if has_optimal_path(params):
+        return None
+    zero = ", ".join(f"{k}={params[k]:.3g}" for k in ("A", "B", "alpha", "beta") if not params[k] > 0)
+    return f"{zero} (on its bound): the compute-optimal allocation needs A, B, alpha and beta > 0"
+
+
+# ---- the compute at which each bundled law reaches a target ----------------------------------------------------
+
+MAX_COMPUTE = 1e40  # the largest compute the tools accept anywhere; targets beyond it count as out of reach
+
+
+def _power(base: float, exponent: float) -> float:
+    """base ** exponent for base >= 0, infinity where it overflows."""
+    try:
+        return base**exponent
+    except OverflowError:
+        return math.inf
+
+
+def scalerl_compute_for(params: dict[str, float], target: float) -> float | None:
+    """Where the sigmoid reaches `target`: None when it never does, 0 when it starts there, infinity when it gets
+    there only beyond any representable compute."""
+    a, b, c_mid, r0 = params["A"], params["B"], params["C_mid"], params["R0"]
+    rising = a > r0
+    if (target <= r0) if rising else (target >= r0):
+        return 0.0
+    if (target >= a) if rising else (target <= a):
+        return None
+    return c_mid * _power((target - r0) / (a - target), 1.0 / b)
+
+
+def power_law_compute_for(params: dict[str, float], target: float) -> float | None:
+    a, b, d = params["A"], params["B"], params["D"]
+    if target >= a:
+        return None
+    return _power(d / (a - target), 1.0 / b)
+
+
+def chinchilla_compute_for(params: dict[str, float], target: float) -> float | None:
+    """FLOPs along the compute-optimal path at which the loss reaches `target` (bisection in log compute)."""
+    if target <= params["E"] or not has_optimal_path(params):
+        return None
+    low, high = 1.0, MAX_COMPUTE  # loss along the compute-optimal path falls monotonically in C
+    if optimal_loss(high, params) > target:
+        return math.inf
+    for _ in range(200):
+        mid = math.sqrt(low * high)
+        if optimal_loss(mid, params) > target:
+            low = mid
+        else:
+            high = mid
+        if high <= low * (1 + 1e-12):
+            break
+    return high
+
+
+# ---- the bundled laws -------------------------------------------------------------------------------------------
+# Bootstrap budgets and per-point weights measured on 2 busy cores (~2.5 us robust scalerl, ~20 us power law, ~30 us
+# chinchilla L-BFGS, ~3 ms the paper's grid); limits.py explains the rule.
+
+SCALERL = register(
+    Law(
+        name="scalerl",
+        title="ScaleRL sigmoid",
+        formula="R0+(A-R0)/(1+(C_mid/C)^B)",
+        parameters=(
+            Parameter("A", "asymptote: the metric approached with unlimited compute"),
+            Parameter("B", "scaling exponent: how sharply the curve rises", positive=True),
+            Parameter("C_mid", "compute at half the gain from R0 to A", positive=True),
+            Parameter("R0", "the metric at the start of training"),
+        ),
+        evaluate=scalerl,
+        fitter="servers.scaling.fit_sigmoid:fit_task",
+        work={"robust": Work("robust", 1, 1_000_000), "scalerl-grid": Work("scalerl-grid", 700, 16_000, True)},
+        inverse=scalerl_compute_for,
+        efficiency="C_mid",
+        start="R0",
+        bounded_asymptote=True,
+        identifiability="servers.scaling.analysis:sigmoid_identifiability",
+    )
+)
+POWER_LAW = register(
+    Law(
+        name="power_law",
+        title="power law",
+        formula="A-D*C^-B",
+        parameters=(
+            Parameter("A", "asymptote"),
+            Parameter("B", "exponent", positive=True),
+            Parameter("D", "coefficient: the gap to A at compute 1"),
+        ),
+        evaluate=power_law,
+        fitter="servers.scaling.fit_sigmoid:fit_task",
+        work={"robust": Work("power_law", 8, 1_000_000)},
+        inverse=power_law_compute_for,
+    )
+)
+CHINCHILLA = register(
+    Law(
+        name="chinchilla",
+        title="Chinchilla law",
+        formula="E+A/N^alpha+B/D^beta",
+        parameters=(
+            Parameter("E", "irreducible loss"),
+            Parameter("A", "coefficient of the model-size term", positive=True),
+            Parameter("B", "coefficient of the data term", positive=True),
+            Parameter("alpha", "model-size exponent", positive=True),
+            Parameter("beta", "data exponent", positive=True),
+        ),
+        evaluate=chinchilla,
+        fitter="servers.scaling.fit_chinchilla:fit_task",
+        columns=SIZES,
+        asymptote="E",
+        work={"robust": Work("chinchilla", 10, 200_000)},
+        inverse=chinchilla_compute_for,
+        published=CHINCHILLA_PUBLISHED,
+        published_note="Hoffmann et al. 2022's published fit (approach 3); no intervals",
+        allocate=compute_optimal,
+        undefined=_no_optimal_path,
+        plot="servers.scaling.plot:plot_chinchilla",
+    )
+)

@@ -24,8 +24,8 @@ those before its first call). Plain Python (no numpy), so the server imports it 
 """
 
 from dataclasses import dataclass, field
-from typing import Literal
 
+from servers.scaling import laws
 from servers.scaling.fitting import FitOutcome
 
 MAX_FILE_BYTES = 64 * 2**20
@@ -33,14 +33,13 @@ MAX_LINE_BYTES = 64 * 2**10
 MAX_ROWS = 100_000
 MAX_CURVE_POINTS = 5_000
 MAX_LOSS_POINTS = 2_000
-BOOTSTRAP_WORK = {"robust": 1_000_000, "power_law": 1_000_000, "chinchilla": 200_000, "scalerl-grid": 16_000}
-# Relative cost of one point in one refit, by procedure (measured on 2 busy cores: ~2.5 us robust scalerl, ~20 us
-# power law, ~30 us chinchilla L-BFGS, ~3 ms the paper's grid), and the work below which a fit runs in a thread
-# (about half a second or less).
-WORK_WEIGHT = {"robust": 1, "power_law": 8, "chinchilla": 10, "scalerl-grid": 700}
-INLINE_WORK = 300_000
-
-Procedure = Literal["robust", "power_law", "chinchilla", "scalerl-grid"]
+INLINE_WORK = 300_000  # the work below which a fit runs in a thread (about half a second or less)
+# Each law declares the cost of its fitting procedures (laws.Work: weight per point and refit, bootstrap budget);
+# these are the bundled laws' (by procedure name).
+BOOTSTRAP_WORK = {
+    w.name: w.budget for law in (laws.SCALERL, laws.POWER_LAW, laws.CHINCHILLA) for w in law.work.values()
+}
+WORK_WEIGHT = {w.name: w.weight for law in (laws.SCALERL, laws.POWER_LAW, laws.CHINCHILLA) for w in law.work.values()}
 
 THINNING_RULE = (
     f"above {MAX_CURVE_POINTS:,} points (curves) or {MAX_LOSS_POINTS:,} (chinchilla), the points are thinned evenly "
@@ -54,25 +53,25 @@ BOOTSTRAP_RULE = (
 )
 
 
-def procedure(model: str, method: str) -> Procedure:
-    if model in ("chinchilla", "power_law"):
-        return model  # type: ignore[return-value]
-    return "scalerl-grid" if method == "scalerl-grid" else "robust"
+def procedure(model: str, method: str) -> str:
+    """The name of the procedure that fits `model` with `method` (a law's default method for one it lacks)."""
+    law = laws.get(model)
+    return (law.work.get(method) or next(iter(law.work.values()))).name
 
 
-def bootstrap_allowed(proc: Procedure, points: int, requested: int) -> int:
+def bootstrap_allowed(proc: str, points: int, requested: int) -> int:
     """The resamples a fit of `points` points may run: `requested`, cut to the bootstrap budget."""
-    budget = BOOTSTRAP_WORK[proc]
-    most = budget // max(points, 1) - 1 if proc == "scalerl-grid" else budget // max(points, 1)
+    work = laws.work_named(proc)
+    most = work.budget // max(points, 1) - (1 if work.counts_fit else 0)
     return max(0, min(requested, most))
 
 
-def fit_work(proc: Procedure, points: int, resamples: int) -> int:
+def fit_work(proc: str, points: int, resamples: int) -> int:
     """Estimated work of a fit: points x (1 + resamples) x the procedure's weight."""
-    return points * (1 + resamples) * WORK_WEIGHT[proc]
+    return points * (1 + resamples) * laws.work_named(proc).weight
 
 
-def runs_in_process(proc: Procedure, points: int, resamples: int) -> bool:
+def runs_in_process(proc: str, points: int, resamples: int) -> bool:
     return fit_work(proc, points, resamples) > INLINE_WORK
 
 
@@ -154,9 +153,9 @@ def thin_loss(
 
 @dataclass
 class FitTask:
-    """One fit's numerics, picklable, so that it can run in a worker process (compute_fit)."""
+    """One fit's numerics, picklable (its law with it), so that it can run in a worker process (compute_fit)."""
 
-    model: str
+    law: laws.Law
     method: str
     bootstrap: int
     seed: int
@@ -173,11 +172,15 @@ class FitTask:
     loss: list[float] = field(default_factory=list)
 
     @property
-    def points(self) -> int:
-        return len(self.loss) if self.model == "chinchilla" else len(self.compute)
+    def model(self) -> str:
+        return self.law.name
 
     @property
-    def proc(self) -> Procedure:
+    def points(self) -> int:
+        return len(self.compute) if self.law.on_compute else len(self.loss)
+
+    @property
+    def proc(self) -> str:
         return procedure(self.model, self.method)
 
 
@@ -186,29 +189,4 @@ def compute_fit(task: FitTask) -> FitOutcome:
     import numpy as np
 
     with np.errstate(all="ignore"):  # extreme data overflow harmlessly inside the solvers (the result is checked)
-        if task.model == "chinchilla":
-            from servers.scaling.fit_chinchilla import fit_chinchilla
-
-            return fit_chinchilla(
-                task.params, task.tokens, task.loss, bootstrap=task.bootstrap, seed=task.seed, level=task.level
-            )
-        return _fit_curve(task)
-
-
-def _fit_curve(task: FitTask) -> FitOutcome:
-    from servers.scaling.fit_sigmoid import fit_sigmoid
-
-    return fit_sigmoid(
-        task.compute,
-        task.value,
-        task.run,
-        model=task.model,  # type: ignore[arg-type]
-        method=task.method,  # type: ignore[arg-type]
-        r0=task.r0,
-        r0_from=task.r0_from,
-        free_r0=task.free_r0,
-        y_max=task.y_max,
-        bootstrap=task.bootstrap,
-        seed=task.seed,
-        level=task.level,
-    )
+        return task.law.fit(task)

@@ -51,6 +51,7 @@ def plot_curves(
                     label=f"{name}: excluded points",
                 )
             params = point_params(fit)
+            asymptote = params[laws.get(fit.model).asymptote]
             with np.errstate(all="ignore"):
                 fitted = curve(fit.model, params, grid)
             ax.plot(
@@ -58,7 +59,7 @@ def plot_curves(
                 np.where(np.isfinite(fitted), fitted, np.nan),
                 color=color,
                 lw=2,
-                label=f"{name}: {fit.model} A={params['A']:.3f}",
+                label=f"{name}: {fit.model} {laws.get(fit.model).asymptote}={asymptote:.3f}",
             )
             if fit.outcome.bootstrap_draws:
                 with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -70,7 +71,7 @@ def plot_curves(
                 ax.fill_between(
                     grid, low, high, where=np.isfinite(low) & np.isfinite(high), color=color, alpha=0.18, lw=0
                 )
-            ax.axhline(params["A"], color=color, lw=0.8, ls=":")
+            ax.axhline(asymptote, color=color, lw=0.8, ls=":")
         if right > used_max:
             ax.axvspan(used_max, right, color="0.85", alpha=0.5, lw=0, label="extrapolated")
         ax.set_xscale("log")

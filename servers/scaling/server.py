@@ -19,7 +19,7 @@ from servers.core.mcp_layer import App, agent_tool, in_thread, png_content, tool
 from servers.core.models import Model
 from servers.core.paths import resolve_inside_roots
 from servers.scaling import laws, limits
-from servers.scaling.data import Columns, DataPoint, Excluded, ModelName, points_from_rows, read_rows
+from servers.scaling.data import Columns, DataPoint, Excluded, points_from_rows, read_rows
 from servers.scaling.fitstore import FIT_ID_PATTERN, FitStore, StoredFit
 from servers.scaling.fitting import (
     Comparison,
@@ -93,10 +93,10 @@ def _fits(app: App) -> FitStore:
     return store
 
 
-def _wanted_keys(model: ModelName, columns: Columns) -> list[str]:
-    names = ["params", "tokens", "loss"] if model == "chinchilla" else ["compute", "value"]
-    keys = [getattr(columns, n) for n in names]
-    return keys + ([columns.run] if columns.run and model != "chinchilla" else [])
+def _wanted_keys(model: str, columns: Columns) -> list[str]:
+    law = laws.get(model)
+    keys = [getattr(columns, n) for n in law.columns]
+    return keys + ([columns.run] if columns.run and law.on_compute else [])
 
 
 FLOPS_COLUMN = "compute_flops"  # what the bundled recipes log: deterministic training FLOPs
@@ -134,14 +134,14 @@ def cpu_wall_time_warning(where: str, has_flops: bool) -> str:
     )
 
 
-def load_points(app: App, model: ModelName, source: DataSource) -> LoadedData:
+def load_points(app: App, model: str, source: DataSource) -> LoadedData:
     given = [name for name in ("points", "path", "job_id") if getattr(source, name) is not None]
     if len(given) != 1:
         raise InputError(f"give exactly one of points, path or job_id (got {', '.join(given) or 'none'})")
     if source.points is not None:
         return LoadedData(source.points, "inline")
     keys = _wanted_keys(model, source.columns)
-    curves = model != "chinchilla"
+    curves = laws.get(model).on_compute
     if source.path is not None:
         path = resolve_inside_roots(source.path, app.settings.roots(), what="data file")
         if not path.is_file():
@@ -346,7 +346,7 @@ class PreparedFit:
 
 
 def prepare_fit(
-    model: ModelName,
+    model: str,
     points: list[DataPoint],
     *,
     min_compute: float | None,
@@ -360,8 +360,7 @@ def prepare_fit(
 ) -> PreparedFit:
     """Validate the points, leave out those outside [min_compute, max_compute], thin above the point cap, and
     cut the bootstrap to its budget (limits.py). Cheap: plain Python, O(points)."""
-    from servers.scaling.data import curve_data, loss_data
-
+    law = laws.get(model)
     options: dict[str, Any] = {
         "min_compute": min_compute,
         "max_compute": max_compute,
@@ -372,42 +371,16 @@ def prepare_fit(
         "seed": seed,
         "level": level,
     }
-    excluded: list[Excluded] = []
-    if model == "chinchilla":
-        if method == "scalerl-grid":
-            raise InputError("method 'scalerl-grid' is the ScaleRL paper's procedure for scalerl fits; use 'robust'")
-        data = loss_data(points)
-        kept, thinning = limits.thin_loss(data.params, data.tokens)
-        task = limits.FitTask(
-            model=model,
-            method="robust",
-            bootstrap=bootstrap,
-            seed=seed,
-            params=[data.params[i] for i in kept],
-            tokens=[data.tokens[i] for i in kept],
-            loss=[data.loss[i] for i in kept],
-            level=level,
+    if method not in law.work:
+        having = ", ".join(n for n in laws.names() if method in laws.get(n).work)
+        raise InputError(
+            f"method {method!r} applies to model {having} only; fit {model} with {', '.join(map(repr, law.work))}"
         )
+    if law.on_compute:
+        task, excluded, thinning = _curve_task(law, points, min_compute, max_compute, r0, y_max, method)
     else:
-        if method == "scalerl-grid" and model != "scalerl":
-            raise InputError("method 'scalerl-grid' applies to model 'scalerl' only; use 'robust' for power_law")
-        curve, excluded = curve_data(points, y_max=y_max, min_compute=min_compute, max_compute=max_compute, model=model)
-        kept, thinning = limits.thin_curve(curve.compute, curve.run)
-        runs = [curve.run[i] for i in kept]
-        task = limits.FitTask(
-            model=model,
-            method=method,
-            bootstrap=bootstrap,
-            seed=seed,
-            compute=[curve.compute[i] for i in kept],
-            value=[curve.value[i] for i in kept],
-            run=runs if any(runs) else None,
-            r0=None if r0 in ("first", "free") else float(r0),
-            r0_from=r0_start_points(points) if r0 == "first" and model == "scalerl" else None,
-            free_r0=r0 == "free",
-            y_max=y_max,
-            level=level,
-        )
+        task, excluded, thinning = _sizes_task(law, points, method)
+    task.bootstrap, task.seed, task.level = bootstrap, seed, level
     notes = []
     if thinning is not None:
         options["thinning"] = {"before": thinning.before, "after": thinning.after, "rule": thinning.describe()}
@@ -423,6 +396,58 @@ def prepare_fit(
         )
         task.bootstrap = allowed
     return PreparedFit(task=task, excluded=excluded, thinning=thinning, options=options, notes=notes)
+
+
+def _sizes_task(
+    law: laws.Law, points: list[DataPoint], method: str
+) -> tuple[limits.FitTask, list[Excluded], limits.Thinning | None]:
+    """A fit task of a law of loss against N and D: its points checked, thinned above the cap."""
+    from servers.scaling.data import loss_data
+
+    data = loss_data(points, law.name)
+    kept, thinning = limits.thin_loss(data.params, data.tokens)
+    task = limits.FitTask(
+        law=law,
+        method=method,
+        bootstrap=0,
+        seed=0,
+        params=[data.params[i] for i in kept],
+        tokens=[data.tokens[i] for i in kept],
+        loss=[data.loss[i] for i in kept],
+    )
+    return task, [], thinning
+
+
+def _curve_task(
+    law: laws.Law,
+    points: list[DataPoint],
+    min_compute: float | None,
+    max_compute: float | None,
+    r0: float | str,
+    y_max: float,
+    method: str,
+) -> tuple[limits.FitTask, list[Excluded], limits.Thinning | None]:
+    """A fit task of a law of a metric against compute: points checked, those outside the range left out (with the
+    reason), thinned above the cap; r0 sets the law's start parameter (scalerl's R0) where it has one."""
+    from servers.scaling.data import curve_data
+
+    curve, excluded = curve_data(points, y_max=y_max, min_compute=min_compute, max_compute=max_compute, model=law.name)
+    kept, thinning = limits.thin_curve(curve.compute, curve.run)
+    runs = [curve.run[i] for i in kept]
+    task = limits.FitTask(
+        law=law,
+        method=method,
+        bootstrap=0,
+        seed=0,
+        compute=[curve.compute[i] for i in kept],
+        value=[curve.value[i] for i in kept],
+        run=runs if any(runs) else None,
+        r0=None if r0 in ("first", "free") else float(r0),
+        r0_from=r0_start_points(points) if r0 == "first" and law.start is not None else None,
+        free_r0=r0 == "free",
+        y_max=y_max,
+    )
+    return task, excluded, thinning
 
 
 async def compute_outcome(task: limits.FitTask) -> FitOutcome:
@@ -453,7 +478,7 @@ def check_outcome(outcome: FitOutcome, model: str, compute_unit: str) -> None:
     if bad:
         advice = (
             "use values of a moderate size for compute (e.g. GPU-hours, or FLOPs divided by 1e18)"
-            if model != "chinchilla"
+            if laws.get(model).on_compute
             else "check that params, tokens and loss are in their usual units"
         )
         raise InputError(
@@ -468,7 +493,7 @@ def finite_or_none(*values: float | None) -> bool:
 
 async def run_fit(
     app: App,
-    model: ModelName,
+    model: str,
     points: list[DataPoint],
     *,
     source: str,
@@ -601,8 +626,6 @@ class ComputeConversion(Model):
 R0Value = Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)] | Literal["first", "free"]
 R0Option = Annotated[R0Value, Field(description="scalerl: fixed R0, 'first' (value at the least compute) or 'free'")]
 COMPUTE_UNIT_PATTERN = r"^[A-Za-z0-9_./ -]+$"
-CurveForm = Literal["scalerl", "power_law"]
-MODEL_FORMS = "scalerl: R0+(A-R0)/(1+(C_mid/C)^B); power_law: A-D*C^-B; chinchilla: E+A/N^alpha+B/D^beta"
 ComputeUnit = Annotated[
     str | None,
     Field(
@@ -626,13 +649,13 @@ def predict_at(
     compute: list[float] | None = None,
     at: list[laws.SizePoint] | None = None,
 ) -> list[PredictedValue]:
-    """Values at compute (curves) or at {params, tokens} (chinchilla): from a stored fit with its bootstrap
-    intervals, or from parameters given (plain Python: no intervals, extrapolated null)."""
+    """Values at compute (a law on compute) or at {params, tokens} (a law on N and D): from a stored fit with its
+    bootstrap intervals, or from parameters given (plain Python: no intervals, extrapolated null)."""
     sizes = [(p.params, p.tokens) for p in at or []]
     if fit is not None:
         from servers.scaling import analysis
 
-        if kind == "chinchilla":
+        if not laws.get(kind).on_compute:
             return analysis.predict_loss(fit, sizes, level)
         return analysis.predict_curve(fit, compute or [], level)
     asked = [laws.EvaluationPoint(params=n, tokens=d) for n, d in sizes] + [
@@ -640,44 +663,152 @@ def predict_at(
     ]
     return [
         PredictedValue(compute=v.compute, params=v.params, tokens=v.tokens, value=v.value, extrapolated=None)
-        for v in laws.evaluate(kind, params, asked)  # type: ignore[arg-type]
+        for v in laws.evaluate(kind, params, asked)
     ]
 
 
 def allocate(
-    fit_id: str | None, params: dict[str, float], budgets: list[float]
+    law: laws.Law, fit_id: str | None, params: dict[str, float], budgets: list[float]
 ) -> tuple[list[laws.ComputeOptimal], list[laws.ComputeOptimal]]:
     """The compute-optimal N and D (C = 6ND) and the loss there per FLOP budget, and a trend table over a range of
-    budgets around them. A fit with a term on its bound (A, B, alpha or beta at 0) has no compute-optimal path."""
-    from servers.scaling.analysis import has_optimal_path
-
+    budgets around them. A fit with a term on its bound (chinchilla: A, B, alpha or beta at 0) has no
+    compute-optimal path."""
+    if law.allocate is None:
+        raise InputError(f"the {law.name} law gives no compute-optimal allocation; predict `at` params and tokens")
     for i, c in enumerate(budgets):
         if not c >= 1:
-            raise InputError(f"compute[{i}] = {c:g}: a chinchilla FLOP budget must be 1 to 1e+40 FLOPs")
-    if not has_optimal_path(params):
-        zero = ", ".join(f"{k}={params[k]:.3g}" for k in ("A", "B", "alpha", "beta") if not params[k] > 0)
+            raise InputError(f"compute[{i}] = {c:g}: a {law.name} FLOP budget must be 1 to 1e+40 FLOPs")
+    why = law.undefined(params) if law.undefined is not None else None
+    if why is not None:
         raise InputError(
-            f"fit {fit_id} has {zero} (on its bound): the compute-optimal allocation needs A, B, alpha and "
-            "beta > 0; refit with runs that span more of N and D, or give model chinchilla alone for the published fit"
+            f"fit {fit_id} has {why}; refit with runs that span more of N and D, or give model {law.name} alone "
+            "for the published fit"
         )
-    rows = [laws.compute_optimal(c, params) for c in budgets]
+    rows = [law.allocate(c, params) for c in budgets]
     low, high = min(budgets) / 10, max(budgets) * 10
     table = []
     for i in range(9):
         try:  # the trend table is illustrative: a budget the law cannot represent is left out of it
-            table.append(laws.compute_optimal(low * (high / low) ** (i / 8), params))
+            table.append(law.allocate(low * (high / low) ** (i / 8), params))
         except InputError:
             continue
     return rows, table
 
 
-def register(server: MCPServer, app: App) -> None:
+@dataclass
+class Asked:
+    """What predict_scaling was asked: where to predict, and at what level."""
+
+    compute: list[float] | None
+    at: list[laws.SizePoint] | None
+    target: float | None
+    level: float
+
+
+async def prediction_law(
+    app: App, fit_id: str | None, model: str | None, parameters: dict[str, float] | None
+) -> tuple[StoredFit | None, laws.Law, dict[str, float], str | None]:
+    """The fit (or None), the law, the point parameters and a note on where they came from."""
+    if fit_id is not None:
+        if model is not None or parameters is not None:
+            raise InputError("fit_id: give fit_id (a stored fit) or model and parameters, not both")
+        fit = await in_thread(_fits(app).get, fit_id)
+        return fit, laws.get(fit.model), {name: p.value for name, p in fit.outcome.parameters.items()}, None
+    if model is None:
+        raise InputError("fit_id: give fit_id (a stored fit), or model and parameters (a law you give)")
+    law = laws.get(model)
+    if parameters is None:
+        if law.published is None:
+            raise InputError(f"model {model!r} needs parameters: {', '.join(law.parameter_names)}")
+        parameters, note = dict(law.published), law.published_note
+    else:
+        note = "parameters given, no fit: no intervals, nothing flagged as extrapolated"
+    return None, law, laws.check_parameters(model, parameters), note
+
+
+async def predict(
+    app: App, fit_id: str | None, model: str | None, parameters: dict[str, float] | None, asked: Asked
+) -> CallToolResult:
+    """predict_scaling's work: values, allocations and the compute for a target, with what they rest on."""
+    compute, at, target, level = asked.compute, asked.at, asked.target, asked.level
+    if compute is None and at is None and target is None:
+        raise InputError("give compute (curves, or chinchilla FLOP budgets), at (chinchilla) and/or target")
+    fit, law, params, note = await prediction_law(app, fit_id, model, parameters)
+    kind = law.name
+    values: list[PredictedValue] = []
+    allocations = table = None
+    if not law.on_compute:
+        if at is not None:
+            values = await in_thread(predict_at, fit, params, kind, level, None, at)
+        if compute is not None:
+            allocations, table = allocate(law, fit_id, params, compute)
+    else:
+        if at is not None:
+            raise InputError(f"a {kind} law predicts at compute values: use `compute`, not `at`")
+        if compute is not None:
+            values = await in_thread(predict_at, fit, params, kind, level, compute)
+    reach = None
+    if target is not None:
+        from servers.scaling import analysis
+
+        unit = "FLOPs" if not law.on_compute else fit.compute_unit if fit else "compute units"
+        draws = fit.outcome.bootstrap_draws if fit else []
+        reach = await in_thread(analysis.law_for_target, kind, params, draws, target, level, unit)
+        if fit is not None:
+            reach = analysis.target_given_identifiability(fit, reach)
+    cautions: list[str] = []
+    if fit is not None and law.on_compute:
+        from servers.scaling import analysis
+
+        where = list(compute or []) + ([reach.compute] if reach is not None and reach.compute else [])
+        cautions = analysis.prediction_warnings(fit, where or [math.inf])
+    result = Prediction(
+        fit_id=fit_id,
+        model=kind,
+        parameters=params,
+        asymptote=params[law.asymptote],
+        compute_unit=fit.compute_unit if fit else None,
+        level=level,
+        intervals=bool(fit and fit.outcome.bootstrap_draws),
+        note=note,
+        values=values,
+        allocations=allocations,
+        table=table,
+        target=reach,
+        warnings=cautions,
+    )
+    return finite_result(result, prediction_text(result, fit))
+
+
+def prediction_text(result: Prediction, fit: StoredFit | None) -> str:
+    lines = [f"warning: {w}" for w in result.warnings]
+    for v in result.values[:12]:
+        where = f"C={v.compute:.4g}" if v.compute is not None else f"N={v.params:.3g}, D={v.tokens:.3g}"
+        band = f" [{v.ci_low:.4g}, {v.ci_high:.4g}]" if v.ci_low is not None else ""
+        lines.append(f"{where}: {v.value:.4g}{band}{' (extrapolated)' if v.extrapolated else ''}")
+    lines += [
+        f"C={r.compute_flops:.3g} FLOPs: N={r.params:.3g}, D={r.tokens:.3g} ({r.tokens_per_param:.1f} "
+        f"tokens per parameter), loss {r.loss:.4f}"
+        for r in (result.allocations or [])[:12]
+    ]
+    if result.target is not None:
+        lines.append(f"target {result.target.target:g}: {result.target.statement}")
+    if result.note:
+        lines.append(f"{result.model} with {describe_values(result.parameters)}: {result.note}")
+    if fit and fit.outcome.warnings:
+        lines.append("fit warnings: " + " | ".join(fit.outcome.warnings[:4]))
+    return "\n".join(lines)
+
+
+def _register_fit_scaling_law(server: MCPServer, app: App) -> None:
+    law_name, forms, fit_method = laws.name_type(), laws.forms(), Literal[laws.methods()]  # type: ignore[valid-type]
+
     @agent_tool(
         server, title="Fit a scaling law", read_only=False, destructive=False, idempotent=False, open_world=False
     )
     async def fit_scaling_law(
         ctx: Context,
-        model: Annotated[ModelName, Field(description=MODEL_FORMS)],
+        model: Annotated[law_name, Field(description=forms)],
         data: DataSource,
         label: Annotated[str | None, Field(max_length=128)] = None,
         compute_unit: ComputeUnit = None,
@@ -686,7 +817,7 @@ def register(server: MCPServer, app: App) -> None:
         r0: R0Option = "first",
         y_max: Annotated[float, Field(gt=0, le=1e6, description="Metric's maximum; bounds A")] = 1.0,
         method: Annotated[
-            Literal["robust", "scalerl-grid"],
+            fit_method,
             Field(description="scalerl-grid: the ScaleRL paper's grid (A 0.45-0.8; C_mid 100-40000, else the data's)"),
         ] = "robust",
         bootstrap: Annotated[int, Field(ge=0, le=2000, description="Resamples for intervals; 0: none")] = 200,
@@ -726,12 +857,16 @@ def register(server: MCPServer, app: App) -> None:
             text += "\nwarnings:\n" + "\n".join(f"- {w}" for w in result.warnings)
         return finite_result(result, text)
 
+
+def _register_predict_scaling(server: MCPServer, app: App) -> None:
+    law_name = laws.name_type()
+
     @agent_tool(
         server, title="Predict from a scaling law", read_only=True, destructive=False, idempotent=True, open_world=False
     )
     async def predict_scaling(
         fit_id: FitId | None = None,
-        model: ModelName | None = None,
+        model: law_name | None = None,
         parameters: Annotated[
             dict[str, Annotated[float, Field(ge=-1e40, le=1e40, allow_inf_nan=False)]] | None,
             Field(
@@ -750,87 +885,15 @@ def register(server: MCPServer, app: App) -> None:
         """Predict from a stored fit (fit_id; with intervals) or a law you give (model, parameters): values at
         compute, chinchilla loss `at` or compute-optimal N, D and loss per FLOP budget, and the compute to reach a
         target. Instant."""
-        if compute is None and at is None and target is None:
-            raise InputError("give compute (curves, or chinchilla FLOP budgets), at (chinchilla) and/or target")
-        fit: StoredFit | None = None
-        note = None
-        if fit_id is not None:
-            if model is not None or parameters is not None:
-                raise InputError("fit_id: give fit_id (a stored fit) or model and parameters, not both")
-            fit = await in_thread(_fits(app).get, fit_id)
-            kind = fit.model
-            params = {name: p.value for name, p in fit.outcome.parameters.items()}
-        elif model is None:
-            raise InputError("fit_id: give fit_id (a stored fit), or model and parameters (a law you give)")
-        else:
-            kind = model
-            if parameters is None:
-                if model != "chinchilla":
-                    raise InputError(f"model {model!r} needs parameters: {', '.join(laws.PARAMETERS[model])}")
-                parameters = dict(laws.CHINCHILLA_PUBLISHED)
-                note = "Hoffmann et al. 2022's published fit (approach 3); no intervals"
-            else:
-                note = "parameters given, no fit: no intervals, nothing flagged as extrapolated"
-            params = laws.check_parameters(model, parameters)
-        values: list[PredictedValue] = []
-        allocations = table = None
-        if kind == "chinchilla":
-            if at is not None:
-                values = await in_thread(predict_at, fit, params, kind, level, None, at)
-            if compute is not None:
-                allocations, table = allocate(fit_id, params, compute)
-        else:
-            if at is not None:
-                raise InputError(f"a {kind} law predicts at compute values: use `compute`, not `at`")
-            if compute is not None:
-                values = await in_thread(predict_at, fit, params, kind, level, compute)
-        reach = None
-        if target is not None:
-            from servers.scaling import analysis
+        return await predict(app, fit_id, model, parameters, Asked(compute, at, target, level))
 
-            unit = "FLOPs" if kind == "chinchilla" else fit.compute_unit if fit else "compute units"
-            draws = fit.outcome.bootstrap_draws if fit else []
-            reach = await in_thread(analysis.law_for_target, kind, params, draws, target, level, unit)
-            if fit is not None:
-                reach = analysis.target_given_identifiability(fit, reach)
-        cautions: list[str] = []
-        if fit is not None and kind != "chinchilla":
-            from servers.scaling import analysis
 
-            asked = list(compute or []) + ([reach.compute] if reach is not None and reach.compute else [])
-            cautions = analysis.prediction_warnings(fit, asked or [math.inf])
-        result = Prediction(
-            fit_id=fit_id,
-            model=kind,
-            parameters=params,
-            asymptote=params["E"] if kind == "chinchilla" else params["A"],
-            compute_unit=fit.compute_unit if fit else None,
-            level=level,
-            intervals=bool(fit and fit.outcome.bootstrap_draws),
-            note=note,
-            values=values,
-            allocations=allocations,
-            table=table,
-            target=reach,
-            warnings=cautions,
-        )
-        lines = [f"warning: {w}" for w in cautions]
-        for v in values[:12]:
-            where = f"C={v.compute:.4g}" if v.compute is not None else f"N={v.params:.3g}, D={v.tokens:.3g}"
-            band = f" [{v.ci_low:.4g}, {v.ci_high:.4g}]" if v.ci_low is not None else ""
-            lines.append(f"{where}: {v.value:.4g}{band}{' (extrapolated)' if v.extrapolated else ''}")
-        lines += [
-            f"C={r.compute_flops:.3g} FLOPs: N={r.params:.3g}, D={r.tokens:.3g} ({r.tokens_per_param:.1f} "
-            f"tokens per parameter), loss {r.loss:.4f}"
-            for r in (allocations or [])[:12]
-        ]
-        if reach is not None:
-            lines.append(f"target {target:g}: {reach.statement}")
-        if note:
-            lines.append(f"{kind} with {describe_values(params)}: {note}")
-        if fit and fit.outcome.warnings:
-            lines.append("fit warnings: " + " | ".join(fit.outcome.warnings[:4]))
-        return finite_result(result, "\n".join(lines))
+# ScaleRL's extrapolation test compares its sigmoid with the power law (Khatri et al. 2025, section 3).
+EXTRAPOLATION_FORMS = [laws.SCALERL.name, laws.POWER_LAW.name]
+
+
+def _register_check_extrapolation(server: MCPServer, app: App) -> None:
+    curve_law = laws.name_type(on_compute=True)
 
     @agent_tool(
         server,
@@ -844,7 +907,7 @@ def register(server: MCPServer, app: App) -> None:
     async def check_extrapolation(
         ctx: Context,
         data: DataSource,
-        models: Annotated[list[CurveForm], Field(min_length=1, max_length=2)] = ["scalerl", "power_law"],  # noqa: B006
+        models: Annotated[list[curve_law], Field(min_length=1, max_length=2)] = EXTRAPOLATION_FORMS,
         split: Annotated[
             ComputeValue | None,
             Field(description="Default: half the largest compute"),
@@ -857,7 +920,7 @@ def register(server: MCPServer, app: App) -> None:
     ) -> Annotated[CallToolResult, ExtrapolationCheck]:
         """ScaleRL's extrapolation test: fit each form on compute <= split, predict the points beyond; errors and the
         better form (the power law tends to overshoot). Stores the fits. Seconds."""
-        loaded = await in_thread(load_points, app, "scalerl", data)
+        loaded = await in_thread(load_points, app, models[0], data)
         points, source = loaded.points, loaded.source
         compute_unit = default_compute_unit(compute_unit, loaded)
         computes = [p.compute for p in points if p.compute is not None]
@@ -904,7 +967,7 @@ def register(server: MCPServer, app: App) -> None:
                     model=model,
                     fit_id=fit.id,
                     parameters=fit.outcome.parameters,
-                    asymptote=fit.outcome.parameters["A"].value,
+                    asymptote=fit.outcome.parameters[laws.get(model).asymptote].value,
                     mean_abs_error=float(np.mean(np.abs(errors))),
                     max_abs_error=float(np.max(np.abs(errors))),
                     per_point=[
@@ -920,10 +983,11 @@ def register(server: MCPServer, app: App) -> None:
             + ", ".join(f"{c.model} {c.mean_abs_error:.4f}" for c in checks)
             + ")"
         )
-        overshoot = [c for c in checks if c.model == "power_law" and c.asymptote > y_max]
+        overshoot = [c for c in checks if not laws.get(c.model).bounded_asymptote and c.asymptote > y_max]
         if overshoot:
             verdict += (
-                f"; the power law's asymptote {overshoot[0].asymptote:.3g} exceeds the metric's maximum {y_max:g}"
+                f"; the {laws.get(overshoot[0].model).title}'s asymptote {overshoot[0].asymptote:.3g} exceeds the "
+                f"metric's maximum {y_max:g}"
             )
         result = ExtrapolationCheck(
             split=cut,
@@ -936,6 +1000,8 @@ def register(server: MCPServer, app: App) -> None:
         )
         return finite_result(result, verdict)
 
+
+def _register_compare_scaling_fits(server: MCPServer, app: App) -> None:
     @agent_tool(
         server, title="Compare scaling fits", read_only=True, destructive=False, idempotent=True, open_world=False
     )
@@ -956,6 +1022,8 @@ def register(server: MCPServer, app: App) -> None:
         comparison = await in_thread(compare, fits, level)
         return finite_result(comparison, comparison.verdict)
 
+
+def _register_plot_scaling_fit(server: MCPServer, app: App) -> None:
     @agent_tool(server, title="Plot scaling fits", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def plot_scaling_fit(
         fit_ids: Annotated[
@@ -969,13 +1037,17 @@ def register(server: MCPServer, app: App) -> None:
     ) -> Annotated[CallToolResult, PlotInfo]:
         """Plot fits as a PNG: points, curves with bootstrap bands, the extrapolated region; several recipes, or one
         chinchilla fit (loss against 6ND). About a second."""
-        from servers.scaling.plot import plot_chinchilla, plot_curves
+        from servers.scaling.plot import plot_curves
 
         fits = [await in_thread(_fits(app).get, i) for i in fit_ids]
-        if any(f.model == "chinchilla" for f in fits):
+        sizes = [f for f in fits if not laws.get(f.model).on_compute]
+        if sizes:
+            law = laws.get(sizes[0].model)
             if len(fits) > 1:
-                raise InputError("plot one chinchilla fit at a time")
-            png = await in_thread(plot_chinchilla, fits[0], width, height)
+                raise InputError(f"plot one {law.name} fit at a time")
+            if law.plot is None:
+                raise InputError(f"the {law.name} law has no plot")
+            png = await in_thread(laws.resolve(law.plot), fits[0], width, height)
         else:
             units = {f.compute_unit for f in fits}
             if len(units) > 1:
@@ -984,6 +1056,8 @@ def register(server: MCPServer, app: App) -> None:
         info = PlotInfo(fit_ids=fit_ids, width=width, height=height, png_bytes=len(png))
         return finite_result(info, f"plot of {', '.join(fit_ids)} ({len(png)} bytes PNG)", png_content(png))
 
+
+def _register_list_scaling_fits(server: MCPServer, app: App) -> None:
     @agent_tool(server, title="List scaling fits", read_only=True, destructive=False, idempotent=True, open_world=False)
     async def list_scaling_fits(
         limit: Annotated[int, Field(ge=1, le=100)] = 20,
@@ -1009,6 +1083,8 @@ def register(server: MCPServer, app: App) -> None:
         )
         return finite_result(result, "\n".join(lines))
 
+
+def _register_convert_compute_units(server: MCPServer, app: App) -> None:
     @agent_tool(
         server,
         title="Convert GPU-hours and FLOPs",
@@ -1044,6 +1120,8 @@ def register(server: MCPServer, app: App) -> None:
         )
         return finite_result(result, f"{hours:.4g} GPU-hours on {spec.name} = {flops:.4g} FLOPs ({result.note})")
 
+
+def _register_fit_resource(server: MCPServer, app: App) -> None:
     @server.resource(
         "infra://fits/{fit_id}",
         name="scaling_fit",
@@ -1056,6 +1134,18 @@ def register(server: MCPServer, app: App) -> None:
         except InputError as exc:
             raise ResourceError(str(exc)) from exc
         return fit.model_dump_json(indent=1)
+
+
+def register(server: MCPServer, app: App) -> None:
+    """The scaling tools and the fits resource; the law names they accept are the registry's (laws.py) now."""
+    _register_fit_scaling_law(server, app)
+    _register_predict_scaling(server, app)
+    _register_check_extrapolation(server, app)
+    _register_compare_scaling_fits(server, app)
+    _register_plot_scaling_fit(server, app)
+    _register_list_scaling_fits(server, app)
+    _register_convert_compute_units(server, app)
+    _register_fit_resource(server, app)
 
 
 PART = ServerPart(name=NAME, instructions=INSTRUCTIONS, register=register)
