@@ -61,7 +61,8 @@ class Law:
 
     evaluate(*inputs, **parameters) is the curve, where inputs are the data columns but the last (compute for a
     CURVE law; params and tokens for a SIZES law); it broadcasts over numpy arrays. fitter(task) fits it (a
-    callable, or "module:function" loaded when a fit runs) and returns a FitOutcome with its bootstrap intervals
+    callable, or "module:function" loaded when a fit runs; by default fit_generic's bounded least squares, which
+    needs every parameter's bounds) and returns a FitOutcome with its bootstrap intervals
     and draws, its identifiability checks in not_identified. work maps the fit methods it accepts to their cost.
     The optional parts say what the law can answer: inverse(parameters, target) the compute where the curve
     reaches a target (None: never); efficiency the parameter compared across recipes (lower: less compute);
@@ -77,7 +78,7 @@ class Law:
     formula: str
     parameters: tuple[Parameter, ...]
     evaluate: Callable[..., Any]
-    fitter: "Callable[[FitTask], FitOutcome] | str"
+    fitter: "Callable[[FitTask], FitOutcome] | str" = "servers.scaling.fit_generic:fit_least_squares"
     columns: tuple[str, ...] = CURVE
     asymptote: str = "A"
     work: Mapping[str, Work] = field(default_factory=lambda: {"robust": Work("generic", 20, 200_000)})
