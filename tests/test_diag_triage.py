@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 
 from servers.core.errors import InputError
 from servers.diagnostics import triage
+from servers.diagnostics.findings import bus_number, normalise_bus_id
 from servers.diagnostics.health import evaluate_all
 from servers.diagnostics.smi import parse_nvidia_smi
 from servers.diagnostics.snapshot import GpuSnapshot
-from servers.diagnostics.triage import NodeTriage, bus_number, normalise_bus_id, triage_node
+from servers.diagnostics.triage import NodeTriage, triage_node
 
 FIXTURES = Path(__file__).parent / "fixtures" / "diagnostics"
 NODE = FIXTURES / "triage"

@@ -30,8 +30,8 @@ from pydantic import Field
 from servers.core.errors import InputError
 from servers.core.models import Model
 from servers.diagnostics.bounds import MAX_LINE_TEXT, MAX_NOTES, cap_notes, clip, clip_str, fit, pick, safe_int, scaled
+from servers.diagnostics.findings import DCGM_STATUS, STATUS_RANK, CheckReport, DcgmWord, Finding, GpuRef, Severity
 
-Status = Literal["pass", "fail", "warn", "skip"]
 Overall = Literal["pass", "fail", "warn", "skip", "error"]
 
 ROOT_KEY_4X = "DCGM Diagnostic"
@@ -77,7 +77,8 @@ _STATUS = {
     "na": "skip",
     "not supported": "skip",
 }
-_RANK = {"fail": 3, "warn": 2, "pass": 1, "skip": 0}
+# fail > warn > pass > skip, as their statuses rank
+_RANK: dict[DcgmWord, int] = {word: STATUS_RANK[status] for word, status in DCGM_STATUS.items()}
 _LIST_FIRST = {"fail": 2, "warn": 1}  # which results, tests and GPUs a capped report lists first
 
 # dcgm_errors.h: dcgmErrorSeverity_t and dcgmErrorCategory_t
@@ -173,7 +174,7 @@ class DcgmResult(Model):
     test: str
     entity_group: str = "GPU"
     entity_ids: list[int] = Field(default_factory=list, description="GPU ids (DCGM's numbering) it covers")
-    status: Status
+    status: DcgmWord
     raw_status: str
     warnings: list[DcgmWarning] = Field(default_factory=list, description=f"at most {MAX_PER_RESULT}, each clipped")
     warnings_omitted: int = 0
@@ -184,15 +185,15 @@ class DcgmResult(Model):
 class DcgmTest(Model):
     category: str | None = None
     name: str
-    status: Status = Field(description="worst of the test's results (and of its summary, in 4.x)")
-    summary_status: Status | None = Field(default=None, description="DCGM 4.x test_summary status")
+    status: DcgmWord = Field(description="worst of the test's results (and of its summary, in 4.x)")
+    summary_status: DcgmWord | None = Field(default=None, description="DCGM 4.x test_summary status")
     summary_info: list[str] = Field(default_factory=list)
     results: int = Field(description="number of results")
 
 
 class DcgmGpuSummary(Model):
     gpu_id: int
-    status: Status
+    status: DcgmWord
     failed_tests: list[str] = Field(default_factory=list)
     warned_tests: list[str] = Field(default_factory=list)
     skipped_tests: list[str] = Field(default_factory=list)
@@ -233,7 +234,7 @@ class DcgmDiagReport(Model):
         return f" Not listed (counted in the verdict all the same): {', '.join(parts)}." if parts else ""
 
 
-def normalise_status(raw: object) -> Status | None:
+def normalise_status(raw: object) -> DcgmWord | None:
     """pass, fail, warn or skip for DCGM's status words; None when the word is not recognised."""
     if not isinstance(raw, str):
         return None
@@ -429,7 +430,7 @@ def _parse(text: str) -> DcgmDiagReport:
         ranked = [r.status for r in own] + ([summary_status] if summary_status else [])
         if not ranked:
             parser_warnings.append(f"{name}: no results; counted as skip")
-        worst: Status = max(ranked, key=lambda s: _RANK[s]) if ranked else "skip"
+        worst: DcgmWord = max(ranked, key=lambda s: _RANK[s]) if ranked else "skip"
         tests.append(
             DcgmTest(
                 category=category,
@@ -682,3 +683,72 @@ def run_dcgm_diag_job(spec: dict[str, Any], ctx: Any) -> dict[str, Any]:
         "log": "dcgmi-diag",
     }
     return result
+
+
+def dcgm_report(report: DcgmDiagReport) -> CheckReport:
+    """The diagnostic as findings for triage: one per GPU (its worst test, with the warnings of the tests it failed
+    or warned on), and DCGM's runtime error about the node."""
+    findings = []
+    for summary in report.gpus:
+        failed = ", ".join(summary.failed_tests)
+        warned = ", ".join(summary.warned_tests)
+        headline = f"failed {failed}" if failed else (f"warned on {warned}" if warned else None)
+        texts = []
+        for result in report.results:
+            mine = result.entity_group.upper() == "GPU" and summary.gpu_id in result.entity_ids
+            if mine and result.status in ("fail", "warn"):
+                for warning in result.warnings:
+                    name = f" [{warning.error_name}]" if warning.error_name else ""
+                    texts.append(f"{result.test} {result.status}{name}: {warning.text}")
+                if not result.warnings:
+                    texts.append(f"{result.test} {result.status}")
+        action: str | None
+        if summary.status in ("fail", "warn"):
+            severity: Severity = "critical" if summary.status == "fail" else "warning"
+            what = f"dcgmi diag {summary.status}: " + ("; ".join(texts) if texts else headline or summary.status)
+            action = (
+                "Drain the GPU; act on the error ids above (DCGM's severity ISOLATE or RESET means take it out of "
+                "service), then rerun dcgmi diag at the same level."
+                if summary.status == "fail"
+                else "Read the warnings before trusting the GPU; rerun dcgmi diag -r 3 when it is idle."
+            )
+        else:
+            severity, action = "info", None
+            tested = len(summary.skipped_tests)
+            what = f"dcgmi diag {summary.status}" + (f" ({tested} test(s) skipped)" if tested else "")
+        findings.append(
+            Finding(
+                check="dcgm",
+                rule="dcgmi_diag",
+                status=DCGM_STATUS[summary.status],
+                severity=severity,
+                what=what,
+                action=action,
+                gpu=GpuRef(serial=summary.serial, dcgm_gpu_id=summary.gpu_id, index_hint=True),
+                headline=headline,
+                detail={"failed_tests": summary.failed_tests, "warned_tests": summary.warned_tests},
+            )
+        )
+    if report.runtime_error:
+        findings.append(
+            Finding(
+                check="dcgm",
+                rule="runtime_error",
+                status=None,
+                severity="warning",
+                what=f"DCGM runtime error: {report.runtime_error}",
+            )
+        )
+    warnings = []
+    if report.gpus_omitted:
+        warnings.append(f"the DCGM report lists {report.gpus_omitted} more GPU(s) than were read; they are left out")
+    return CheckReport(
+        check="dcgm",
+        findings=findings,
+        summary=f"DCGM {report.layout} {report.verdict}: {clip(report.summary, 200)}",
+        warnings=warnings,
+        lists_every_gpu=bool(report.gpus),
+        missing_means="DCGM did not test {it} (it could not reach {it}, or the run excluded {it})",
+        index_note="DCGM GPU ids were matched to nvidia-smi indexes (DCGM numbers GPUs in NVML order, nvidia-smi's), "
+        "as no serials tie them: DCGM GPU(s) {ids}",
+    )

@@ -7,10 +7,14 @@ warning, healthy if neither and the key fields are known, else unknown.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from servers.core.errors import InputError
-from servers.diagnostics.snapshot import Finding, GpuHealth, GpuSnapshot, Severity, Status
+from servers.diagnostics import findings
+from servers.diagnostics.bounds import MAX_LINE_TEXT, clip_str
+from servers.diagnostics.findings import SEVERITY_RANK, CheckReport, GpuRef, Severity, Status, normalise_bus_id
+from servers.diagnostics.snapshot import Finding, GpuHealth, GpuSnapshot
 
 TEMPERATURE_MARGIN_C = 5.0
 RETIRED_PAGES_LIMIT = 60  # NVIDIA: a board with 60 or more retired pages qualifies for RMA
@@ -480,3 +484,89 @@ def evaluate(gpu: GpuSnapshot, *, interconnect_expected: str | None = None) -> G
 def evaluate_all(snapshots: Iterable[GpuSnapshot], *, interconnect_expected: str | None = None) -> list[GpuHealth]:
     """evaluate() for each snapshot, in order."""
     return [evaluate(s, interconnect_expected=interconnect_expected) for s in snapshots]
+
+
+@dataclass(frozen=True)
+class NodeGpus:
+    """A node's GPUs as nvidia-smi or NVML read them, for triage: the snapshots, or why they could not be read."""
+
+    gpus: Sequence[GpuSnapshot] | None
+    missing: str | None = None
+    warnings: Sequence[str] = ()
+    interconnect_expected: str | None = None
+
+
+_NO_FINDING = (
+    "no finding (ECC, row remapping, reset and recovery, clocks, temperature, power, PCIe, NVLink, fabric checked "
+    "where reported)"
+)
+_NOT_JUDGED = "no finding, but the key fields (ECC or row-remap counters, temperature) are not reported"
+
+
+def smi_report(node: NodeGpus) -> CheckReport:
+    """Each GPU judged by the rules above, as findings for triage: an info finding implies healthy only when the
+    key fields are known (else unknown); a GPU without findings has one saying so, with its status."""
+    if node.gpus is None:
+        missing = node.missing or "not read"
+        return CheckReport(
+            check="nvidia_smi",
+            findings=[],
+            summary=clip_str(f"unknown: {missing}", MAX_LINE_TEXT),
+            warnings=[clip_str(f"the GPU part is unknown: {missing}", MAX_LINE_TEXT)],
+            read=False,
+        )
+    out: list[findings.Finding] = []
+    counts: dict[str, int] = {}
+    for position, snapshot in enumerate(node.gpus):
+        health = evaluate(snapshot, interconnect_expected=node.interconnect_expected)
+        counts[health.status] = counts.get(health.status, 0) + 1
+        gpu = GpuRef(
+            bus_id=normalise_bus_id(snapshot.pci_bus_id),
+            uuid=snapshot.uuid,
+            serial=snapshot.serial,
+            # an unreachable GPU without an index keeps none: its position in the list is not its nvidia-smi index
+            index=snapshot.index if snapshot.index is not None or snapshot.unreachable else position,
+            name=snapshot.name,
+            lost=bool(snapshot.unreachable),
+        )
+        worst = max(health.findings, key=lambda f: SEVERITY_RANK[f.severity], default=None)
+        info_status: Status = "unknown" if health.status == "unknown" else "healthy"
+        for finding in health.findings:
+            out.append(
+                findings.Finding(
+                    check="nvidia_smi",
+                    rule=finding.check,
+                    status=info_status if finding.severity == "info" else findings.severity_status(finding.severity),
+                    severity=finding.severity,
+                    what=finding.what,
+                    evidence=finding.evidence,
+                    action=finding.action,
+                    gpu=gpu,
+                    headline=f"{finding.check} ({finding.evidence})"
+                    if finding is worst and finding.severity != "info"
+                    else None,
+                )
+            )
+        if not health.findings:
+            out.append(
+                findings.Finding(
+                    check="nvidia_smi",
+                    rule="no_finding",
+                    status=health.status,
+                    severity="info",
+                    what=_NO_FINDING if health.status == "healthy" else _NOT_JUDGED,
+                    gpu=gpu,
+                )
+            )
+    lost = sum(1 for s in node.gpus if s.unreachable)
+    return CheckReport(
+        check="nvidia_smi",
+        findings=out,
+        summary=f"{len(node.gpus)} GPU(s): "
+        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        + (f"; {lost} listed but unreachable (fallen off the bus?)" if lost else ""),
+        warnings=[f"nvidia-smi: {w}" for w in node.warnings],
+        lists_every_gpu=True,
+        missing_means="nvidia-smi cannot see {it}: {they} may have fallen off the bus or hung, or the sources come "
+        "from different nodes or boots (count the GPUs with lspci -d 10de:; reboot the node if one is gone)",
+    )

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -44,6 +44,17 @@ from servers.core.dtypes import NCCL_TYPE_BYTES
 from servers.core.errors import InputError
 from servers.core.models import Model
 from servers.diagnostics.bounds import MAX_LINE_TEXT, MAX_NOTES, cap_notes, clip, clip_str, fit, pick, safe_int, scaled
+from servers.diagnostics.findings import (
+    VERDICT_WORD,
+    CheckReport,
+    Finding,
+    GpuRef,
+    Severity,
+    Status,
+    VerdictWord,
+    bus_number,
+    normalise_bus_id,
+)
 
 NvlsState = Literal["on", "off", "unknown"]
 FloorAssumes = Literal["nvls", "no_nvls", "any", "caller"]
@@ -125,9 +136,8 @@ KNOWN_COLLECTIVES = (
     "hypercube",
 )
 
-Status = Literal["PASS", "DEGRADED", "FAIL", "UNKNOWN"]
+VERDICT_STATUS: dict[VerdictWord, Status] = {word: status for status, word in VERDICT_WORD.items()}
 JudgedOn = Literal["bandwidth", "small_messages", "data_corruption", "run_errors", "no_result_rows", "no_known_floor"]
-Severity = Literal["info", "warning", "critical"]
 
 
 class NcclTiming(Model):
@@ -181,7 +191,7 @@ class BandwidthFloor(Model):
 
 
 class NcclVerdict(Model):
-    status: Status = Field(
+    status: VerdictWord = Field(
         description="PASS: at or above the floor that applies; DEGRADED: below it but at or above another floor of "
         "the same GPU (e.g. NVLS on, ring-level bandwidth); FAIL: below every floor, or corruption / run failures"
     )
@@ -233,15 +243,15 @@ class NcclVerdict(Model):
             if f"{f.gbps:g} GB/s" not in self.text:
                 problems.append(f"the text does not name the {f.label}")
         if self.judged_on == "small_messages":
-            expected: Status = "UNKNOWN"
+            expected: Status = "unknown"
         elif measured >= floor.gbps:
-            expected = "PASS"
+            expected = "healthy"
         elif any(f.met for f in self.floors):
-            expected = "DEGRADED"
+            expected = "degraded"
         else:
-            expected = "FAIL"
-        if self.status != expected:
-            problems.append(f"status {self.status} does not follow from the floors ({expected})")
+            expected = "unhealthy"
+        if self.status != VERDICT_WORD[expected]:
+            problems.append(f"status {self.status} does not follow from the floors ({VERDICT_WORD[expected]})")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -748,7 +758,7 @@ def _verdict(
     if corruption:
         count = f"{wrong} wrong elements" if wrong else f"{oob} out-of-bounds values"
         return NcclVerdict(
-            status="FAIL",
+            status=VERDICT_WORD["unhealthy"],
             severity="critical",
             judged_on="data_corruption",
             text=f"FAIL: data corruption, {count} in {what}: the collective returned wrong results; drain the node, "
@@ -757,7 +767,7 @@ def _verdict(
         )
     if report.errors:
         return NcclVerdict(
-            status="FAIL",
+            status=VERDICT_WORD["unhealthy"],
             severity="warning",
             judged_on="run_errors",
             text=f"FAIL: the run reported {len(report.errors)} failure line(s), first: {report.errors[0][:200]!r}; "
@@ -766,7 +776,7 @@ def _verdict(
         )
     if measured is None or best is None:
         return NcclVerdict(
-            status="UNKNOWN",
+            status=VERDICT_WORD["unknown"],
             severity="warning" if report.warnings else "info",
             judged_on="no_result_rows",
             text="UNKNOWN: no result rows with a bus bandwidth were found; the run may have failed or been cut off.",
@@ -774,7 +784,7 @@ def _verdict(
         )
     if applied is None:
         return NcclVerdict(
-            status="UNKNOWN",
+            status=VERDICT_WORD["unknown"],
             severity="info",
             judged_on="no_known_floor",
             text=f"UNKNOWN: no floor is known for {what}; peak bus bandwidth {measured:g} GB/s at "
@@ -800,7 +810,7 @@ def _verdict(
     nvls_note = _nvls_phrase(nvls, nvls_evidence)
     if measured < floor and not reached_large:
         return NcclVerdict(
-            status="UNKNOWN",
+            status=VERDICT_WORD["unknown"],
             severity="warning",
             judged_on="small_messages",
             text=f"UNKNOWN: peak {measured:g} GB/s is below the {applied.label}, but the run never reached "
@@ -831,7 +841,9 @@ def _verdict(
                 + " and the ".join(f.label for f in others)
                 + " does not apply to this run."
             )
-        return NcclVerdict(status="PASS", severity="info", judged_on="bandwidth", text=text + tail, **common)
+        return NcclVerdict(
+            status=VERDICT_WORD["healthy"], severity="info", judged_on="bandwidth", text=text + tail, **common
+        )
     shortfall = 100.0 * (floor - measured) / floor
     met = [f for f in others if f.met]
     if met:
@@ -842,18 +854,21 @@ def _verdict(
             "NCCL_ALGO=NVLS), the fabric manager and the Fabric state in nvidia-smi -q, then rerun; drain the node "
             "if it stays low."
         )
-        return NcclVerdict(status="DEGRADED", severity="warning", judged_on="bandwidth", text=text + tail, **common)
+        return NcclVerdict(
+            status=VERDICT_WORD["degraded"], severity="warning", judged_on="bandwidth", text=text + tail, **common
+        )
     if others:
         below = " and the ".join(f.label for f in others)
         why = f" ({nvls_note}; it is also below the {below}, so no algorithm assumption makes it healthy)"
     else:
         why = "" if applied.assumes == "caller" else f" ({applied.assumption})"
     text = f"FAIL: {what} reached only {at}, {shortfall:.1f}% below the {applied.label}{why}: {_LOW_ADVICE}"
-    return NcclVerdict(status="FAIL", severity="warning", judged_on="bandwidth", text=text + tail, **common)
+    return NcclVerdict(
+        status=VERDICT_WORD["unhealthy"], severity="warning", judged_on="bandwidth", text=text + tail, **common
+    )
 
 
-def parse_nccl_tests(text: str, *, expected_busbw_gbps: float | None = None) -> NcclTestsReport:
-    """Parse one nccl-tests run's output and judge its bus bandwidth; see the module docstring."""
+def _check_input(text: str, expected_busbw_gbps: float | None) -> None:
     if not isinstance(text, str):
         raise InputError("nccl-tests output must be text")
     if len(text) > MAX_TEXT_CHARS:
@@ -866,145 +881,162 @@ def parse_nccl_tests(text: str, *, expected_busbw_gbps: float | None = None) -> 
     if not text.strip():
         raise InputError("the nccl-tests output is empty; paste the whole output of e.g. all_reduce_perf")
 
-    warnings: list[str] = []
-    errors: list[str] = []
-    devices: list[NcclDevice] = []
-    rows: list[NcclRow] = []
+
+@dataclass
+class _Reading:
+    """What the lines of one run say, read line by line (comment lines, then result rows and the rest)."""
+
+    warnings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    devices: list[NcclDevice] = field(default_factory=list)
+    rows: list[NcclRow] = field(default_factory=list)
     layout: _Layout | None = None
-    header_seen = False
+    header_seen: bool = False
     avg: float | None = None
     oob: int | None = None
-    tests_version = nccl_version = None
+    tests_version: str | None = None
+    nccl_version: str | None = None
     library_code: int | None = None
     named_collective: str | None = None
     program_collective: str | None = None
     params: tuple[int, int, int, int] | None = None
-    markers = 0
-    incomplete_rows = 0
-    nvls_scan = _NvlsScan()
+    markers: int = 0
+    incomplete_rows: int = 0
+    nvls_scan: _NvlsScan = field(default_factory=lambda: _NvlsScan())
 
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line:
-            continue
-        nvls_scan.feed(line)
+    def feed(self, line: str) -> None:
+        """One stripped, non-empty line."""
+        self.nvls_scan.feed(line)
         if line.startswith("#"):
-            if match := _DEVICE.match(line):
-                rank, group, pid, host, dev, bus, name = match.groups()
-                devices.append(
-                    NcclDevice(
-                        rank=int(rank),
-                        group=int(group),
-                        pid=int(pid),
-                        host=clip_str(host),
-                        device=int(dev),
-                        bus_id=clip(bus, 64),
-                        name=clip_str(name),
-                    )
+            self._comment(line)
+        else:
+            self._body(line)
+
+    def _comment(self, line: str) -> None:
+        if match := _DEVICE.match(line):
+            rank, group, pid, host, dev, bus, name = match.groups()
+            self.devices.append(
+                NcclDevice(
+                    rank=int(rank),
+                    group=int(group),
+                    pid=int(pid),
+                    host=clip_str(host),
+                    device=int(dev),
+                    bus_id=clip(bus, 64),
+                    name=clip_str(name),
                 )
-                markers += 1
-                continue
-            if match := _DEVICE_LOOSE.match(line):
-                devices.append(
-                    NcclDevice(
-                        rank=int(match.group(1)),
-                        device=int(match.group(2)),
-                        bus_id=clip(match.group(3), 64),
-                        name=clip_str(match.group(4)),
-                    )
+            )
+            self.markers += 1
+            return
+        if match := _DEVICE_LOOSE.match(line):
+            self.devices.append(
+                NcclDevice(
+                    rank=int(match.group(1)),
+                    device=int(match.group(2)),
+                    bus_id=clip(match.group(3), 64),
+                    name=clip_str(match.group(4)),
                 )
-                markers += 1
-                continue
-            if match := _AVG.match(line):
-                avg = _float(match.group(1))
-                markers += 1
-                continue
-            if match := _OOB.match(line):
-                oob = int(match.group(1))
-                markers += 1
-                continue
-            if match := _PARAMS.match(line):
-                params = (int(match.group(1)), int(match.group(2)), int(match.group(3)), int(match.group(4)))
-                markers += 1
-            if match := _TESTS_VERSION.search(line):
-                tests_version = clip_str(match.group(1), 64)
-                library = _LIBRARY_CODE.search(line)
-                library_code = int(library.group(1)) if library else library_code
-                markers += 1
-            elif (match := _NCCL_VERSION.search(line)) and nccl_version is None:
-                nccl_version = clip_str(match.group(1), 64)
-                markers += 1
-            if match := _STARTING.search(line):
-                named_collective = named_collective or _collective_from_name(match.group(1))
-                markers += 1
-            if _ERROR_LINE.search(line):
-                errors.append(clip_str(line, MAX_LINE_TEXT))
-            tokens = line.lstrip("#").split()
-            lowered = [t.lower() for t in tokens]
-            if "size" in lowered and "busbw" in lowered:
-                parsed = _layout_from_header(tokens)
-                if parsed is not None:
-                    layout = parsed
-                    header_seen = True
-                    markers += 1
-                else:
-                    warnings.append(f"a column header was not understood: {line[:160]!r}")
-            continue
-        if (match := _NCCL_VERSION.search(line)) and "nccl-tests" not in line:
-            nccl_version = nccl_version or clip_str(match.group(1), 64)
-            markers += 1
-            continue
+            )
+            self.markers += 1
+            return
+        if match := _AVG.match(line):
+            self.avg = _float(match.group(1))
+            self.markers += 1
+            return
+        if match := _OOB.match(line):
+            self.oob = int(match.group(1))
+            self.markers += 1
+            return
+        if match := _PARAMS.match(line):
+            self.params = (int(match.group(1)), int(match.group(2)), int(match.group(3)), int(match.group(4)))
+            self.markers += 1
+        if match := _TESTS_VERSION.search(line):
+            self.tests_version = clip_str(match.group(1), 64)
+            library = _LIBRARY_CODE.search(line)
+            self.library_code = int(library.group(1)) if library else self.library_code
+            self.markers += 1
+        elif (match := _NCCL_VERSION.search(line)) and self.nccl_version is None:
+            self.nccl_version = clip_str(match.group(1), 64)
+            self.markers += 1
+        if match := _STARTING.search(line):
+            self.named_collective = self.named_collective or _collective_from_name(match.group(1))
+            self.markers += 1
         if _ERROR_LINE.search(line):
-            errors.append(clip_str(line, MAX_LINE_TEXT))
-            continue
-        if program_collective is None and (match := _PROGRAM.search(line)):
-            program_collective = _collective_from_name(match.group(1))
+            self.errors.append(clip_str(line, MAX_LINE_TEXT))
+        tokens = line.lstrip("#").split()
+        lowered = [t.lower() for t in tokens]
+        if "size" in lowered and "busbw" in lowered:
+            parsed = _layout_from_header(tokens)
+            if parsed is not None:
+                self.layout = parsed
+                self.header_seen = True
+                self.markers += 1
+            else:
+                self.warnings.append(f"a column header was not understood: {line[:160]!r}")
+
+    def _body(self, line: str) -> None:
+        if (match := _NCCL_VERSION.search(line)) and "nccl-tests" not in line:
+            self.nccl_version = self.nccl_version or clip_str(match.group(1), 64)
+            self.markers += 1
+            return
+        if _ERROR_LINE.search(line):
+            self.errors.append(clip_str(line, MAX_LINE_TEXT))
+            return
+        if self.program_collective is None and (match := _PROGRAM.search(line)):
+            self.program_collective = _collective_from_name(match.group(1))
         tokens = line.split()
         if not tokens or not _INT.match(tokens[0]):
-            continue
-        row, complete = _parse_row(tokens, layout or _guess_layout(tokens))
+            return
+        row, complete = _parse_row(tokens, self.layout or _guess_layout(tokens))
         if row is None:
-            continue
-        rows.append(row)
+            return
+        self.rows.append(row)
         if not complete:
-            incomplete_rows += 1
+            self.incomplete_rows += 1
 
-    if not rows and markers == 0:
-        raise InputError(
-            "this does not look like nccl-tests output: no result rows, no '# Using devices' ranks and no "
-            "'# Avg bus bandwidth' line were found; paste the full output of e.g. all_reduce_perf"
-        )
-    if not header_seen and rows:
-        warnings.append("no column header was found; the column layout was guessed from the row shape")
-    if incomplete_rows:
-        warnings.append(f"{incomplete_rows} result row(s) are incomplete; the output looks truncated")
-    if avg is None:
-        warnings.append("no '# Avg bus bandwidth' line: the output looks truncated or the run did not finish")
-    if not rows:
-        warnings.append("no result rows were found")
-    if errors:
-        warnings.append(f"the run printed {len(errors)} failure line(s); see errors")
+    def finish_warnings(self) -> None:
+        """Refuse what is not nccl-tests output; warn about what the run's output lacks."""
+        if not self.rows and self.markers == 0:
+            raise InputError(
+                "this does not look like nccl-tests output: no result rows, no '# Using devices' ranks and no "
+                "'# Avg bus bandwidth' line were found; paste the full output of e.g. all_reduce_perf"
+            )
+        if not self.header_seen and self.rows:
+            self.warnings.append("no column header was found; the column layout was guessed from the row shape")
+        if self.incomplete_rows:
+            self.warnings.append(f"{self.incomplete_rows} result row(s) are incomplete; the output looks truncated")
+        if self.avg is None:
+            self.warnings.append("no '# Avg bus bandwidth' line: the output looks truncated or the run did not finish")
+        if not self.rows:
+            self.warnings.append("no result rows were found")
+        if self.errors:
+            self.warnings.append(f"the run printed {len(self.errors)} failure line(s); see errors")
 
+
+def _report(reading: _Reading, expected_busbw_gbps: float | None) -> NcclTestsReport:
+    """The report of what was read, judged."""
+    warnings, devices = reading.warnings, reading.devices
     unique_ranks = sorted({d.rank for d in devices})
     nranks = len(unique_ranks) if unique_ranks else None
     hosts = sorted({d.host for d in devices if d.host})
-    if named_collective:
-        collective, source = named_collective, "the '# Collective test starting' line"
-    elif program_collective:
-        collective, source = program_collective, "the program name in the output"
+    if reading.named_collective:
+        collective, source = reading.named_collective, "the '# Collective test starting' line"
+    elif reading.program_collective:
+        collective, source = reading.program_collective, "the program name in the output"
     else:
-        collective, source = _guess_collective(rows, nranks)
+        collective, source = _guess_collective(reading.rows, nranks)
 
     gpu_model, device_name = _gpu_model(devices, warnings)
     if len(hosts) > 1 and expected_busbw_gbps is None:
         warnings.append(f"the ranks span {len(hosts)} hosts; the known floors are for a single node")
-    if nccl_version is None and library_code:
-        nccl_version = _version_from_code(library_code)
-
+    nccl_version = reading.nccl_version
+    if nccl_version is None and reading.library_code:
+        nccl_version = _version_from_code(reading.library_code)
+    params = reading.params
     report = NcclTestsReport(
         collective=collective,
         collective_source=source,
-        nccl_tests_version=tests_version,
+        nccl_tests_version=reading.tests_version,
         nccl_version=nccl_version,
         nthreads=params[0] if params else None,
         ngpus_per_thread=params[1] if params else None,
@@ -1013,16 +1045,30 @@ def parse_nccl_tests(text: str, *, expected_busbw_gbps: float | None = None) -> 
         devices=devices,
         nranks=nranks,
         hosts=hosts,
-        rows=rows,
-        avg_busbw_gbps=avg,
-        out_of_bounds=oob,
-        errors=errors,
+        rows=reading.rows,
+        avg_busbw_gbps=reading.avg,
+        out_of_bounds=reading.oob,
+        errors=reading.errors,
         warnings=warnings,
-        verdict=NcclVerdict(status="UNKNOWN", severity="info", judged_on="no_result_rows", text="not judged yet"),
+        verdict=NcclVerdict(
+            status=VERDICT_WORD["unknown"], severity="info", judged_on="no_result_rows", text="not judged yet"
+        ),
     )
-    nvls, nvls_evidence = nvls_scan.result(nccl_version)
+    nvls, nvls_evidence = reading.nvls_scan.result(nccl_version)
     report.verdict = _verdict(report, expected_busbw_gbps, gpu_model, device_name, nvls, nvls_evidence)
-    return _bounded(report)
+    return report
+
+
+def parse_nccl_tests(text: str, *, expected_busbw_gbps: float | None = None) -> NcclTestsReport:
+    """Parse one nccl-tests run's output and judge its bus bandwidth; see the module docstring."""
+    _check_input(text, expected_busbw_gbps)
+    reading = _Reading()
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line:
+            reading.feed(line)
+    reading.finish_warnings()
+    return _bounded(_report(reading, expected_busbw_gbps))
 
 
 def _bounded(report: NcclTestsReport) -> NcclTestsReport:
@@ -1063,3 +1109,60 @@ def _bounded(report: NcclTestsReport) -> NcclTestsReport:
         )
 
     return fit(build)
+
+
+def nccl_report(report: NcclTestsReport) -> CheckReport:
+    """The run as findings for triage: each rank's GPU (evidence, no verdict: nccl-tests judges the node), and the
+    node's bandwidth verdict."""
+    findings = []
+    for device in report.devices:
+        full = normalise_bus_id(device.bus_id)
+        where = f" on {device.host}" if device.host else ""
+        gpu = GpuRef(
+            bus_id=full,
+            only_bus_number=full is None,
+            bus_number=bus_number(device.bus_id) if full is None else None,
+            name=device.name,
+            nccl_rank=device.rank,
+            label=f"rank {device.rank} [{device.bus_id}]",
+        )
+        findings.append(
+            Finding(
+                check="nccl_tests",
+                rule="rank_device",
+                status=None,
+                severity="info",
+                what=f"nccl-tests rank {device.rank}{where}, CUDA device {device.device}: the node-level bandwidth "
+                "verdict is in node_evidence",
+                gpu=gpu,
+            )
+        )
+    verdict = report.verdict
+    passed = verdict.status == VERDICT_WORD["healthy"]
+    findings.append(
+        Finding(
+            check="nccl_tests",
+            rule=verdict.judged_on,
+            status=VERDICT_STATUS[verdict.status],
+            severity="info" if passed else verdict.severity,
+            what=f"nccl-tests {report.collective or ''} {verdict.status}: {verdict.text}",
+            action=None if passed else "see the verdict text; run gpu_health and check NVLink",
+            detail={"measured_busbw_gbps": verdict.measured_busbw_gbps, "floor_gbps": verdict.expected_busbw_gbps},
+        )
+    )
+    warnings = []
+    if len(report.hosts) > 1:
+        warnings.append(
+            f"the nccl-tests run spans {len(report.hosts)} hosts ({', '.join(report.hosts[:4])}); triage judges one "
+            "node"
+        )
+    return CheckReport(
+        check="nccl_tests",
+        findings=findings,
+        summary=f"{report.collective or 'collective'} on {report.nranks or len(report.devices)} rank(s): "
+        f"{verdict.status}",
+        warnings=warnings,
+        node=report.hosts[0] if len(report.hosts) == 1 else None,
+        unmatched_warning="nccl-tests device(s) whose bus id names no single GPU of the other sources (old "
+        "nccl-tests print only the bus number): {devices}",
+    )

@@ -5,18 +5,16 @@ Every field is optional: None means "unknown" (not reported, [N/A], deprecated, 
 is written without its unknown fields, so that a node's inventory stays small enough for an agent to read.
 """
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 from servers.core.models import Model
 from servers.diagnostics.bounds import MAX_STR, clip_str
+from servers.diagnostics.findings import Severity, Status
 
 MAX_LINKS_LISTED = 64  # NVLink link numbers kept per GPU (GPUs have at most 18)
 MAX_CLOCK_EVENTS = 32
-
-Severity = Literal["info", "warning", "critical"]
-Status = Literal["healthy", "degraded", "unhealthy", "unknown"]
 
 
 class GpuSnapshot(Model):

@@ -28,9 +28,9 @@ cannot be read here (no driver) leaves the GPU part unknown, with the reason, an
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import Field, model_validator
 
@@ -48,62 +48,46 @@ from servers.diagnostics.bounds import (
     scaled,
 )
 from servers.diagnostics.dcgm import DcgmDiagReport
+from servers.diagnostics.findings import (
+    CHECKS,
+    SEVERITY_RANK,
+    STATUS_RANK,
+    STATUSES,
+    CheckName,
+    CheckReport,
+    Finding,
+    GpuRef,
+    Severity,
+    Status,
+    normalise_bus_id,
+    severity_status,
+    worst_status,
+)
 from servers.diagnostics.kmsg import KernelLogScan
 from servers.diagnostics.nccl_tests import NcclTestsReport
 from servers.diagnostics.nvml import LiveGpus
 from servers.diagnostics.smi import SmiParse
-from servers.diagnostics.snapshot import GpuSnapshot, Status
+from servers.diagnostics.snapshot import GpuSnapshot
 
-Source = Literal["nvidia_smi", "kernel_log", "dcgm", "nccl_tests"]
-SOURCES: tuple[Source, ...] = ("nvidia_smi", "kernel_log", "dcgm", "nccl_tests")
-SOURCE_NAMES: dict[Source, str] = {
-    "nvidia_smi": "nvidia-smi output",
-    "kernel_log": "kernel log",
-    "dcgm": "DCGM diagnostic",
-    "nccl_tests": "nccl-tests output",
-}
-Severity = Literal["info", "warning", "critical"]
+Source = CheckName  # a registered check's name (servers.diagnostics.findings.CHECKS)
 T = TypeVar("T")
-STATUSES: tuple[Status, ...] = ("unhealthy", "degraded", "unknown", "healthy")
-STATUS_RANK: dict[str, int] = {"unhealthy": 3, "degraded": 2, "healthy": 1, "unknown": 0}
-SEVERITY_RANK: dict[str, int] = {"critical": 3, "warning": 2, "info": 1}
 
 MAX_GPUS = 1024  # GPUs one triage joins (a node has at most a few dozen)
 MAX_GPUS_LISTED = 128
 MAX_EVIDENCE = 16  # evidence items listed per GPU (the worst first)
 MAX_NODE_EVIDENCE = 50
 
-_BUS_ID = re.compile(
-    r"^(?:pci:)?(?:(?P<domain>[0-9a-f]{1,8}):)?(?P<bus>[0-9a-f]{1,2}):(?P<device>[0-9a-f]{1,2})(?:\.(?P<fn>[0-7]))?$"
-)
-_BUS_NUMBER = re.compile(r"^(?:0x)?([0-9a-f]{1,2})$")
 _GSP_NAME = re.compile(r"\bGPU(\d{1,3})\s+(?:GSP|RPC)\b")
 _XID_PCI = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f:.]{5,20})\)")
 
 
-def normalise_bus_id(value: str | None) -> str | None:
-    """A PCI address in any of the forms GPU tools print -> ``dddd:bb:dd`` (lowercase hex, function dropped); None
-    when it is not one. ``00000000:9B:00.0`` (nvidia-smi), ``0000:9b:00`` and ``PCI:0000:9b:00`` (kernel log),
-    ``9b:00.0`` (no domain: 0000) all give ``0000:9b:00``. A domain longer than 4 digits keeps its significant digits
-    (``00010000:01:00.0`` -> ``10000:01:00``: VMD domains are not folded onto domain 0)."""
-    if not isinstance(value, str):
-        return None
-    match = _BUS_ID.match(value.strip().lower())
-    if match is None:
-        return None
-    domain = (match.group("domain") or "0").lstrip("0").rjust(4, "0")
-    return f"{domain}:{match.group('bus').rjust(2, '0')}:{match.group('device').rjust(2, '0')}"
+def _sources() -> tuple[str, ...]:
+    """The registered checks, in registration order (the order sources are listed and evidence ranked in)."""
+    return tuple(CHECKS)
 
 
-def bus_number(value: str | None) -> int | None:
-    """The PCI bus number of an older nccl-tests device line (``[0x9b]``), or of a full bus id; else None."""
-    if not isinstance(value, str):
-        return None
-    full = normalise_bus_id(value)
-    if full is not None:
-        return int(full.split(":")[1], 16)
-    match = _BUS_NUMBER.match(value.strip().lower())
-    return int(match.group(1), 16) if match else None
+def _title(source: str) -> str:
+    return CHECKS[source].title
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -182,10 +166,10 @@ class _Gpu:
     serial: str | None = None
     dcgm_gpu_id: int | None = None
     nccl_ranks: list[int] = field(default_factory=list)
-    seen_by: list[Source] = field(default_factory=list)
-    verdicts: dict[Source, Status] = field(default_factory=dict)
+    seen_by: list[str] = field(default_factory=list)
+    verdicts: dict[str, Status] = field(default_factory=dict)
     evidence: list[TriageEvidence] = field(default_factory=list)
-    headline: dict[Source, str] = field(default_factory=dict)  # the worst thing each source said, for warnings
+    headline: dict[str, str] = field(default_factory=dict)  # the worst thing each source said, for warnings
     lost: bool = False  # nvidia-smi / NVML lists it but cannot reach it
 
     @property
@@ -198,13 +182,24 @@ class _Gpu:
             return f"DCGM GPU {self.dcgm_gpu_id}"
         return self.uuid or self.serial or "an unidentified GPU"
 
-    def saw(self, source: Source, verdict: Status | None, headline: str | None = None) -> None:
+    def saw(self, source: str, verdict: Status | None, headline: str | None = None) -> None:
         if source not in self.seen_by:
             self.seen_by.append(source)
         if verdict is not None and STATUS_RANK[verdict] >= STATUS_RANK.get(self.verdicts.get(source, "unknown"), 0):
             self.verdicts[source] = verdict
             if headline:
                 self.headline[source] = headline
+
+
+@dataclass
+class _Placing:
+    """What the join knew when a check's GPUs began to be placed, and what the placing found."""
+
+    by_index: dict[int, _Gpu]
+    serials_known: bool
+    placed: dict[int, _Gpu | None] = field(default_factory=dict)  # id(GpuRef) -> its GPU: one placing per reference
+    matched_by_index: list[int] = field(default_factory=list)
+    unmatched: list[str] = field(default_factory=list)
 
 
 class _Join:
@@ -214,6 +209,10 @@ class _Join:
         self.by_uuid: dict[str, _Gpu] = {}
         self.by_serial: dict[str, _Gpu] = {}
         self.warnings: list[str] = []
+        self.node_evidence: list[TriageEvidence] = []
+        self.notes: list[str] = []
+        self.summaries: dict[str, str] = {}
+        self.missing_means: dict[str, str] = {}  # the sources that list every GPU: what a GPU missing from one means
 
     def find(self, bus: str | None = None, uuid: str | None = None, serial: str | None = None) -> _Gpu | None:
         return (
@@ -222,9 +221,7 @@ class _Join:
             or (self.by_serial.get(serial) if serial else None)
         )
 
-    def get(
-        self, source: Source, *, bus: str | None = None, uuid: str | None = None, serial: str | None = None
-    ) -> _Gpu:
+    def get(self, source: str, *, bus: str | None = None, uuid: str | None = None, serial: str | None = None) -> _Gpu:
         """The GPU these ids name (created when new); identities that disagree are warned about."""
         gpu = self.find(bus, uuid, serial)
         if gpu is None:
@@ -232,7 +229,7 @@ class _Join:
                 raise InputError(f"the sources name more than {MAX_GPUS} GPUs; triage one node at a time")
             gpu = _Gpu()
             self.gpus.append(gpu)
-        where = SOURCE_NAMES[source]
+        where = _title(source)
         if bus:
             if gpu.bus_id and gpu.bus_id != bus:
                 self.warnings.append(
@@ -262,237 +259,86 @@ class _Join:
                 self.by_serial[serial] = gpu
         return gpu
 
+    def place(self, source: str, ref: GpuRef, placing: _Placing) -> _Gpu | None:
+        """The GPU a reference names: on its bus id, UUID or serial; a bus number alone when exactly one GPU has it
+        (else None: left out, named in a warning); a DCGM-style id as nvidia-smi's index when no serial ties it.
+        A reference (one object) is placed once, however many findings share it."""
+        if id(ref) not in placing.placed:
+            placing.placed[id(ref)] = self._place(source, ref, placing)
+        return placing.placed[id(ref)]
 
-def _worst_status(statuses: Sequence[Status]) -> Status:
-    return max(statuses, key=lambda s: STATUS_RANK[s], default="unknown")
-
-
-def _severity_status(severity: Severity) -> Status:
-    return {"critical": "unhealthy", "warning": "degraded", "info": "healthy"}[severity]
-
-
-def _kernel_severity(severity: str) -> Severity:
-    key = severity.strip().lower()
-    if key in ("critical", "fatal"):
-        return "critical"
-    if key in ("info", "informational", "ignore", "none"):
-        return "info"
-    return "warning"  # warning, error, non-critical, and unknown codes: worth a look, not a verdict of failure
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# the sources
-
-
-def _add_smi(join: _Join, gpus: Sequence[GpuSnapshot], interconnect: str | None) -> str:
-    from servers.diagnostics.health import evaluate
-
-    for position, snapshot in enumerate(gpus):
-        health = evaluate(snapshot, interconnect_expected=interconnect)
-        bus = normalise_bus_id(snapshot.pci_bus_id)
-        gpu = join.get("nvidia_smi", bus=bus, uuid=snapshot.uuid, serial=snapshot.serial)
-        # an unreachable GPU without an index keeps none: its position in the list is not its nvidia-smi index
-        gpu.index = snapshot.index if snapshot.index is not None or snapshot.unreachable else position
-        gpu.name = gpu.name or snapshot.name
-        gpu.lost = gpu.lost or bool(snapshot.unreachable)
-        worst = max(health.findings, key=lambda f: SEVERITY_RANK[f.severity], default=None)
-        headline = f"{worst.check} ({worst.evidence})" if worst is not None and worst.severity != "info" else None
-        gpu.saw("nvidia_smi", health.status, headline)
-        for finding in health.findings:
-            gpu.evidence.append(
-                TriageEvidence(
-                    source="nvidia_smi",
-                    severity=finding.severity,
-                    what=clip_str(f"{finding.what} ({finding.evidence})", MAX_LINE_TEXT),
-                    action=finding.action,
-                )
-            )
-        if not health.findings:
-            gpu.evidence.append(
-                TriageEvidence(
-                    source="nvidia_smi",
-                    severity="info",
-                    what="no finding (ECC, row remapping, reset and recovery, clocks, temperature, power, PCIe, "
-                    "NVLink, fabric checked where reported)"
-                    if health.status == "healthy"
-                    else "no finding, but the key fields (ECC or row-remap counters, temperature) are not reported",
-                )
-            )
-    counts: dict[str, int] = {}
-    for gpu in join.gpus:
-        if "nvidia_smi" in gpu.verdicts:
-            counts[gpu.verdicts["nvidia_smi"]] = counts.get(gpu.verdicts["nvidia_smi"], 0) + 1
-    lost = sum(1 for s in gpus if s.unreachable)
-    return (
-        f"{len(gpus)} GPU(s): "
-        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        + (f"; {lost} listed but unreachable (fallen off the bus?)" if lost else "")
-    )
-
-
-def _add_kernel_log(join: _Join, scan: KernelLogScan, node_evidence: list[TriageEvidence]) -> str:
-    for identity in scan.gpus:
-        bus = normalise_bus_id(identity.pci_bus_id)
-        if bus is None:
-            continue
-        gpu = join.get("kernel_log", bus=bus, uuid=identity.uuid, serial=identity.serial)
-        gpu.saw("kernel_log", None)  # logged at driver load: seen, but silence is no verdict
-    gpu_rows = 0
-    for row in scan.summary:
-        severity = _kernel_severity(row.severity)
-        label = {
-            "xid": f"Xid {row.code}",
-            "sxid": f"NVSwitch SXid {row.code}",
-            "nccl_segfault": "NCCL segfault",
-            "fallen_off_bus": "fallen off the bus",
-            "recovery_action": "recovery action changed",
-        }[row.kind]
-        when = (
-            f", {row.first_time or row.first_uptime_s} .. {row.last_time or row.last_uptime_s}" if row.count > 1 else ""
-        )
-        boots = f", {row.boots} boots" if row.boots > 1 else ""
-        flags = (", a flood" if row.flood else "") + (
-            ", rate-limited by the driver (a lower bound)" if row.rate_limited else ""
-        )
-        what = clip_str(
-            f"{label}: {row.count} line(s){when} (first at line {row.first_line}{boots}){flags}: {row.example}",
-            MAX_LINE_TEXT,
-        )
-        action = row.action + (f" ({row.escalation})" if row.escalation else "")
-        evidence = TriageEvidence(source="kernel_log", severity=severity, what=what, action=action)
-        bus = normalise_bus_id(row.pci_bus_id)
-        if row.kind in ("sxid", "nccl_segfault") or bus is None:
-            # an SXid's address is the NVSwitch's, not a GPU's; NCCL crashes name no GPU
-            node_evidence.append(evidence)
-            continue
-        gpu_rows += 1
-        gpu = join.get("kernel_log", bus=bus, uuid=row.uuid)
-        gpu.saw("kernel_log", _severity_status(severity), f"{label} ({row.severity})")
-        gpu.evidence.append(evidence)
-    if scan.summary_omitted:
-        join.warnings.append(
-            f"the kernel log has {scan.summary_rows} GPU/code rows; the {scan.summary_omitted} least severe were not "
-            "listed by the scanner and are not in this triage"
-        )
-    return (
-        f"{scan.lines_read} line(s), {scan.summary_rows} GPU/code row(s) ({gpu_rows} about a GPU), "
-        f"{len(scan.gpus)} GPU identity line(s), {scan.boots} boot(s)"
-    )
-
-
-_DCGM_STATUS: dict[str, Status] = {"fail": "unhealthy", "warn": "degraded", "pass": "healthy", "skip": "unknown"}
-
-
-def _add_dcgm(join: _Join, report: DcgmDiagReport, node_evidence: list[TriageEvidence], notes: list[str]) -> str:
-    by_index = {g.index: g for g in join.gpus if g.index is not None and "nvidia_smi" in g.seen_by}
-    serials_known = any(g.serial for g in join.gpus)
-    matched_by_index = []
-    for summary in report.gpus:
-        gpu = join.find(serial=summary.serial) if summary.serial else None
-        if gpu is None and summary.gpu_id in by_index and not (summary.serial and serials_known):
-            gpu = by_index[summary.gpu_id]
-            matched_by_index.append(summary.gpu_id)
-            if summary.serial and gpu.serial is None:
-                gpu.serial = summary.serial
-                join.by_serial[summary.serial] = gpu
-        if gpu is None:
-            gpu = join.get("dcgm", serial=summary.serial)
-        gpu.dcgm_gpu_id = summary.gpu_id
-        status = _DCGM_STATUS[summary.status]
-        failed = ", ".join(summary.failed_tests)
-        warned = ", ".join(summary.warned_tests)
-        headline = f"failed {failed}" if failed else (f"warned on {warned}" if warned else None)
-        gpu.saw("dcgm", status, headline)
-        texts = []
-        for result in report.results:
-            mine = result.entity_group.upper() == "GPU" and summary.gpu_id in result.entity_ids
-            if mine and result.status in ("fail", "warn"):
-                for warning in result.warnings:
-                    name = f" [{warning.error_name}]" if warning.error_name else ""
-                    texts.append(f"{result.test} {result.status}{name}: {warning.text}")
-                if not result.warnings:
-                    texts.append(f"{result.test} {result.status}")
-        if summary.status in ("fail", "warn"):
-            severity: Severity = "critical" if summary.status == "fail" else "warning"
-            what = f"dcgmi diag {summary.status}: " + ("; ".join(texts) if texts else headline or summary.status)
-            action = (
-                "Drain the GPU; act on the error ids above (DCGM's severity ISOLATE or RESET means take it out of "
-                "service), then rerun dcgmi diag at the same level."
-                if summary.status == "fail"
-                else "Read the warnings before trusting the GPU; rerun dcgmi diag -r 3 when it is idle."
-            )
+    def _place(self, source: str, ref: GpuRef, placing: _Placing) -> _Gpu | None:
+        if ref.only_bus_number:
+            number = ref.bus_number
+            candidates = [g for g in self.gpus if g.bus_id and int(g.bus_id.split(":")[1], 16) == number]
+            if number is None or len(candidates) != 1:
+                placing.unmatched.append(ref.label or "a GPU")
+                return None
+            gpu = candidates[0]
         else:
-            severity, action = "info", None
-            tested = len(summary.skipped_tests)
-            what = f"dcgmi diag {summary.status}" + (f" ({tested} test(s) skipped)" if tested else "")
-        gpu.evidence.append(
-            TriageEvidence(source="dcgm", severity=severity, what=clip_str(what, MAX_LINE_TEXT), action=action)
-        )
-    if matched_by_index:
-        notes.append(
-            "DCGM GPU ids were matched to nvidia-smi indexes (DCGM numbers GPUs in NVML order, nvidia-smi's), as no "
-            f"serials tie them: DCGM GPU(s) {', '.join(map(str, matched_by_index[:16]))}"
-        )
-    if report.gpus_omitted:
-        join.warnings.append(
-            f"the DCGM report lists {report.gpus_omitted} more GPU(s) than were read; they are left out"
-        )
-    if report.runtime_error:
-        node_evidence.append(
-            TriageEvidence(source="dcgm", severity="warning", what=f"DCGM runtime error: {report.runtime_error}")
-        )
-    return f"DCGM {report.layout} {report.verdict}: {clip(report.summary, 200)}"
-
-
-def _add_nccl(join: _Join, report: NcclTestsReport, node_evidence: list[TriageEvidence]) -> str:
-    unmatched: list[str] = []
-    for device in report.devices:
-        full = normalise_bus_id(device.bus_id)
-        gpu = join.find(bus=full) if full else None
-        if gpu is None and full is None:
-            number = bus_number(device.bus_id)
-            candidates = [g for g in join.gpus if g.bus_id and int(g.bus_id.split(":")[1], 16) == number]
-            if number is not None and len(candidates) == 1:
-                gpu = candidates[0]
+            gpu = self.find(ref.bus_id, ref.uuid, ref.serial)
+            hint = ref.dcgm_gpu_id
+            if (
+                gpu is None
+                and ref.index_hint
+                and hint in placing.by_index
+                and not (ref.serial and placing.serials_known)
+            ):
+                gpu = placing.by_index[hint]
+                placing.matched_by_index.append(hint)
+                if ref.serial and gpu.serial is None:
+                    gpu.serial = ref.serial
+                    self.by_serial[ref.serial] = gpu
             else:
-                unmatched.append(f"rank {device.rank} [{device.bus_id}]")
+                gpu = self.get(source, bus=ref.bus_id, uuid=ref.uuid, serial=ref.serial)
+        if ref.index is not None or ref.lost:
+            gpu.index = ref.index
+        gpu.name = gpu.name or ref.name
+        gpu.lost = gpu.lost or ref.lost
+        if ref.dcgm_gpu_id is not None:
+            gpu.dcgm_gpu_id = ref.dcgm_gpu_id
+        if ref.nccl_rank is not None and ref.nccl_rank not in gpu.nccl_ranks:
+            gpu.nccl_ranks.append(ref.nccl_rank)
+        return gpu
+
+    def add(self, report: CheckReport) -> None:
+        """One check's report: its GPUs placed, each finding as evidence on its GPU (or the node's), its verdicts."""
+        source = report.check
+        placing = _Placing(
+            by_index={g.index: g for g in self.gpus if g.index is not None and "nvidia_smi" in g.seen_by},
+            serials_known=any(g.serial for g in self.gpus),
+        )
+        for ref in report.seen:
+            gpu = self.place(source, ref, placing)
+            if gpu is not None:
+                gpu.saw(source, None)
+        for finding in report.findings:
+            evidence = _evidence(finding)
+            if finding.gpu is None:
+                self.node_evidence.append(evidence)
                 continue
-        if gpu is None:
-            gpu = join.get("nccl_tests", bus=full)
-        if device.rank not in gpu.nccl_ranks:
-            gpu.nccl_ranks.append(device.rank)
-        gpu.name = gpu.name or device.name
-        gpu.saw("nccl_tests", None)
-        where = f" on {device.host}" if device.host else ""
-        gpu.evidence.append(
-            TriageEvidence(
-                source="nccl_tests",
-                severity="info",
-                what=f"nccl-tests rank {device.rank}{where}, CUDA device {device.device}: the node-level bandwidth "
-                "verdict is in node_evidence",
-            )
-        )
-    if unmatched:
-        join.warnings.append(
-            "nccl-tests device(s) whose bus id names no single GPU of the other sources (old nccl-tests print only "
-            f"the bus number): {', '.join(unmatched[:8])}" + (" ..." if len(unmatched) > 8 else "")
-        )
-    verdict = report.verdict
-    severity: Severity = verdict.severity if verdict.status != "PASS" else "info"
-    node_evidence.append(
-        TriageEvidence(
-            source="nccl_tests",
-            severity=severity,
-            what=clip_str(f"nccl-tests {report.collective or ''} {verdict.status}: {verdict.text}", MAX_LINE_TEXT),
-            action=None if verdict.status == "PASS" else "see the verdict text; run gpu_health and check NVLink",
-        )
+            gpu = self.place(source, finding.gpu, placing)
+            if gpu is None:
+                continue
+            gpu.saw(source, finding.status, finding.headline)
+            gpu.evidence.append(evidence)
+        if placing.matched_by_index and report.index_note:
+            self.notes.append(report.index_note.format(ids=", ".join(map(str, placing.matched_by_index[:16]))))
+        if placing.unmatched and report.unmatched_warning:
+            devices = ", ".join(placing.unmatched[:8]) + (" ..." if len(placing.unmatched) > 8 else "")
+            self.warnings.append(report.unmatched_warning.format(devices=devices))
+        self.warnings.extend(report.warnings)
+        self.notes.extend(report.notes)
+        self.summaries[source] = report.summary
+        if report.lists_every_gpu:
+            self.missing_means[source] = report.missing_means or f"the {_title(source)} does not list {{it}}"
+
+
+def _evidence(finding: Finding) -> TriageEvidence:
+    what = f"{finding.what} ({finding.evidence})" if finding.evidence else finding.what
+    return TriageEvidence(
+        source=finding.check, severity=finding.severity, what=clip_str(what, MAX_LINE_TEXT), action=finding.action
     )
-    if len(report.hosts) > 1:
-        join.warnings.append(
-            f"the nccl-tests run spans {len(report.hosts)} hosts ({', '.join(report.hosts[:4])}); triage judges one "
-            "node"
-        )
-    return f"{report.collective or 'collective'} on {report.nranks or len(report.devices)} rank(s): {verdict.status}"
 
 
 def _gsp_notes(join: _Join, text: str | None, scan: KernelLogScan | None) -> list[str]:
@@ -537,12 +383,12 @@ def _gsp_notes(join: _Join, text: str | None, scan: KernelLogScan | None) -> lis
 # verdicts and actions
 
 
-def _gpu_action(gpu: _Gpu, verdict: Status, missing: list[Source]) -> str:
+def _gpu_action(gpu: _Gpu, verdict: Status, missing: list[str]) -> str:
     worst = max(gpu.evidence, key=lambda e: SEVERITY_RANK[e.severity], default=None)
     if "nvidia_smi" in missing and verdict == "unhealthy":
         said = "; ".join(gpu.headline.values())
         because = f" ({said})" if said else ""
-        seen = ", ".join(SOURCE_NAMES[s] for s in gpu.seen_by)
+        seen = ", ".join(_title(s) for s in gpu.seen_by)
         return (
             f"Drain and reboot the node: GPU {gpu.label} is reported by the {seen}{because} but nvidia-smi does not "
             "list it, so it cannot be reset on its own; if it is still missing after the reboot, send the node for "
@@ -585,23 +431,17 @@ def _no_gpu_judged(smi_gpus: int | None, smi_missing: str | None, probe: Callabl
 
 def _absence_warnings(
     absent: dict[tuple[tuple[str, ...], tuple[str, ...]], list[tuple[str, str]]],
-    enumerating: Sequence[str],
+    missing_means: dict[str, str],
     join: _Join,
 ) -> list[str]:
-    """One warning per group of GPUs that the same sources list and the same sources do not, and, when two sources
-    that each list every GPU of the node have none in common, that they are probably not of one node and boot."""
+    """One warning per group of GPUs that the same sources list and the same sources do not (each source that lists
+    every GPU says what missing from it means), and, when two sources that each list every GPU of the node have none
+    in common, that they are probably not of one node and boot."""
     out = []
     for (seen_by, missing), labels in absent.items():
-        seen = ", ".join(SOURCE_NAMES[s] for s in seen_by)
+        seen = ", ".join(_title(s) for s in seen_by)
         it, they = ("it", "it") if len(labels) == 1 else ("them", "they")
-        reasons = []
-        if "nvidia_smi" in missing:
-            reasons.append(
-                f"nvidia-smi cannot see {it}: {they} may have fallen off the bus or hung, or the sources come from "
-                "different nodes or boots (count the GPUs with lspci -d 10de:; reboot the node if one is gone)"
-            )
-        if "dcgm" in missing:
-            reasons.append(f"DCGM did not test {it} (it could not reach {it}, or the run excluded {it})")
+        reasons = [missing_means[s].format(it=it, they=they) for s in missing]
         if len(labels) == 1:  # one GPU: with what the sources that list it say (a group's is in its GPUs' evidence)
             label, said = labels[0]
             subject = f"GPU {label} is in the {seen}{' (' + said + ')' if said else ''}"
@@ -609,10 +449,11 @@ def _absence_warnings(
             subject = f"{len(labels)} GPUs ({text_list([label for label, _ in labels], 12)}) are in the {seen}"
         out.append(
             clip_str(
-                f"{subject} but not in the {' or the '.join(SOURCE_NAMES[s] for s in missing)}: " + "; ".join(reasons),
+                f"{subject} but not in the {' or the '.join(_title(s) for s in missing)}: " + "; ".join(reasons),
                 2 * MAX_LINE_TEXT,
             )
         )
+    enumerating = list(missing_means)
     if len(enumerating) == 2:
         first, second = enumerating
         counts = [sum(1 for g in join.gpus if s in g.seen_by) for s in enumerating]
@@ -620,7 +461,7 @@ def _absence_warnings(
         if shared == 0 and all(counts):
             out.insert(
                 0,
-                f"The {SOURCE_NAMES[first]} ({counts[0]} GPUs) and the {SOURCE_NAMES[second]} ({counts[1]} GPUs) "
+                f"The {_title(first)} ({counts[0]} GPUs) and the {_title(second)} ({counts[1]} GPUs) "
                 "have no GPU in common (joined on PCI bus id, UUID, serial or DCGM's GPU id): they are probably "
                 "from different nodes or boots; triage each node with its own outputs",
             )
@@ -667,32 +508,27 @@ def _first_action(
     return "None: every source given says the node's GPUs are healthy."
 
 
-def triage_node(
-    *,
-    nvidia_smi: str | None = None,
-    smi_fields: list[str] | None = None,
-    snapshots: Sequence[GpuSnapshot] | None = None,
-    snapshots_missing: str | None = None,
-    nvml_here: Callable[[], LiveGpus] | None = None,
-    kernel_log: str | None = None,
-    kernel_scan: KernelLogScan | None = None,
-    dcgm: str | DcgmDiagReport | None = None,
-    nccl_tests: str | NcclTestsReport | None = None,
-    node: str | None = None,
-    interconnect_expected: str | None = None,
-    budget: int = MAX_RESULT_BYTES,
-) -> NodeTriage:
-    """Triage one node from any of its sources (see the module docstring).
+# ---------------------------------------------------------------------------------------------------------------------
+# the triage
 
-    nvidia_smi: captured nvidia-smi text (smi_fields for a noheader CSV), or snapshots (e.g. live NVML), or
-    snapshots_missing: why the live snapshots asked for cannot be read here (the GPU part is then unknown, with it);
-    nvml_here: reads NVML on this host (e.g. nvml.live_gpus), called only when no source judges a GPU, for the
-    first action to say what this host offers; kernel_log:
-    kernel log text, or kernel_scan (an already scanned log); dcgm: `dcgmi diag -j` JSON (or its parsed report);
-    nccl_tests: nccl-tests output (or its parsed report). At least one source. budget: bytes of the result's JSON
-    (fewer GPUs and items listed until it fits; the counts cover them all). Raises InputError naming every source
-    that cannot be read."""
+
+def _read_sources(
+    *,
+    nvidia_smi: str | None,
+    smi_fields: list[str] | None,
+    snapshots: Sequence[GpuSnapshot] | None,
+    snapshots_missing: str | None,
+    kernel_log: str | None,
+    kernel_scan: KernelLogScan | None,
+    dcgm: str | DcgmDiagReport | None,
+    nccl_tests: str | NcclTestsReport | None,
+    interconnect_expected: str | None,
+    others: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Each given source parsed by its own module: the input of its check, by the check's name. Raises InputError
+    naming every source that cannot be read."""
     from servers.diagnostics.dcgm import parse_dcgm_diag
+    from servers.diagnostics.health import NodeGpus
     from servers.diagnostics.kmsg import scan_text
     from servers.diagnostics.nccl_tests import parse_nccl_tests
     from servers.diagnostics.smi import parse_nvidia_smi
@@ -703,7 +539,15 @@ def triage_node(
         problems.append("nvidia_smi: give captured nvidia-smi text, snapshots or why they are missing, one of them")
     if kernel_log is not None and kernel_scan is not None:
         problems.append("kernel_log: give the kernel log text or its scan, not both")
-    if all(v is None for v in (nvidia_smi, snapshots, snapshots_missing, kernel_log, kernel_scan, dcgm, nccl_tests)):
+    unknown = [name for name in others if name not in CHECKS or name in _BUILTIN_INPUTS]
+    if unknown:
+        extra = [name for name in CHECKS if name not in _BUILTIN_INPUTS]
+        problems.append(
+            f"others: {', '.join(map(repr, unknown[:8]))} is not a registered check taking its input there; "
+            f"accepted: {', '.join(extra) or 'none (the bundled checks have their own arguments)'}"
+        )
+    given = (nvidia_smi, snapshots, snapshots_missing, kernel_log, kernel_scan, dcgm, nccl_tests, *others.values())
+    if not problems and all(v is None for v in given):
         problems.append(
             "no source given; accepted: any of nvidia-smi output (or live NVML), a kernel log, DCGM diagnostic JSON, "
             "nccl-tests output"
@@ -718,6 +562,7 @@ def triage_node(
             problems.append(f"{name}: {exc}")
             return None
 
+    inputs: dict[str, Any] = {}
     smi: SmiParse | None = None
     if nvidia_smi is not None:
         smi = attempt("nvidia_smi", lambda: parse_nvidia_smi(nvidia_smi, fields=smi_fields))
@@ -732,53 +577,44 @@ def triage_node(
         nccl_report = attempt("nccl_tests", lambda: parse_nccl_tests(nccl_tests))
     if problems:
         raise InputError("; ".join(problems))
-
-    join = _Join()
-    node_evidence: list[TriageEvidence] = []
-    notes: list[str] = []
-    summaries: dict[Source, str] = {}
     smi_gpus = list(smi.gpus) if smi is not None else list(snapshots) if snapshots is not None else None
-    if smi_gpus is not None:
-        summaries["nvidia_smi"] = _add_smi(join, smi_gpus, interconnect_expected)
-        if smi is not None:
-            join.warnings.extend(f"nvidia-smi: {w}" for w in smi.warnings)
-    elif snapshots_missing is not None:
-        summaries["nvidia_smi"] = clip_str(f"unknown: {snapshots_missing}", MAX_LINE_TEXT)
-        join.warnings.append(clip_str(f"the GPU part is unknown: {snapshots_missing}", MAX_LINE_TEXT))
-    if scan is not None:
-        summaries["kernel_log"] = _add_kernel_log(join, scan, node_evidence)
-    if dcgm_report is not None:
-        summaries["dcgm"] = _add_dcgm(join, dcgm_report, node_evidence, notes)
-    if nccl_report is not None:
-        summaries["nccl_tests"] = _add_nccl(join, nccl_report, node_evidence)
-    if node is None and nccl_report is not None and len(nccl_report.hosts) == 1:
-        node = nccl_report.hosts[0]
-    notes.extend(_gsp_notes(join, kernel_log, scan))
+    if smi_gpus is not None or snapshots_missing is not None:
+        inputs["nvidia_smi"] = NodeGpus(
+            gpus=smi_gpus,
+            missing=snapshots_missing,
+            warnings=tuple(smi.warnings) if smi is not None else (),
+            interconnect_expected=interconnect_expected,
+        )
+    for name, value in (("kernel_log", scan), ("dcgm", dcgm_report), ("nccl_tests", nccl_report)):
+        if value is not None:
+            inputs[name] = value
+    inputs.update({name: value for name, value in others.items() if value is not None})
+    return inputs
 
-    # Sources that list every GPU of the node: a GPU another source names but they do not is worth a warning.
-    enumerating: list[Source] = [
-        s
-        for s, given in (("nvidia_smi", smi_gpus is not None), ("dcgm", bool(dcgm_report and dcgm_report.gpus)))
-        if given
-    ]
+
+_BUILTIN_INPUTS = ("nvidia_smi", "kernel_log", "dcgm", "nccl_tests")  # the checks triage_node has arguments for
+
+
+def _gpu_results(join: _Join) -> tuple[list[GpuTriage], list[str]]:
+    """Each GPU's verdict (the worst of its sources'), evidence worst first and action; the warnings: sources that
+    disagree on a GPU, GPUs missing from a source that lists every GPU."""
+    sources = _sources()
+    enumerating = list(join.missing_means)
     warnings = list(join.warnings)
     results: list[GpuTriage] = []
-    lost = {gpu.label for gpu in join.gpus if gpu.lost}
     # GPUs one source lists and another does not: one warning per (seen by, missing from), naming the GPUs
     absent: dict[tuple[tuple[str, ...], tuple[str, ...]], list[tuple[str, str]]] = {}
     for gpu in join.gpus:
         missing = [s for s in enumerating if s not in gpu.seen_by]
-        verdict = _worst_status([v for v in gpu.verdicts.values() if v != "unknown"])
+        verdict = worst_status([v for v in gpu.verdicts.values() if v != "unknown"])
         if missing:
-            said = "; ".join(
-                h if len(gpu.headline) == 1 else f"{SOURCE_NAMES[s]}: {h}" for s, h in gpu.headline.items()
-            )
-            key = (tuple(s for s in SOURCES if s in gpu.seen_by), tuple(missing))
+            said = "; ".join(h if len(gpu.headline) == 1 else f"{_title(s)}: {h}" for s, h in gpu.headline.items())
+            key = (tuple(s for s in sources if s in gpu.seen_by), tuple(missing))
             absent.setdefault(key, []).append((gpu.label, said))
         judged = {s: v for s, v in gpu.verdicts.items() if v != "unknown"}
         if "unhealthy" in judged.values() and "healthy" in judged.values():
             positions = ", ".join(
-                f"{SOURCE_NAMES[s]} {v}" + (f" ({gpu.headline[s]})" if s in gpu.headline and v != "healthy" else "")
+                f"{_title(s)} {v}" + (f" ({gpu.headline[s]})" if s in gpu.headline and v != "healthy" else "")
                 for s, v in judged.items()
             )
             warnings.append(
@@ -786,7 +622,7 @@ def triage_node(
                 "nvidia-smi and DCGM the present: a fault may have been cleared by a reset since; act on the worse "
                 "until dcgmi diag -r 3 passes."
             )
-        evidence = sorted(gpu.evidence, key=lambda e: (-SEVERITY_RANK[e.severity], SOURCES.index(e.source)))
+        evidence = sorted(gpu.evidence, key=lambda e: (-SEVERITY_RANK[e.severity], sources.index(e.source)))
         results.append(
             GpuTriage(
                 bus_id=gpu.bus_id,
@@ -797,42 +633,23 @@ def triage_node(
                 serial=gpu.serial,
                 dcgm_gpu_id=gpu.dcgm_gpu_id,
                 nccl_ranks=sorted(gpu.nccl_ranks)[:64],
-                seen_by=[s for s in SOURCES if s in gpu.seen_by],
+                seen_by=[s for s in sources if s in gpu.seen_by],
                 missing_from=missing,
-                source_verdicts={s: gpu.verdicts[s] for s in SOURCES if s in gpu.verdicts},
+                source_verdicts={s: gpu.verdicts[s] for s in sources if s in gpu.verdicts},
                 verdict=verdict,
                 evidence=evidence,
                 action=_gpu_action(gpu, verdict, missing),
             )
         )
-    warnings += _absence_warnings(absent, enumerating, join)
+    warnings += _absence_warnings(absent, join.missing_means, join)
     results.sort(key=lambda g: (g.index is None, g.index if g.index is not None else 0, g.bus_id or "", g.label))
-    node_evidence.sort(key=lambda e: -SEVERITY_RANK[e.severity])
-    counts = {s: sum(1 for g in results if g.verdict == s) for s in STATUSES}
-    node_status = _worst_status([g.verdict for g in results] + [_severity_status(e.severity) for e in node_evidence])
-    if not results and not node_evidence:
-        node_status = "unknown"
-    smi_count = len(smi_gpus) if smi_gpus is not None else None
-    missing_here = clip(snapshots_missing, MAX_LINE_TEXT) if smi_gpus is None else None
-    first_action = _first_action(
-        results, node_evidence, lost, lambda: _no_gpu_judged(smi_count, missing_here, nvml_here)
-    )
-    shown = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-    read = [SOURCE_NAMES[s] for s in SOURCES if s in summaries and not (s == "nvidia_smi" and smi_gpus is None)]
-    summary = (
-        f"Node{' ' + node if node else ''} {node_status}: {len(results)} GPU(s) ({shown or 'none'}) from "
-        + (", ".join(read) or "no source that could be read")
-        + f". {len(warnings)} warning(s). First action: {first_action}"
-    )
-    sources = [
-        SourceSummary(
-            source=s,
-            given=s in summaries,
-            gpus=sum(1 for g in results if s in g.seen_by),
-            summary=summaries.get(s, "not given"),
-        )
-        for s in SOURCES
-    ]
+    return results, warnings
+
+
+def _bounded_triage(
+    fields: dict[str, Any], results: list[GpuTriage], node_evidence: list[TriageEvidence], budget: int
+) -> NodeTriage:
+    """The triage within budget bytes: fewer GPUs (the worst kept) and items listed; the counts cover them all."""
 
     def build(scale: float) -> NodeTriage:
         ranked = sorted(range(len(results)), key=lambda i: (-STATUS_RANK[results[i].verdict], i))
@@ -845,20 +662,90 @@ def triage_node(
             listed.append(gpu.model_copy(update={"evidence": items, "evidence_omitted": omitted}))
         node_items, node_omitted = pick(node_evidence, scaled(MAX_NODE_EVIDENCE, scale))
         return NodeTriage(
-            node=clip(node),
-            verdict=node_status,
-            first_action=first_action,
-            summary=summary,
-            counts=counts,
+            **{k: v for k, v in fields.items() if k not in ("warnings", "notes")},
             gpu_count=len(results),
             gpus=listed,
             gpus_omitted=len(results) - len(listed),
             node_evidence=node_items,
             node_evidence_omitted=node_omitted,
-            sources=sources,
             # warnings and notes are few and say what the GPUs cannot: they shrink last
-            warnings=cap_notes(warnings, max(8, scaled(MAX_NOTES, scale))),
-            notes=cap_notes(notes, max(8, scaled(MAX_NOTES, scale))),
+            warnings=cap_notes(fields["warnings"], max(8, scaled(MAX_NOTES, scale))),
+            notes=cap_notes(fields["notes"], max(8, scaled(MAX_NOTES, scale))),
         )
 
     return fit(build, budget)
+
+
+def triage_node(
+    *,
+    nvidia_smi: str | None = None,
+    smi_fields: list[str] | None = None,
+    snapshots: Sequence[GpuSnapshot] | None = None,
+    snapshots_missing: str | None = None,
+    nvml_here: Callable[[], LiveGpus] | None = None,
+    kernel_log: str | None = None,
+    kernel_scan: KernelLogScan | None = None,
+    dcgm: str | DcgmDiagReport | None = None,
+    nccl_tests: str | NcclTestsReport | None = None,
+    others: Mapping[str, Any] | None = None,
+    node: str | None = None,
+    interconnect_expected: str | None = None,
+    budget: int = MAX_RESULT_BYTES,
+) -> NodeTriage:
+    """Triage one node from any of its sources (see the module docstring).
+
+    nvidia_smi: captured nvidia-smi text (smi_fields for a noheader CSV), or snapshots (e.g. live NVML), or
+    snapshots_missing: why the live snapshots asked for cannot be read here (the GPU part is then unknown, with it);
+    nvml_here: reads NVML on this host (e.g. nvml.live_gpus), called only when no source judges a GPU, for the
+    first action to say what this host offers; kernel_log:
+    kernel log text, or kernel_scan (an already scanned log); dcgm: `dcgmi diag -j` JSON (or its parsed report);
+    nccl_tests: nccl-tests output (or its parsed report); others: the input of any other registered check
+    (servers.diagnostics.findings.register_check), by its name. At least one source. budget: bytes of the result's
+    JSON (fewer GPUs and items listed until it fits; the counts cover them all). Raises InputError naming every
+    source that cannot be read."""
+    inputs = _read_sources(
+        nvidia_smi=nvidia_smi, smi_fields=smi_fields, snapshots=snapshots, snapshots_missing=snapshots_missing,
+        kernel_log=kernel_log, kernel_scan=kernel_scan, dcgm=dcgm, nccl_tests=nccl_tests,
+        interconnect_expected=interconnect_expected, others=others or {},
+    )  # fmt: skip
+    join = _Join()
+    reports = [CHECKS[name].report(inputs[name]) for name in _sources() if name in inputs]
+    for report in reports:
+        join.add(report)
+    node = node or next((r.node for r in reports if r.node), None)
+    join.notes.extend(_gsp_notes(join, kernel_log, inputs.get("kernel_log")))
+    results, warnings = _gpu_results(join)
+    node_evidence = sorted(join.node_evidence, key=lambda e: -SEVERITY_RANK[e.severity])
+    counts = {s: sum(1 for g in results if g.verdict == s) for s in STATUSES}
+    # a finding about the node counts by its severity (nccl-tests' bandwidth FAIL is a warning: degraded)
+    node_status = worst_status([g.verdict for g in results] + [severity_status(e.severity) for e in node_evidence])
+    if not results and not node_evidence:
+        node_status = "unknown"
+    smi = inputs.get("nvidia_smi")
+    smi_count = len(smi.gpus) if smi is not None and smi.gpus is not None else None
+    missing_here = clip(snapshots_missing, MAX_LINE_TEXT) if smi_count is None else None
+    first_action = _first_action(
+        results, node_evidence, {gpu.label for gpu in join.gpus if gpu.lost},
+        lambda: _no_gpu_judged(smi_count, missing_here, nvml_here),
+    )  # fmt: skip
+    shown = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    read = [_title(r.check) for r in reports if r.read]
+    summary = (
+        f"Node{' ' + node if node else ''} {node_status}: {len(results)} GPU(s) ({shown or 'none'}) from "
+        + (", ".join(read) or "no source that could be read")
+        + f". {len(warnings)} warning(s). First action: {first_action}"
+    )
+    sources = [
+        SourceSummary(
+            source=s,
+            given=s in join.summaries,
+            gpus=sum(1 for g in results if s in g.seen_by),
+            summary=join.summaries.get(s, "not given"),
+        )
+        for s in _sources()
+    ]
+    fields = {
+        "node": clip(node), "verdict": node_status, "first_action": first_action, "summary": summary,
+        "counts": counts, "sources": sources, "warnings": warnings, "notes": join.notes,
+    }  # fmt: skip
+    return _bounded_triage(fields, results, node_evidence, budget)

@@ -27,12 +27,12 @@ from pydantic import ConfigDict, Field, model_validator
 from servers.core.errors import InputError
 from servers.core.models import Model
 from servers.core.paths import resources_dir
+from servers.diagnostics.findings import Severity
 
 CATALOG_FILE = "xid-catalog.json"
 NVIDIA_XID_DOCS = "https://docs.nvidia.com/deploy/xid-errors/"
 
-Severity = Literal["info", "warning", "critical"]
-FindingSeverity = Literal["info", "warning", "critical", "unknown"]
+FindingSeverity = Literal["info", "warning", "critical", "unknown"]  # published: Severity, or unknown (uncatalogued)
 
 
 class _Frozen(Model):
