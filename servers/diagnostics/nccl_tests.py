@@ -715,6 +715,35 @@ _LOW_ADVICE = (
 )
 
 
+def _pass_text(
+    what: str, at: str, applied: BandwidthFloor, others: list[BandwidthFloor], nvls: NvlsState, nvls_note: str
+) -> str:
+    """The text of a PASS: which floors it meets, and what it would be if NVLS ran when the output cannot tell."""
+    if not others:
+        text = f"PASS: {what} reached {at}, at or above the {applied.label}."
+    elif nvls == "unknown" and all(f.met for f in others):
+        text = (
+            f"PASS: {what} reached {at}, at or above the {applied.label} and the "
+            + " and the ".join(f.label for f in others)
+            + ", so it passes whether or not NVLS ran."
+        )
+    elif nvls == "unknown":
+        unmet = " and ".join(f.label for f in others if not f.met)
+        text = (
+            f"PASS without NVLS (>= {applied.label.split(' GB/s')[0]} GB/s): {what} reached {at}; below the "
+            f"{unmet} — if NVLS was on, DEGRADED. The output does not show whether NVLink SHARP (NVLS) ran, so "
+            "it is judged against the floor that does not assume NVLS; to settle it, rerun with NCCL_DEBUG=INFO "
+            "(NCCL logs 'NVLS multicast support is available' or 'not available') or with NCCL_ALGO=NVLS."
+        )
+    else:
+        text = (
+            f"PASS: {what} reached {at}, at or above the {applied.label} ({nvls_note}); the "
+            + " and the ".join(f.label for f in others)
+            + " does not apply to this run."
+        )
+    return text
+
+
 def _verdict(
     report: NcclTestsReport,
     expected: float | None,
@@ -819,28 +848,7 @@ def _verdict(
             **common,
         )
     if measured >= floor:
-        if not others:
-            text = f"PASS: {what} reached {at}, at or above the {applied.label}."
-        elif nvls == "unknown" and all(f.met for f in others):
-            text = (
-                f"PASS: {what} reached {at}, at or above the {applied.label} and the "
-                + " and the ".join(f.label for f in others)
-                + ", so it passes whether or not NVLS ran."
-            )
-        elif nvls == "unknown":
-            unmet = " and ".join(f.label for f in others if not f.met)
-            text = (
-                f"PASS without NVLS (>= {applied.label.split(' GB/s')[0]} GB/s): {what} reached {at}; below the "
-                f"{unmet} — if NVLS was on, DEGRADED. The output does not show whether NVLink SHARP (NVLS) ran, so "
-                "it is judged against the floor that does not assume NVLS; to settle it, rerun with NCCL_DEBUG=INFO "
-                "(NCCL logs 'NVLS multicast support is available' or 'not available') or with NCCL_ALGO=NVLS."
-            )
-        else:
-            text = (
-                f"PASS: {what} reached {at}, at or above the {applied.label} ({nvls_note}); the "
-                + " and the ".join(f.label for f in others)
-                + " does not apply to this run."
-            )
+        text = _pass_text(what, at, applied, others, nvls, nvls_note)
         return NcclVerdict(
             status=VERDICT_WORD["healthy"], severity="info", judged_on="bandwidth", text=text + tail, **common
         )
