@@ -15,6 +15,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,11 +130,9 @@ def overlap_chart(rows: list[dict[str, Any]], predicted_for: str, measured_on: s
 # ---- the content -------------------------------------------------------------------------------------------------
 
 
-def blocks(data: dict[str, Any], images: dict[str, bytes]) -> list[Block]:
-    out: list[Block] = []
-    add = out.append
+def _header(data: dict[str, Any], images: dict[str, bytes], add: Callable[[Block], None]) -> None:
+    """The title, how the study ran, and its decision."""
     scaling = data.get("scaling") or {}
-    unit = scaling.get("unit", "")
     timing = data.get("timing") or {}
     server = data.get("server") or {}
     add(("h", 1, f"Experiment loop: study {data.get('study')}"))
@@ -152,6 +151,9 @@ def blocks(data: dict[str, Any], images: dict[str, bytes]) -> list[Block]:
     add(("h", 2, "Decision"))
     add(("p", decision["text"] if decision else "No decision: the RL study has no comparison (see the errors)."))
 
+
+def _node(data: dict[str, Any], images: dict[str, bytes], add: Callable[[Block], None]) -> None:
+    """1. The node check."""
     # 1. node
     node = data.get("node") or {}
     add(("h", 2, "1. Node"))
@@ -174,6 +176,9 @@ def blocks(data: dict[str, Any], images: dict[str, bytes]) -> list[Block]:
             )
         )
 
+
+def _overlap(data: dict[str, Any], images: dict[str, bytes], add: Callable[[Block], None]) -> None:
+    """2. The overlap study: predicted against measured per layer."""
     # 2. overlap
     overlap = data.get("overlap")
     if overlap is not None:
@@ -232,6 +237,11 @@ def blocks(data: dict[str, Any], images: dict[str, bytes]) -> list[Block]:
         if overlap.get("table"):
             add(("pre", overlap["table"]))
 
+
+def _runs(data: dict[str, Any], images: dict[str, bytes], add: Callable[[Block], None]) -> None:
+    """3. The RL scaling study: its budget and its runs."""
+    scaling = data.get("scaling") or {}
+    unit = scaling.get("unit", "")
     # 3. RL scaling
     add(("h", 2, f"3. RL scaling study ({scaling.get('recipe', 'tiny-grpo')})"))
     budget = scaling.get("budget")
@@ -293,6 +303,11 @@ def blocks(data: dict[str, Any], images: dict[str, bytes]) -> list[Block]:
                 add(("p", f"Log tail of {r['job_id']} ({r['variant']} seed {r['seed']}, {r.get('state')}):"))
                 add(("pre", r["log_tail"][-1200:]))
 
+
+def _held_out(data: dict[str, Any], images: dict[str, bytes], add: Callable[[Block], None]) -> None:
+    """The held-out check: the first half of compute fitted, the second predicted."""
+    scaling = data.get("scaling") or {}
+    unit = scaling.get("unit", "")
     held = [h for h in scaling.get("held_out") or [] if h.get("rows")]
     add(("h", 3, "Held-out check: fit the first half of compute, predict the second"))
     if "fit_heldout.png" in images:
@@ -359,80 +374,100 @@ def blocks(data: dict[str, Any], images: dict[str, bytes]) -> list[Block]:
     else:
         add(("p", "No held-out predictions (no run had a fit; see the errors)."))
 
+
+def _rounds(data: dict[str, Any], images: dict[str, bytes], add: Callable[[Block], None]) -> None:
+    """Each round: its extrapolation check, its fits on all compute, its comparison, its decision."""
+    scaling = data.get("scaling") or {}
+    unit = scaling.get("unit", "")
+    several = len(scaling.get("rounds") or []) > 1
     for rnd in scaling.get("rounds") or []:
-        label = "" if len(scaling.get("rounds") or []) == 1 else f" (round {rnd['round']})"
-        variants = rnd.get("variants") or {}
-        checks = [(name, e["check"]) for name, e in variants.items() if e.get("check")]
-        if checks:
-            add(("h", 3, f"Extrapolation check{label}: check_extrapolation, seeds pooled"))
-            rows = []
-            for name, c in checks:
-                by = {m["model"]: m for m in c.get("models") or []}
-                rows.append(
+        label = "" if not several else f" (round {rnd['round']})"
+        _extrapolation_check(rnd, label, unit, add)
+        _full_fits(rnd, label, unit, add)
+        _comparison(rnd, label, unit, add)
+        if rnd.get("decision") and several:
+            add(("p", f"Decision after round {rnd['round']}: {rnd['decision']['text']}"))
+
+
+def _extrapolation_check(rnd: dict[str, Any], label: str, unit: str, add: Callable[[Block], None]) -> None:
+    """check_extrapolation's result per variant, for every law it compared."""
+    variants = rnd.get("variants") or {}
+    checks = [(name, e["check"]) for name, e in variants.items() if e.get("check")]
+    if checks:
+        add(("h", 3, f"Extrapolation check{label}: check_extrapolation, seeds pooled"))
+        models = list(dict.fromkeys(m["model"] for _, c in checks for m in c.get("models") or []))
+        rows = []
+        for name, c in checks:
+            by = {m["model"]: m for m in c.get("models") or []}
+            errors = [f4((by.get(model) or {}).get("mean_abs_error")) for model in models]
+            rows.append([name, g3(c.get("split")), str(c.get("held_out_points")), *errors, str(c.get("better_model"))])
+        add(
+            (
+                "table",
+                ["variant", "split", "held-out points", *(f"{m} mean |error|" for m in models), "better"],
+                rows,
+            )
+        )
+        for name, c in checks:
+            add(("p", f"{name}: {c.get('verdict')}"))
+
+
+def _full_fits(rnd: dict[str, Any], label: str, unit: str, add: Callable[[Block], None]) -> None:
+    """The fits on all compute, one row per variant."""
+    variants = rnd.get("variants") or {}
+    fits = [(name, e["full"]) for name, e in variants.items() if e.get("full")]
+    if fits:
+        add(("h", 3, f"Fits on all compute{label}"))
+        add(
+            (
+                "table",
+                ["variant", "fit", "A", "B", f"C_mid ({unit})", "R0", "rmse", "points", "warnings"],
+                [
                     [
                         name,
-                        g3(c.get("split")),
-                        str(c.get("held_out_points")),
-                        f4((by.get("scalerl") or {}).get("mean_abs_error")),
-                        f4((by.get("power_law") or {}).get("mean_abs_error")),
-                        str(c.get("better_model")),
+                        f["fit_id"],
+                        param(f, "A"),
+                        param(f, "B", g3),
+                        param(f, "C_mid", g3),
+                        param(f, "R0"),
+                        f4(f.get("rmse")),
+                        str(f.get("points_used")),
+                        " ".join(f.get("warnings") or []) or "-",
                     ]
-                )
-            add(
-                (
-                    "table",
-                    ["variant", "split", "held-out points", "scalerl mean |error|", "power_law mean |error|", "better"],
-                    rows,
-                )
+                    for name, f in fits
+                ],
             )
-            for name, c in checks:
-                add(("p", f"{name}: {c.get('verdict')}"))
-        fits = [(name, e["full"]) for name, e in variants.items() if e.get("full")]
-        if fits:
-            add(("h", 3, f"Fits on all compute{label}"))
-            add(
-                (
-                    "table",
-                    ["variant", "fit", "A", "B", f"C_mid ({unit})", "R0", "rmse", "points", "warnings"],
+        )
+
+
+def _comparison(rnd: dict[str, Any], label: str, unit: str, add: Callable[[Block], None]) -> None:
+    """compare_scaling_fits' pairs."""
+    comparison = rnd.get("comparison")
+    if comparison:
+        names = rnd.get("variant_of_fit") or {}
+        add(("h", 3, f"Comparison{label}: compare_scaling_fits"))
+        add(("p", comparison.get("verdict", "")))
+        add(
+            (
+                "table",
+                ["first", "second", "P(first has the higher A)", "P(first is more efficient)", "curves cross at"],
+                [
                     [
-                        [
-                            name,
-                            f["fit_id"],
-                            param(f, "A"),
-                            param(f, "B", g3),
-                            param(f, "C_mid", g3),
-                            param(f, "R0"),
-                            f4(f.get("rmse")),
-                            str(f.get("points_used")),
-                            " ".join(f.get("warnings") or []) or "-",
-                        ]
-                        for name, f in fits
-                    ],
-                )
+                        names.get(p["first"], p["first"]),
+                        names.get(p["second"], p["second"]),
+                        f3(p.get("p_first_higher_asymptote")),
+                        f3(p.get("p_first_more_efficient")),
+                        ", ".join(g3(c) for c in p.get("crossings") or []) or "-",
+                    ]
+                    for p in comparison.get("pairs") or []
+                ],
             )
-        comparison = rnd.get("comparison")
-        if comparison:
-            names = rnd.get("variant_of_fit") or {}
-            add(("h", 3, f"Comparison{label}: compare_scaling_fits"))
-            add(("p", comparison.get("verdict", "")))
-            add(
-                (
-                    "table",
-                    ["first", "second", "P(first has the higher A)", "P(first is more efficient)", "curves cross at"],
-                    [
-                        [
-                            names.get(p["first"], p["first"]),
-                            names.get(p["second"], p["second"]),
-                            f3(p.get("p_first_higher_asymptote")),
-                            f3(p.get("p_first_more_efficient")),
-                            ", ".join(g3(c) for c in p.get("crossings") or []) or "-",
-                        ]
-                        for p in comparison.get("pairs") or []
-                    ],
-                )
-            )
-        if rnd.get("decision") and len(scaling.get("rounds") or []) > 1:
-            add(("p", f"Decision after round {rnd['round']}: {rnd['decision']['text']}"))
+        )
+
+
+def _tail(data: dict[str, Any], images: dict[str, bytes], add: Callable[[Block], None]) -> None:
+    """The follow-up round, what would run next, the errors, the jobs."""
+    scaling = data.get("scaling") or {}
     if "fit_full.png" in images:
         add(("img", "fit_full.png", "fits on all compute"))
 
@@ -475,6 +510,13 @@ def blocks(data: dict[str, Any], images: dict[str, bytes]) -> list[Block]:
                 ],
             )
         )
+
+
+def blocks(data: dict[str, Any], images: dict[str, bytes]) -> list[Block]:
+    """The report's content, section by section, as blocks (heading, paragraph, table, image, preformatted)."""
+    out: list[Block] = []
+    for section in (_header, _node, _overlap, _runs, _held_out, _rounds, _tail):
+        section(data, images, out.append)
     return out
 
 
