@@ -385,6 +385,71 @@ def _chunk_counts(max_chunks: int, m: int) -> list[int]:
     return counts
 
 
+def _gemm_efficiency_used(spec: GpuSpec, dtype: str, calibration: Calibration | None) -> tuple[float, str]:
+    """The large-shape GEMM efficiency the model uses (its default, or the calibration's), and how it was set."""
+    eta = GEMM_EFFICIENCY[dtype]
+    eta_note = f"large-shape GEMM efficiency {eta:g} of the {dtype} dense peak (model default)"
+    if calibration is not None and calibration.gemm_efficiency is not None:
+        # A measured fraction of peak on large shapes already includes this model's shape losses for such shapes
+        # (about 5%): divide them out, using an 8192^3 GEMM as the representative large shape.
+        sms_ref = SM_COUNT.get(spec.name, DEFAULT_SMS)
+        reference = _gemm_efficiency(CALIBRATION_REF_DIM, CALIBRATION_REF_DIM, CALIBRATION_REF_DIM, sms_ref, 1.0, True)
+        eta = min(1.0, calibration.gemm_efficiency / reference)
+        eta_note = (
+            f"large-shape GEMM efficiency {calibration.gemm_efficiency:.3g} of peak from calibration "
+            f"({calibration.source}), i.e. {eta:.3g} before the shape losses"
+        )
+    return eta, eta_note
+
+
+def _bus_bandwidth_used(spec: GpuSpec, ic: str, world_size: int, calibration: Calibration | None) -> tuple[float, str]:
+    """The collective's bus bandwidth (the link's, the intra-node link's when slower across nodes, or the
+    calibration's), and where it came from."""
+    bus_gbps, bus_note = link_bus_bandwidth(spec, ic)
+    if ic == "infiniband" and world_size > GPUS_PER_NODE:
+        intra_gbps, _ = link_bus_bandwidth(spec, "pcie" if spec.interconnect == "pcie" else spec.interconnect)
+        if intra_gbps < bus_gbps:
+            bus_gbps, bus_note = intra_gbps, bus_note + f"; limited by the intra-node link to {intra_gbps:.4g} GB/s"
+    if calibration is not None and calibration.bus_bandwidth_gbps is not None:
+        bus_gbps = calibration.bus_bandwidth_gbps
+        bus_note = f"bus bandwidth {bus_gbps:.4g} GB/s from calibration ({calibration.source})"
+    return bus_gbps, bus_note
+
+
+def _chunk_estimate(
+    chunks: int,
+    t_gemm: float,
+    t_comm: float,
+    shape: tuple[int, int, int],
+    spec: GpuSpec,
+    dtype: str,
+    eta: float,
+    comm: tuple[str, float, int, str, str, float],
+) -> ChunkEstimate:
+    """The pipelined schedule with `chunks` chunks (1: the sequential one). comm: (collective, bytes, world size,
+    interconnect, intra-node link, bus bandwidth)."""
+    rows, cols, inner = shape
+    collective, size, ws, ic, intra, bus_gbps = comm
+    if chunks == 1:
+        t_g, t_c = t_gemm, t_comm
+    else:
+        chunk_rows = math.ceil(rows / chunks)
+        t_chunk, _, _ = gemm_time(chunk_rows, cols, inner, spec, dtype, eta, whole_waves=False)
+        t_g = max(t_gemm / chunks, t_chunk) * (1 + D_SPLIT)
+        c_lat, c_bw, _ = collective_parts(collective, size / chunks, ws, ic, intra, bus_gbps)
+        t_c = c_lat + c_bw * (1 + D_CONTENTION)
+    t_total = pipeline_time(t_g, t_c, chunks)
+    return ChunkEstimate(
+        chunks=chunks,
+        t_chunk_gemm_ms=t_g * 1e3,
+        t_chunk_comm_ms=t_c * 1e3,
+        t_overlap_ms=t_total * 1e3,
+        exposed_comm_ms=(t_total - t_gemm) * 1e3,
+        efficiency=(t_gemm + t_comm - t_total) / t_comm if t_comm > 0 else None,
+        speedup=(t_gemm + t_comm) / t_total,
+    )
+
+
 def predict_overlap(
     pattern: Pattern,
     m: int,
@@ -423,26 +488,8 @@ def predict_overlap(
     calibrated = calibration is not None and (
         calibration.gemm_efficiency is not None or calibration.bus_bandwidth_gbps is not None
     )
-    eta = GEMM_EFFICIENCY[dtype]
-    eta_note = f"large-shape GEMM efficiency {eta:g} of the {dtype} dense peak (model default)"
-    if calibration is not None and calibration.gemm_efficiency is not None:
-        # A measured fraction of peak on large shapes already includes this model's shape losses for such shapes
-        # (about 5%): divide them out, using an 8192^3 GEMM as the representative large shape.
-        sms_ref = SM_COUNT.get(spec.name, DEFAULT_SMS)
-        reference = _gemm_efficiency(CALIBRATION_REF_DIM, CALIBRATION_REF_DIM, CALIBRATION_REF_DIM, sms_ref, 1.0, True)
-        eta = min(1.0, calibration.gemm_efficiency / reference)
-        eta_note = (
-            f"large-shape GEMM efficiency {calibration.gemm_efficiency:.3g} of peak from calibration "
-            f"({calibration.source}), i.e. {eta:.3g} before the shape losses"
-        )
-    bus_gbps, bus_note = link_bus_bandwidth(spec, ic)
-    if ic == "infiniband" and world_size > GPUS_PER_NODE:
-        intra_gbps, _ = link_bus_bandwidth(spec, "pcie" if spec.interconnect == "pcie" else spec.interconnect)
-        if intra_gbps < bus_gbps:
-            bus_gbps, bus_note = intra_gbps, bus_note + f"; limited by the intra-node link to {intra_gbps:.4g} GB/s"
-    if calibration is not None and calibration.bus_bandwidth_gbps is not None:
-        bus_gbps = calibration.bus_bandwidth_gbps
-        bus_note = f"bus bandwidth {bus_gbps:.4g} GB/s from calibration ({calibration.source})"
+    eta, eta_note = _gemm_efficiency_used(spec, dtype, calibration)
+    bus_gbps, bus_note = _bus_bandwidth_used(spec, ic, world_size, calibration)
 
     ws = world_size
     if pattern == "ag_gemm":
@@ -458,28 +505,12 @@ def predict_overlap(
     lat, bw, protocol = collective_parts(collective, size, ws, ic, intra, bus_gbps)
     t_comm = lat + bw
 
-    by_chunks: list[ChunkEstimate] = []
-    for chunks in _chunk_counts(max_chunks, rows) if ws > 1 else [1]:
-        if chunks == 1:
-            t_g, t_c = t_gemm, t_comm
-        else:
-            chunk_rows = math.ceil(rows / chunks)
-            t_chunk, _, _ = gemm_time(chunk_rows, cols, inner, spec, dtype, eta, whole_waves=False)
-            t_g = max(t_gemm / chunks, t_chunk) * (1 + D_SPLIT)
-            c_lat, c_bw, _ = collective_parts(collective, size / chunks, ws, ic, intra, bus_gbps)
-            t_c = c_lat + c_bw * (1 + D_CONTENTION)
-        t_total = pipeline_time(t_g, t_c, chunks)
-        by_chunks.append(
-            ChunkEstimate(
-                chunks=chunks,
-                t_chunk_gemm_ms=t_g * 1e3,
-                t_chunk_comm_ms=t_c * 1e3,
-                t_overlap_ms=t_total * 1e3,
-                exposed_comm_ms=(t_total - t_gemm) * 1e3,
-                efficiency=(t_gemm + t_comm - t_total) / t_comm if t_comm > 0 else None,
-                speedup=(t_gemm + t_comm) / t_total,
-            )
+    by_chunks = [
+        _chunk_estimate(
+            chunks, t_gemm, t_comm, (rows, cols, inner), spec, dtype, eta, (collective, size, ws, ic, intra, bus_gbps)
         )
+        for chunks in (_chunk_counts(max_chunks, rows) if ws > 1 else [1])
+    ]
     best = min(by_chunks, key=lambda e: (e.t_overlap_ms, e.chunks))
     speedup = best.speedup
     worth_it = ws > 1 and best.chunks > 1 and speedup >= WORTH_IT_SPEEDUP
