@@ -550,7 +550,7 @@ class StudyRun:
             where,
             "fit_scaling_law",
             {
-                "model": "scalerl",
+                "model": study.LAW,
                 "data": {"job_id": run["job_id"], "columns": {"compute": key, "value": study.VALUE_KEY}},
                 "max_compute": split,
                 "compute_unit": unit,
@@ -599,7 +599,7 @@ class StudyRun:
             }
             out["variants"][v.name] = entry
             common = {
-                "model": "scalerl",
+                "model": study.LAW,
                 "data": {"points": points},
                 "compute_unit": unit,
                 "bootstrap": cfg.bootstrap,

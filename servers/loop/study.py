@@ -19,6 +19,7 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,47}")
 FLAG_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 RECIPE = "tiny-grpo"
 VALUE_KEY = "pass_rate"
+LAW = "scalerl"  # the law the study fits and judges by (ScaleRL's sigmoid): fit_scaling_law's model
 LOOP_FLAGS = ("--steps", "--seed", "--evals")  # the loop sets these itself; a variant may not
 PILOT_STEPS = 20
 MIN_STEPS = 200  # a round-1 run shorter than this gives too few evaluations beyond its first half
@@ -504,19 +505,19 @@ def followup_needed(
         return False, "the follow-up round is off (--no-followup)"
     if check is None:
         return False, f"no extrapolation check of {leading} to judge by"
-    scalerl = next((m for m in check.get("models") or [] if m.get("model") == "scalerl"), None)
-    if scalerl is None:
-        return False, f"the extrapolation check of {leading} has no scalerl model"
-    error = scalerl["mean_abs_error"]
+    judged = next((m for m in check.get("models") or [] if m.get("model") == LAW), None)
+    if judged is None:
+        return False, f"the extrapolation check of {leading} has no {LAW} model"
+    error = judged["mean_abs_error"]
     if error <= threshold:
         return False, (
-            f"{leading} extrapolates within the threshold: scalerl mean |error| {error:.4f} on the held-out half "
+            f"{leading} extrapolates within the threshold: {LAW} mean |error| {error:.4f} on the held-out half "
             f"<= {threshold:g}"
         )
     steps = plan.followup_steps.get(leading, 0)
     if steps <= plan.steps.get(leading, 0):
         return False, f"the reserve ({plan.reserve:.3g} {plan.unit}) does not extend {leading}'s compute range"
     return True, (
-        f"{leading}'s scalerl mean |error| on the held-out half is {error:.4f} > {threshold:g}: one run of {steps} "
+        f"{leading}'s {LAW} mean |error| on the held-out half is {error:.4f} > {threshold:g}: one run of {steps} "
         "steps (twice a round-1 run) extends its compute range, then refit"
     )
