@@ -15,7 +15,7 @@ import http
 import math
 import re
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 from pydantic import Field
@@ -24,6 +24,7 @@ from servers.core.errors import InputError
 from servers.core.models import Model
 from servers.core.settings import ENV_PREFIX
 from servers.diagnostics.bounds import MAX_NOTES, MAX_STR, cap_notes, clip, clip_str, fit, pick, scaled
+from servers.diagnostics.findings import ATTENTION_RANK, Status
 from servers.diagnostics.health import evaluate
 from servers.diagnostics.smi import decode_clock_events, normalise_bus_id
 from servers.diagnostics.snapshot import GpuHealth, GpuSnapshot
@@ -202,7 +203,7 @@ class ExporterSummary(Model):
     samples: int = Field(description="Samples read")
     dcgm_samples: int = Field(description="Samples of DCGM_FI_* metrics")
     skipped_lines: int = Field(default=0, description="Lines that were not valid Prometheus text")
-    status: Literal["healthy", "degraded", "unhealthy", "unknown"] = Field(description="The worst GPU status")
+    status: Status = Field(description="The worst GPU status")
     counts: dict[str, int] = Field(default_factory=dict, description="GPUs per status, listed or not")
     gpus: list[ExporterGpu] = Field(description=f"At most {MAX_GPUS}, those not healthy first; see gpus_omitted")
     gpus_omitted: int = Field(default=0, description="GPUs summarised but not listed")
@@ -210,7 +211,7 @@ class ExporterSummary(Model):
     text: str = Field(description="A short human summary")
 
 
-_STATUS_ORDER = {"unhealthy": 3, "degraded": 2, "unknown": 1, "healthy": 0}
+_STATUS_ORDER = ATTENTION_RANK
 
 # DCGM field -> (GpuSnapshot field, kind)
 _SNAPSHOT_FIELDS: dict[str, tuple[str, str]] = {

@@ -30,6 +30,9 @@ SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
 STATUSES: tuple[Status, ...] = ("unhealthy", "degraded", "unknown", "healthy")  # the order counts are listed in
 SEVERITY_RANK: dict[Severity, int] = {"critical": 3, "warning": 2, "info": 1}
 STATUS_RANK: dict[Status, int] = {"unhealthy": 3, "degraded": 2, "healthy": 1, "unknown": 0}
+# The order gpu_health and the exporter list GPUs in and take a node's worst in: a GPU that cannot be judged needs a
+# look before a healthy one (triage's STATUS_RANK instead lets any source's judgement outrank unknown).
+ATTENTION_RANK: dict[Status, int] = {"unhealthy": 3, "degraded": 2, "unknown": 1, "healthy": 0}
 
 # The published alphabets, one mapping from Status each.
 VerdictWord = Literal["PASS", "DEGRADED", "FAIL", "UNKNOWN"]
