@@ -40,6 +40,7 @@ from servers.diagnostics.bounds import (
     scaled,
     summary_text,
 )
+from servers.diagnostics.findings import ATTENTION_RANK, Status
 from servers.diagnostics.snapshot import GpuHealth, GpuSnapshot
 
 NAME = "diagnostics"
@@ -125,7 +126,7 @@ class NodeHealth(Model):
     driver_version: str | None = None
     cuda_version: str | None = None
     gpu_count: int = Field(default=0, description="GPUs found, listed or not")
-    node_status: Literal["healthy", "degraded", "unhealthy", "unknown"] = Field(description="The worst GPU status")
+    node_status: Status = Field(description="The worst GPU status")
     counts: dict[str, int] = Field(description="GPUs per status, listed or not")
     gpus: list[GpuHealth] = Field(
         description=f"At most {MAX_GPUS_LISTED} (unhealthy, degraded and unknown ones first), in input order; each "
@@ -185,7 +186,7 @@ def snapshots(app: App, nvidia_smi_output: str, path: str | None, fields: list[s
     )
 
 
-STATUS_ORDER = {"unhealthy": 3, "degraded": 2, "unknown": 1, "healthy": 0}
+STATUS_ORDER = ATTENTION_RANK
 
 
 def node_health(inventory: Inventory) -> NodeHealth:
