@@ -96,6 +96,24 @@ async def test_a_toy_law_registered_here_fits_and_predicts_through_the_tools(toy
         assert "scalerl-grid" in text and "'robust'" in text
 
 
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_a_law_registered_later_is_published_past_the_tool_cache(app: App) -> None:
+    """A first start writes its tool definitions to the state directory's cache; a later start with one more law
+    (same sources) must publish that law, not the cached enumeration."""
+
+    async def enum() -> list[str]:
+        async with Client(create_server(app), mode="auto") as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            return tools["fit_scaling_law"].input_schema["properties"]["model"]["enum"]
+
+    assert await enum() == ["scalerl", "power_law", "chinchilla"]
+    assert list((app.settings.home / "cache").glob("tools-*.json"))  # the first start's definitions were kept
+    with laws.registered(TOY):
+        assert await enum() == ["scalerl", "power_law", "chinchilla", "toy_power"]
+    assert await enum() == ["scalerl", "power_law", "chinchilla"]
+
+
 def test_noiseless_data_recover_the_toy_law_exactly() -> None:
     from servers.scaling.fit_generic import fit_least_squares
     from servers.scaling.limits import FitTask

@@ -57,6 +57,15 @@ def source_digest() -> str:
 _SOURCES_AT_START: str = source_digest()
 
 
+_DECLARED: dict[str, str] = {}
+
+
+def declare(key: str, value: str) -> None:
+    """Something besides the sources that published definitions depend on (a registry filled at run time, e.g. the
+    scaling laws a tool's input enumerates): it enters the digest of every server built from then on."""
+    _DECLARED[key] = value
+
+
 def sources_at_start() -> str:
     return _SOURCES_AT_START
 
@@ -77,6 +86,8 @@ def code_digest() -> str:
             digest.update(f"{path}|?\n".encode())
     for key in sorted(k for k in os.environ if k.startswith("LLM_INFRA_MCP_")):
         digest.update(f"{key}={os.environ[key]}\n".encode())
+    for key in sorted(_DECLARED):
+        digest.update(f"declared {key}={_DECLARED[key]}\n".encode())
     return digest.hexdigest()[:32]
 
 

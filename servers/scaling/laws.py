@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
+from servers.core import toolcache
 from servers.core.errors import InputError
 from servers.core.models import Model
 
@@ -132,11 +133,19 @@ def register(law: Law) -> Law:
     if law.name in _LAWS:
         raise ValueError(f"a scaling law named {law.name!r} is registered already")
     _LAWS[law.name] = law
+    _declare()
     return law
 
 
 def unregister(name: str) -> None:
     _LAWS.pop(name, None)
+    _declare()
+
+
+def _declare() -> None:
+    """The tools enumerate the registered laws, so a server's cached tool definitions (core/toolcache.py) depend
+    on them as well as on the sources (a law may be registered from outside the package)."""
+    toolcache.declare("scaling laws", ",".join(f"{n}:{'/'.join(law.work)}" for n, law in _LAWS.items()))
 
 
 @contextmanager
