@@ -8,6 +8,11 @@ Sources, any of them (each parsed by its own module, never re-parsed here):
 - DCGM diagnostics JSON (``dcgmi diag -j``; servers.diagnostics.dcgm);
 - nccl-tests output (servers.diagnostics.nccl_tests): which GPUs took part, and the node's bandwidth verdict.
 
+Each source is a check registered in servers.diagnostics.findings (CHECKS): its module turns its parsed input into a
+CheckReport of Findings (one status and severity alphabet), and triage joins the findings, whatever the check; a
+check registered elsewhere takes its input through ``others``. A finding about a GPU is evidence on it and, with its
+status, that source's verdict; a finding about the node counts by its severity.
+
 The join key is the PCI bus id, normalised by ``normalise_bus_id`` to ``dddd:bb:dd`` (lowercase, the function
 dropped: a GPU is function 0), so the kernel log's ``0000:9b:00`` and nvidia-smi's ``00000000:9B:00.0`` are one GPU.
 Sources without a bus id join on what they have: DCGM on the board serial (else on its GPU id as nvidia-smi's index,
