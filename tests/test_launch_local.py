@@ -16,16 +16,8 @@ from servers.core.jobstore import JobState
 from servers.core.procs import ProcessIdentity
 from servers.core.settings import Settings
 from servers.engines.backend import JOB_DIR_PLACEHOLDER, Backend, SubmitRequest, map_state
-from servers.launch.local import (
-    ENTRY,
-    LocalBackend,
-    assign_gpus,
-    describe_failure,
-    last_exception_line,
-    parse_root_cause_block,
-    run_training_job,
-    torchrun_argv,
-)
+from servers.launch.local import ENTRY, LocalBackend, assign_gpus, run_training_job
+from servers.launch.torchrun import describe_failure, last_exception_line, parse_root_cause_block, torchrun_argv
 from tests.conftest import CHILD_ENV
 from tests.helpers import host_pids
 

@@ -25,11 +25,11 @@ from servers.launch.ray_backend import (
     RAY_STATES,
     SUBMIT_RECORD,
     WRAPPER_NAME,
-    WRAPPER_SOURCE,
     RayBackend,
     RayPlan,
     RayUnavailableError,
     submission_id_for,
+    write_wrapper,
 )
 from tests.hostile import HOSTILE_ARGS
 
@@ -158,8 +158,7 @@ def test_ray_available_without_address(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def run_wrapper(job: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     job.mkdir(parents=True, exist_ok=True)
-    (job / WRAPPER_NAME).write_text(WRAPPER_SOURCE)
-    argv = [sys.executable, str(job / WRAPPER_NAME), "--job-dir", str(job), *args]
+    argv = [sys.executable, str(write_wrapper(job)), "--job-dir", str(job), *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
 
 

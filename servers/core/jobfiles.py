@@ -69,54 +69,6 @@ def open_regular(path: Path) -> IO[bytes]:
         raise
 
 
-def open_beneath(base: Path, path: Path, flags: int = os.O_RDONLY, *, directory: bool = False) -> int:
-    """A descriptor of `path`, which lies inside `base`, reached without following a symbolic link anywhere from
-    `base` down (`base` itself included): a job that can write below `base` cannot point the server at a file
-    elsewhere, not even by swapping a folder for a link while it is read. Only a regular file (a folder with
-    `directory`). OSError when it cannot be opened so; ValueError when `path` is not inside `base`."""
-    relative = Path(path).relative_to(base)
-    if any(part in ("..", "") for part in relative.parts):
-        raise ValueError(f"{path} is not inside {base}")
-    nofollow = os.O_NOFOLLOW | os.O_CLOEXEC
-    parts = relative.parts
-    if not directory and not parts:
-        raise IsADirectoryError(f"{path} is the folder {base}")
-    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | nofollow)
-    try:
-        for part in parts if directory else parts[:-1]:
-            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | nofollow, dir_fd=fd)
-            os.close(fd)
-            fd = inner
-        if directory:
-            found, fd = fd, -1
-            return found
-        target = os.open(parts[-1], flags | nofollow | os.O_NONBLOCK, dir_fd=fd)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    if not stat.S_ISREG(os.fstat(target).st_mode):
-        os.close(target)
-        raise OSError(f"{path} is not a regular file")
-    os.set_blocking(target, True)
-    return target
-
-
-def subfolders_beneath(base: Path, path: Path) -> list[str]:
-    """Names of the real folders (not links to folders) in `path`, which lies inside `base` (see open_beneath);
-    [] when it cannot be read so."""
-    try:
-        fd = open_beneath(base, path, directory=True)
-    except (OSError, ValueError):
-        return []
-    try:
-        with os.scandir(fd) as entries:
-            return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
-    except OSError:
-        return []
-    finally:
-        os.close(fd)
-
-
 def load_json(path: Path, max_bytes: int = DEFAULT_JSON_LIMIT) -> Any:
     """The JSON in a job folder's file. FileNotFoundError when it is absent; BadJobFileError (saying why) when it is not
     a regular file, is larger than max_bytes, or is not valid JSON."""

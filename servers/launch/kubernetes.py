@@ -739,7 +739,7 @@ class KubernetesBackend:
         )
 
     def _last_exception(self, namespace: str, pod: str | None, container: str) -> str | None:
-        from servers.launch.local import last_exception_line
+        from servers.launch.torchrun import last_exception_line
 
         if not pod:
             return None

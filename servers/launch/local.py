@@ -17,34 +17,23 @@ and every rank with it). The work function:
   exception, else the rank's stderr gives the last traceback line; it raises
   RuntimeError("rank 1 failed (exit 1): ValueError: ...") so the job's reason names the rank and the error.
 
+The command, the mirror and the root cause are torchrun.py's, shared with the Slurm and Ray backends.
+
 Nothing here imports torch: torchrun runs in a child process.
 """
 
 import contextlib
-import ctypes
-import ctypes.util
-import functools
 import importlib.util
 import json
 import os
-import re
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
-from servers.core.jobfiles import (
-    BadJobFileError,
-    JobContext,
-    JobFiles,
-    open_beneath,
-    open_regular,
-    subfolders_beneath,
-)
+from servers.core.jobfiles import JobContext, JobFiles
 from servers.core.jobstore import JobState
 from servers.core.netns import LOOPBACK_ENV, isolated_argv
 from servers.core.procs import stop_on_sigterm
@@ -59,18 +48,23 @@ from servers.engines.backend import (
     EngineStatus,
     SubmitRequest,
 )
+from servers.launch.torchrun import (
+    CHECKPOINT_ENV,
+    JOB_ID_ENV,
+    LOG_DIR_NAME,
+    METRICS_ENV,
+    RUN_DIR_NAME,
+    RankLogMirror,
+    attempt_dirs,
+    describe_failure,
+    tail_text,
+    torchrun_argv,
+)
 
 if TYPE_CHECKING:
     from servers.core.jobs import JobEngine
 
 ENTRY = "servers.launch.local:run_training_job"
-LOG_DIR_NAME = "torchrun-logs"
-RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
-METRICS_ENV = "LLM_INFRA_MCP_METRICS"
-CHECKPOINT_ENV = "LLM_INFRA_MCP_CHECKPOINT_DIR"
-JOB_ID_ENV = "LLM_INFRA_MCP_JOB_ID"
-RUN_DIR_NAME = "run"
-MAX_NPROC = 1024
 NETWORKS = ("isolated", "host")
 NETWORK_NOTES = {
     "isolated": "network: a private namespace with only loopback; torchrun's rendezvous store (a TCPStore: no "
@@ -90,52 +84,6 @@ SANDBOX_NOTES = {
 POLL_S = 0.5
 # After SIGTERM, how long torchrun gets to stop its ranks before it is killed (the supervisor's grace still rules).
 _STOP_WAIT_S = 30.0
-_CHUNK = 4 * 1024 * 1024
-_TAIL = 64 * 1024
-
-
-# ---- command -------------------------------------------------------------------------------------------------------
-def torchrun_argv(
-    script: Path, args: list[str], nproc_per_node: int, max_restarts: int, log_dir: Path, run_id: str
-) -> list[str]:
-    """The torchrun command for one node, as an argv list (never a shell string).
-
-    `--standalone` would pick a random rendezvous id; the explicit c10d rendezvous on localhost:0 (a free port) is
-    what --standalone does, with `run_id` as the id, so the per-rank log folder is named after the run:
-    LOG_DIR/<run_id>_<random>/attempt_<n>/<local_rank>/{stdout.log,stderr.log,error.json}. Everything after the
-    script is the script's own arguments (argparse REMAINDER), passed through literally.
-    """
-    if not RUN_ID_PATTERN.match(run_id):
-        raise ValueError(f"bad run_id {run_id!r}: letters, digits, '_', '-' and '.' only, at most 96")
-    if not 1 <= nproc_per_node <= MAX_NPROC:
-        raise ValueError(f"nproc_per_node must be in [1, {MAX_NPROC}], got {nproc_per_node}")
-    if max_restarts < 0:
-        raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
-    if not (script.is_absolute() or str(script).startswith(JOB_DIR_PLACEHOLDER)):
-        raise ValueError(f"the script path must be absolute, got {str(script)!r}")
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "1:1",
-        "--nproc-per-node",
-        str(nproc_per_node),
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        "localhost:0",
-        "--rdzv-id",
-        run_id,
-        "--max-restarts",
-        str(max_restarts),
-        "--log-dir",
-        str(log_dir),
-        "--redirects",
-        "3",
-        str(script),
-        *[str(a) for a in args],
-    ]
 
 
 def assign_gpus(nproc: int, busy: set[int], present: int, *, share_gpus: bool = False) -> list[int]:
@@ -387,313 +335,9 @@ class LocalBackend:
             return ""
 
 
-# ---- per-rank logs -------------------------------------------------------------------------------------------------
-# The job's ranks write below torchrun's log folder, and the worker reading it runs outside the job's sandbox: every
-# folder and file there is reached without following a symbolic link (open_beneath), so that a rank cannot make the
-# worker copy, or punch holes in, a file elsewhere.
-def _numbered(log_dir: Path, parent: Path, prefix: str = "") -> list[tuple[int, Path]]:
-    found = []
-    for name in subfolders_beneath(log_dir, parent):
-        suffix = name[len(prefix) :] if name.startswith(prefix) else ""
-        if suffix.isdigit():
-            found.append((int(suffix), parent / name))
-    return sorted(found)
-
-
-def attempt_dirs(log_dir: Path) -> list[tuple[int, Path]]:
-    """(attempt number, folder) for every attempt torchrun started under `log_dir`, in order."""
-    attempts: list[tuple[int, Path]] = []
-    for name in subfolders_beneath(log_dir, log_dir):
-        attempts.extend(_numbered(log_dir, log_dir / name, "attempt_"))
-    return sorted(attempts)
-
-
-class RankLogMirror:
-    """Copies what each rank has written (stdout.log and stderr.log of every attempt) to the job's rank<r> logs,
-    by byte offset, whole lines at a time, so that the logs read well while the job runs. A line from a restart
-    is preceded by a marker line.
-
-    One copy is kept: once copied, the bytes of torchrun's files are released (a hole is punched in them, the
-    file keeps its size so the rank writes on where it was), except the last `_TAIL` bytes that the root cause
-    reads. The job's logs together stop at `cap_bytes`: past it a marker line says where the log was cut, the
-    rest is dropped (and released) while the job goes on, and `cut` names the logs that were cut."""
-
-    def __init__(self, log_dir: Path, log_path: Callable[[str], Path], cap_bytes: int | None = None) -> None:
-        self.log_dir = log_dir
-        self.log_path = log_path
-        self.cap_bytes = cap_bytes
-        self.written = 0
-        self.dropped = 0
-        self.cut: set[str] = set()
-        self._offsets: dict[Path, int] = {}
-        self._released: dict[Path, int] = {}
-        self._started: set[tuple[int, int]] = set()
-
-    def sync(self, *, final: bool = False) -> None:
-        for attempt, attempt_dir in attempt_dirs(self.log_dir):
-            for rank, rank_dir in _numbered(self.log_dir, attempt_dir):
-                self.log_path(f"rank{rank}").touch(exist_ok=True)  # a silent rank still has a (empty) log
-                for stream in ("stdout.log", "stderr.log"):
-                    self._copy(attempt, rank, rank_dir / stream, final)
-
-    def _copy(self, attempt: int, rank: int, source: Path, final: bool) -> None:
-        offset = self._offsets.get(source, 0)
-        try:
-            fd = open_beneath(self.log_dir, source)
-        except (OSError, ValueError):
-            return
-        with os.fdopen(fd, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            while size > offset:
-                f.seek(offset)
-                chunk = f.read(min(size - offset, _CHUNK))
-                if not final and len(chunk) < _CHUNK:
-                    end = chunk.rfind(b"\n")
-                    if end < 0:
-                        return  # a line still being written: copied once it ends
-                    chunk = chunk[: end + 1]
-                self._append(attempt, rank, chunk)
-                offset += len(chunk)
-                self._offsets[source] = offset
-                self._release(f, source, offset)
-                if not final:
-                    return
-
-    def _append(self, attempt: int, rank: int, chunk: bytes) -> None:
-        process = f"rank{rank}"
-        marker = b""
-        if (attempt, rank) not in self._started:
-            self._started.add((attempt, rank))
-            if attempt > 0 and process not in self.cut:
-                marker = f"----- torchrun restart {attempt} (attempt_{attempt}) -----\n".encode()
-        if process in self.cut:
-            self.dropped += len(chunk)
-            return
-        if self.cap_bytes is not None and self.written + len(marker) + len(chunk) > self.cap_bytes:
-            room = max(0, self.cap_bytes - self.written - len(marker))
-            keep = chunk[:room]
-            keep = keep[: keep.rfind(b"\n") + 1]  # whole lines only
-            self.dropped += len(chunk) - len(keep)
-            note = (
-                f"\n----- llm-infra-mcp: log cut here: the job's logs reached {self.cap_bytes} bytes "
-                "(LLM_INFRA_MCP_MAX_LOG_BYTES_PER_JOB); the job goes on, its further output is dropped -----\n"
-            ).encode()
-            self._write(process, marker + keep + note)
-            self.cut.add(process)
-            _write_cut_record(self.log_path(process), self.cap_bytes)
-            return
-        self._write(process, marker + chunk)
-
-    def _write(self, process: str, data: bytes) -> None:
-        with open(self.log_path(process), "ab") as out:
-            out.write(data)
-        self.written += len(data)
-
-    def _release(self, f: IO[bytes], source: Path, copied: int) -> None:
-        """Punch out what was copied from `source` (open as `f`), keeping its last _TAIL bytes."""
-        upto = max(0, copied - _TAIL) // _PAGE * _PAGE
-        done = self._released.get(source, 0)
-        if upto > done and punch_hole(f"/proc/self/fd/{f.fileno()}", done, upto - done):
-            self._released[source] = upto
-        elif upto > done:
-            self._released[source] = upto  # not supported here: both copies stay, nothing else to do
-
-
-def _write_cut_record(log: Path, cap: int) -> None:
-    from servers.core.jobfiles import atomic_write_json
-
-    atomic_write_json(log.with_suffix(".cut"), {"cut_at_bytes": log.stat().st_size, "cap_bytes": cap})
-
-
-_PAGE = 4096
-_FALLOC_FL_KEEP_SIZE = 0x01
-_FALLOC_FL_PUNCH_HOLE = 0x02
-
-
-@functools.lru_cache(maxsize=1)
-def _fallocate() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fn = libc.fallocate
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-def punch_hole(path: Path | str, offset: int, length: int) -> bool:
-    """Free the disk blocks of bytes [offset, offset + length) of `path`, keeping its size (they read as zeros).
-    False where the platform or the file system cannot."""
-    fn = _fallocate()
-    if fn is None or length <= 0:
-        return False
-    try:
-        fd = os.open(path, os.O_WRONLY)
-    except OSError:
-        return False
-    try:
-        return fn(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length) == 0
-    finally:
-        os.close(fd)
-
-
-# ---- root cause ----------------------------------------------------------------------------------------------------
-@dataclass
-class RootCause:
-    rank: int | None
-    exit_code: int | None
-    error: str
-    attempt: int | None = None
-
-
-_BLOCK_START = "Root Cause (first observed failure):"
-
-
-def _tail_text(path: Path, limit: int = _TAIL, *, beneath: Path | None = None) -> str:
-    """The last `limit` bytes of a regular file, as text ("" when it cannot be read); with `beneath`, reached
-    without following links from that folder down (a file the job's ranks can write)."""
-    try:
-        f = os.fdopen(open_beneath(beneath, path), "rb") if beneath is not None else open_regular(path)
-    except (OSError, ValueError, BadJobFileError):
-        return ""
-    try:
-        with f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - limit))
-            return f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
-def parse_root_cause_block(text: str) -> dict[str, Any] | None:
-    """rank, local_rank, exit_code, error_file and traceback from the last "Root Cause" block torchrun printed."""
-    start = text.rfind(_BLOCK_START)
-    if start < 0:
-        return None
-    block = text[start + len(_BLOCK_START) :]
-    end = block.find("\n====")
-    block = block[:end] if end >= 0 else block
-    info: dict[str, Any] = {}
-    if m := re.search(r"^\s*rank\s*:\s*(\d+)(?:\s*\(local_rank:\s*(\d+)\))?", block, re.M):
-        info["rank"] = int(m.group(1))
-        info["local_rank"] = int(m.group(2)) if m.group(2) else None
-    if m := re.search(r"^\s*exitcode\s*:\s*(-?\d+)", block, re.M):
-        info["exit_code"] = int(m.group(1))
-    if m := re.search(r"^\s*error_file\s*:\s*(\S+)", block, re.M):
-        info["error_file"] = None if m.group(1) == "<N/A>" else m.group(1)
-    if m := re.search(r"^\s*traceback\s*:\s?(.*)", block, re.M | re.S):
-        info["traceback"] = m.group(1).rstrip()
-    return info
-
-
-def read_error_file(path: Path, log_dir: Path) -> tuple[str, float | None] | None:
-    """(message, timestamp) from a torchelastic error.json: {"message": {"message": "Type: text", "extraInfo":
-    {"py_callstack": ..., "timestamp": "..."}}} (older or hand-written files: {"message": "text"})."""
-    try:
-        with os.fdopen(open_beneath(log_dir, path), "rb") as f:
-            data = json.loads(f.read(_TAIL))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    message = data.get("message")
-    timestamp: float | None = None
-    if isinstance(message, dict):
-        extra = message.get("extraInfo") or {}
-        with contextlib.suppress(TypeError, ValueError):
-            timestamp = float(extra.get("timestamp"))
-        message = message.get("message")
-    if not message:
-        return None
-    return str(message).strip(), timestamp
-
-
-def last_exception_line(text: str) -> str | None:
-    """The exception line ("ValueError: ...") of the last Python traceback in `text`, else None."""
-    lines = text.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("Traceback (most recent call last)")]
-    if not starts:
-        return None
-    indent = len(lines[starts[-1]]) - len(lines[starts[-1]].lstrip())
-    found = None
-    for line in lines[starts[-1] + 1 :]:
-        stripped = line.strip()
-        if not stripped:
-            continue
-        if len(line) - len(line.lstrip()) <= indent and not stripped.startswith(("File ", "^", "~")):
-            found = stripped
-            break
-    return found
-
-
-def find_root_cause(log_dir: Path, torchrun_output: Path) -> RootCause | None:
-    """Which rank failed first and why, from torchrun's output, the ranks' error files and their stderr."""
-    block = parse_root_cause_block(_tail_text(torchrun_output)) or {}
-    attempts = attempt_dirs(log_dir)
-    last_attempt, last_dir = attempts[-1] if attempts else (None, None)
-
-    # One node: the local rank (the folder name) is the rank.
-    rank = block["local_rank"] if block.get("local_rank") is not None else block.get("rank")
-    error: str | None = None
-    named = Path(os.path.normpath(block["error_file"])) if block.get("error_file") else None
-    if named is not None and named.is_relative_to(log_dir):  # only files torchrun wrote for this job
-        found = read_error_file(named, log_dir)
-        error = found[0] if found else None
-    if error is None and last_dir is not None:
-        # The earliest error file of the last attempt: the rank that failed first.
-        candidates = []
-        for r, rank_dir in _numbered(log_dir, last_dir):
-            found = read_error_file(rank_dir / "error.json", log_dir)
-            if found and (rank is None or r == rank):
-                candidates.append((found[1] if found[1] is not None else float("inf"), r, found[0]))
-        if candidates:
-            _, r, error = min(candidates)
-            rank = r if rank is None else rank
-    traceback = str(block.get("traceback") or "")
-    if error is None and traceback and "Traceback" in traceback:
-        error = last_exception_line(traceback)
-    if error is None and rank is not None and last_dir is not None:
-        stderr = _tail_text(last_dir / str(rank) / "stderr.log", beneath=log_dir)
-        error = last_exception_line(stderr)
-        if error is None:
-            lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-            error = lines[-1] if lines else None
-    if error is None and traceback and not traceback.startswith("To enable traceback"):
-        error = traceback.strip().splitlines()[-1].strip()
-    if rank is None and error is None:
-        return None
-    code = block.get("exit_code")
-    return RootCause(rank=rank, exit_code=code, error=error or "no error message was recorded", attempt=last_attempt)
-
-
-def describe_failure(returncode: int, log_dir: Path, torchrun_output: Path) -> str:
-    """The job's reason for a torchrun that exited with `returncode` != 0."""
-    cause = find_root_cause(log_dir, torchrun_output)
-    attempts = attempt_dirs(log_dir)
-    restarts = f"; after {len(attempts) - 1} restart(s)" if len(attempts) > 1 else ""
-    if cause is None or cause.rank is None:
-        tail = [line.strip() for line in _tail_text(torchrun_output, 8192).splitlines() if line.strip()]
-        detail = (cause.error if cause else None) or (tail[-1] if tail else "no output")
-        return f"torchrun exited with code {returncode}: {detail}{restarts}; see read_job_logs for process torchrun"
-    code = cause.exit_code if cause.exit_code is not None else returncode
-    signal_note = ""
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            name = signal.Signals(-code).name
-            signal_note = f", {name}" + (" (often the out-of-memory killer)" if name == "SIGKILL" else "")
-    return (
-        f"rank {cause.rank} failed (exit {code}{signal_note}): {cause.error}{restarts}; "
-        f"see read_job_logs for process rank{cause.rank}"
-    )
-
-
 # ---- the work function ---------------------------------------------------------------------------------------------
 def _last_step(metrics: Path) -> int | None:
-    for line in reversed(_tail_text(metrics, 16384).splitlines()):
+    for line in reversed(tail_text(metrics, 16384).splitlines()):
         with contextlib.suppress(ValueError):
             row = json.loads(line)
             if isinstance(row, dict) and isinstance(row.get("step"), int | float):

@@ -7,13 +7,14 @@ imported only then, never at start-up (importing it costs every follower process
 steps of the `Backend` protocol (servers/engines/backend.py):
 
 - ``plan(spec, settings, job_dir=None)``: no side effects. The command is torchrun of the recipe or script with
-  its args, as `local.torchrun_argv` builds it (``launcher="python"``: ``python SCRIPT ARGS`` for one rank),
-  run by a small wrapper, `ray_entry.py` (the fixed program in `WRAPPER_SOURCE`, standard library only), that
-  submit writes into the job folder. Ray Jobs runs its entrypoint with a shell, so `rendered` (what Ray gets) is
-  `argv` with every argument quoted by `shlex.quote`: each reaches the command literally, whatever shell syntax
-  it holds. The plan (a `RayPlan`) also shows the runtime_env (env_vars: the spec's env, the metrics and
-  checkpoint variables pointing into the job folder; working_dir only for a workdir inside the allowed roots)
-  and the entrypoint's resources (entrypoint_num_cpus: one per rank; entrypoint_num_gpus: the spec's GPUs).
+  its args, as `torchrun.torchrun_argv` builds it (``launcher="python"``: ``python SCRIPT ARGS`` for one rank),
+  run by a small wrapper, `ray_entry.py` (servers/launch/ray_wrapper.py, with torchrun.py beside it for the
+  rank-log mirror; standard library only), that submit writes into the job folder. Ray Jobs runs its entrypoint
+  with a shell, so `rendered` (what Ray gets) is `argv` with every argument quoted by `shlex.quote`: each reaches
+  the command literally, whatever shell syntax it holds. The plan (a `RayPlan`) also shows the runtime_env
+  (env_vars: the spec's env, the metrics and checkpoint variables pointing into the job folder; working_dir only
+  for a workdir inside the allowed roots) and the entrypoint's resources (entrypoint_num_cpus: one per rank;
+  entrypoint_num_gpus: the spec's GPUs).
 - ``submit(plan, request)``: `submit_job` with a submission id derived from `request.key`
   (`submission_id_for`), so ``find(key)`` recovers the job (`get_job_info`; the job folder is in its metadata).
   Idempotent on its own as well: when Ray knows that id, or the job folder holds the record of an earlier
@@ -21,7 +22,7 @@ steps of the `Backend` protocol (servers/engines/backend.py):
   or a refused token is a `RayUnavailableError` that names the address and what to set; nothing is submitted.
 - ``status``/``poll``: `get_job_info` mapped with `RAY_STATES` (PENDING -> QUEUED, RUNNING, STOPPED ->
   CANCELLED, SUCCEEDED, FAILED; anything else -> LOST). A failed torchrun gets its root cause from the rank
-  logs (`local.describe_failure`). When Ray no longer knows the job (a restarted cluster forgets its jobs), the
+  logs (`torchrun.describe_failure`). When Ray no longer knows the job (a restarted cluster forgets its jobs), the
   exit record the wrapper wrote (ray_exit.json) gives the exact end; without one the job is LOST, never
   SUCCEEDED.
 - ``cancel``: `stop_job` (idempotent; a job already ended keeps its state). Ray cannot stop a job still PENDING
@@ -65,7 +66,7 @@ from servers.engines.backend import (
     SubmitRequest,
     map_state,
 )
-from servers.launch.local import (
+from servers.launch.torchrun import (
     CHECKPOINT_ENV,
     LOG_DIR_NAME,
     METRICS_ENV,
@@ -120,297 +121,34 @@ class RayUnavailableError(RuntimeError):
 
 
 # ---- the wrapper that runs on the Ray node -------------------------------------------------------------------------
-WRAPPER_SOURCE = r'''"""llm-infra-mcp: the entrypoint of a Ray job, written by servers/launch/ray_backend.py (stdlib).
-
-python ray_entry.py --job-dir D [--cwd C] [--max-wall-s S] [--log-cap N] [--output NAME] [--rank-logs R] -- CMD...
-
-Runs CMD (an argv list; no shell) in C, copies its output to this process's output (Ray's job log) and to
-D/logs/NAME.log, copies torchrun's per-rank files under R to D/logs/rank<r>.log line by line, ends CMD at the
-wall-time limit S (SIGTERM, then SIGKILL of what is left after a grace), and at the end writes D/ray_exit.json
-(exit code or signal, times, attempts): how the job ended stays known after Ray forgets the job.
-"""
-
-import argparse
-import contextlib
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import threading
-import time
-
-GRACE_S = 30.0
-POLL_S = 0.5
-CHUNK = 1 << 20
+# ray_wrapper.py, and torchrun.py beside it (the rank-log mirror it shares with the local and Slurm backends): both
+# standard library only, written into the job folder by submit, so that the Ray node needs no llm-infra-mcp.
+WRAPPER_FILES = {WRAPPER_NAME: "ray_wrapper.py", "torchrun.py": "torchrun.py"}  # name in the job folder: source
 
 
-class Logs:
-    """The job's log files under one folder, together at most `cap` bytes (0: no cap); past it, a marker line."""
-
-    def __init__(self, folder, cap):
-        self.folder, self.cap, self.written, self.cut = folder, cap, 0, set()
-        self.lock = threading.Lock()
-
-    def touch(self, process):
-        with open(os.path.join(self.folder, process + ".log"), "ab"):
-            pass
-
-    def write(self, process, data):
-        with self.lock:
-            if process in self.cut or not data:
-                return
-            if self.cap and self.written + len(data) > self.cap:
-                keep = data[: max(0, self.cap - self.written)]
-                keep = keep[: keep.rfind(b"\n") + 1]
-                note = (
-                    f"\n----- llm-infra-mcp: log cut here: the job's logs reached {self.cap} bytes (max_log_bytes); "
-                    "the job goes on, its further output is dropped -----\n"
-                )
-                data = keep + note.encode()
-                self.cut.add(process)
-            with open(os.path.join(self.folder, process + ".log"), "ab") as f:
-                f.write(data)
-            self.written += len(data)
+@functools.cache
+def wrapper_sources() -> dict[str, str]:
+    """The text of each file submit writes into the job folder, read once (the version this server runs)."""
+    here = Path(__file__).parent
+    return {name: (here / source).read_text() for name, source in WRAPPER_FILES.items()}
 
 
-def numbered(parent, prefix=""):
-    found = []
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return found
-    for name in names:
-        suffix = name[len(prefix) :] if name.startswith(prefix) else ""
-        path = os.path.join(parent, name)
-        if suffix.isdigit() and os.path.isdir(path):
-            found.append((int(suffix), path))
-    return sorted(found)
+@functools.cache
+def wrapper_sha256() -> str:
+    """One digest of the wrapper's files (their names and texts), shown in the plan."""
+    digest = hashlib.sha256()
+    for name, text in sorted(wrapper_sources().items()):
+        digest.update(name.encode() + b"\0" + text.encode() + b"\0")
+    return digest.hexdigest()
 
 
-def attempts(log_dir):
-    """(attempt, folder) of every attempt torchrun started: LOG_DIR/<run>/attempt_<n>/<local rank>/."""
-    found = []
-    try:
-        runs = sorted(os.listdir(log_dir)) if log_dir else []
-    except OSError:
-        return found
-    for run in runs:
-        found.extend(numbered(os.path.join(log_dir, run), "attempt_"))
-    return sorted(found)
-
-
-class RankMirror:
-    """Copies what each rank wrote (stdout.log, stderr.log of every attempt) to logs/rank<r>.log, whole lines."""
-
-    def __init__(self, log_dir, logs):
-        self.log_dir, self.logs, self.offsets, self.started = log_dir, logs, {}, set()
-
-    def sync(self, final=False):
-        for attempt, attempt_dir in attempts(self.log_dir):
-            for rank, rank_dir in numbered(attempt_dir):
-                self.logs.touch(f"rank{rank}")
-                for stream in ("stdout.log", "stderr.log"):
-                    self.copy(attempt, rank, os.path.join(rank_dir, stream), final)
-
-    def copy(self, attempt, rank, source, final):
-        while True:
-            offset = self.offsets.get(source, 0)
-            try:
-                size = os.path.getsize(source)
-            except OSError:
-                return
-            if size <= offset:
-                return
-            with open(source, "rb") as f:
-                f.seek(offset)
-                chunk = f.read(min(size - offset, CHUNK))
-            if not final and len(chunk) < CHUNK:
-                end = chunk.rfind(b"\n")
-                if end < 0:
-                    return  # a line still being written: copied once it ends
-                chunk = chunk[: end + 1]
-            marker = b""
-            if (attempt, rank) not in self.started:
-                self.started.add((attempt, rank))
-                if attempt > 0:
-                    marker = f"----- torchrun restart {attempt} (attempt_{attempt}) -----\n".encode()
-            self.logs.write(f"rank{rank}", marker + chunk)
-            self.offsets[source] = offset + len(chunk)
-            if not final:
-                return
-
-
-def descendants(pid):
-    """Every process below `pid` (Linux /proc), children first found first."""
-    children = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(name))
-    found, index = [pid], 0
-    while index < len(found):
-        found.extend(children.get(found[index], []))
-        index += 1
-    return found[1:]
-
-
-def kill_all(pids, sig):
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            os.kill(pid, sig)
-
-
-def become_subreaper():
-    """Orphans of the command (ranks whose torchrun died) become this process's children, so none outlives it."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-
-
-def write_record(path, record):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".ray_exit.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def main(argv):
-    if "--" not in argv:
-        print("usage: ray_entry.py --job-dir D [options] -- CMD...", file=sys.stderr)
-        return 2
-    split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="ray_entry.py")
-    parser.add_argument("--job-dir", required=True)
-    parser.add_argument("--cwd", default="")
-    parser.add_argument("--max-wall-s", type=float, default=0.0)
-    parser.add_argument("--log-cap", type=int, default=0)
-    parser.add_argument("--output", default="main")
-    parser.add_argument("--rank-logs", default="")
-    opts = parser.parse_args(argv[:split])
-    command = argv[split + 1 :]
-    if not command:
-        print("ray_entry.py: no command after --", file=sys.stderr)
-        return 2
-    logs_dir = os.path.join(opts.job_dir, "logs")
-    for folder in (logs_dir, os.path.join(opts.job_dir, "checkpoints"), opts.rank_logs, opts.cwd):
-        if folder:
-            os.makedirs(folder, exist_ok=True)
-    if opts.cwd:
-        os.chdir(opts.cwd)
-    logs = Logs(logs_dir, opts.log_cap)
-    logs.touch(opts.output)
-    mirror = RankMirror(opts.rank_logs, logs)
-    become_subreaper()
-    record = {"started_at": time.time(), "host": socket.gethostname(), "pid": os.getpid(), "cwd": os.getcwd()}
-    if os.path.exists(os.path.join(opts.job_dir, "ray_cancel.json")):
-        # Cancelled while Ray still held it (Ray cannot stop a job that waits for resources): never run it.
-        line = "llm-infra-mcp: the job was cancelled before it started; the command is not run\n"
-        sys.stdout.write(line)
-        logs.write(opts.output, line.encode())
-        record.update(exit_code=None, signal=None, timed_out=False, stopped_by=None, cancelled_before_start=True)
-        record.update(ended_at=time.time(), attempts=0)
-        write_record(os.path.join(opts.job_dir, "ray_exit.json"), record)
-        return 125
-    stopped = []
-
-    def on_signal(signum, frame):
-        stopped.append(signal.Signals(signum).name)
-
-    try:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    except OSError as exc:
-        line = f"llm-infra-mcp: cannot start {command[0]}: {exc}\n"
-        sys.stdout.write(line)
-        logs.write(opts.output, line.encode())
-        record.update(exit_code=127, signal=None, timed_out=False, stopped_by=None, ended_at=time.time())
-        record.update(attempts=0, error=str(exc)[:2000])
-        write_record(os.path.join(opts.job_dir, "ray_exit.json"), record)
-        return 127
-    record["child_pid"] = proc.pid
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
-    def tee():
-        out = getattr(sys.stdout, "buffer", None)
-        while True:
-            try:
-                data = os.read(proc.stdout.fileno(), 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            if out is not None:
-                try:
-                    out.write(data)
-                    out.flush()
-                except (OSError, ValueError):
-                    out = None
-            logs.write(opts.output, data)
-
-    reader = threading.Thread(target=tee, daemon=True)
-    reader.start()
-    deadline = record["started_at"] + opts.max_wall_s if opts.max_wall_s > 0 else None
-    timed_out, kill_at, forwarded = False, None, False
-    while True:
-        try:
-            proc.wait(timeout=POLL_S)
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        mirror.sync()
-        now = time.time()
-        if stopped and not forwarded:
-            forwarded = True  # Ray signals every process of the job itself; make sure the command hears it
-            kill_all([proc.pid], signal.SIGTERM)
-            kill_at = kill_at or now + GRACE_S
-        if deadline is not None and now >= deadline and not timed_out:
-            timed_out = True
-            line = f"llm-infra-mcp: wall-time limit of {opts.max_wall_s:g} s reached: stopping the command (SIGTERM)\n"
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            logs.write(opts.output, line.encode())
-            kill_all([proc.pid], signal.SIGTERM)
-            kill_at = now + GRACE_S
-        if kill_at is not None and now >= kill_at:
-            kill_all([*descendants(proc.pid), proc.pid], signal.SIGKILL)
-            kill_at = now + GRACE_S
-    kill_all(descendants(os.getpid()), signal.SIGKILL)  # nothing of the command outlives it (we are its reaper)
-    reader.join(timeout=5)
-    mirror.sync(final=True)
-    code = proc.returncode
-    record.update(
-        exit_code=code if code >= 0 else None,
-        signal=signal.Signals(-code).name if code < 0 else None,
-        timed_out=timed_out,
-        stopped_by=stopped[0] if stopped else None,
-        ended_at=time.time(),
-        attempts=len(attempts(opts.rank_logs)),
-        logs_cut=sorted(logs.cut),
-    )
-    write_record(os.path.join(opts.job_dir, "ray_exit.json"), record)
-    return code if code >= 0 else 128 - code
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
-'''
-WRAPPER_SHA256 = hashlib.sha256(WRAPPER_SOURCE.encode()).hexdigest()
+def write_wrapper(folder: Path) -> Path:
+    """Write the wrapper's files into `folder`, each whole (a temporary file renamed); the wrapper's path."""
+    for name, text in wrapper_sources().items():
+        tmp = folder / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, folder / name)
+    return folder / WRAPPER_NAME
 
 
 # ---- the plan --------------------------------------------------------------------------------------------------------
@@ -907,8 +645,9 @@ class RayBackend:
             "(LLM_INFRA_MCP_CHECKPOINT_DIR), logs and the exit record are written there"
         )
         notes.append(
-            f"{WRAPPER_NAME}: a fixed wrapper (standard library only, sha256 {WRAPPER_SHA256[:16]}) that submit "
-            "writes into the job folder; it runs the command after '--' (no shell), copies its logs, "
+            f"{WRAPPER_NAME}: a fixed wrapper (servers/launch/ray_wrapper.py and torchrun.py beside it, standard "
+            f"library only, sha256 {wrapper_sha256()[:16]}) that submit writes into the job folder; it runs the "
+            "command after '--' (no shell), copies its logs, "
             + (f"ends it after max_wall_s {max_wall_s:g} s, " if max_wall_s else "")
             + f"and writes {EXIT_RECORD} when it ends"
         )
@@ -1002,10 +741,7 @@ class RayBackend:
         if isinstance(earlier, dict) and earlier.get("submission_id") == sid:
             return handle  # submitted before and forgotten by Ray: never launched again on its own
         folder.mkdir(parents=True, exist_ok=True)
-        wrapper = folder / WRAPPER_NAME
-        tmp = folder / f".{WRAPPER_NAME}.tmp"
-        tmp.write_text(WRAPPER_SOURCE)
-        os.replace(tmp, wrapper)
+        write_wrapper(folder)
         atomic_write_json(
             record,
             {"submission_id": sid, "key": request.key, "address": self.address, "submitted_at": time.time()},

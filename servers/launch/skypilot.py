@@ -76,7 +76,7 @@ from servers.engines.backend import (
     SubmitRequest,
     map_state,
 )
-from servers.launch.local import CHECKPOINT_ENV, MAX_NPROC, METRICS_ENV
+from servers.launch.torchrun import CHECKPOINT_ENV, MAX_NPROC, METRICS_ENV
 
 BACKEND_NAME = "skypilot"
 DISTRIBUTIONS = ("skypilot", "skypilot-nightly")

@@ -9,9 +9,9 @@ PORT a free port picked on it when the job starts.
 
 The node wrapper (``node``, one per node, this module's ``main``) runs torchrun with its per-rank logs under
 JOB/torchrun-logs/node<SLURM_NODEID>, copies each rank's output to JOB/logs/rank<global rank>.log while the job runs
-(local.py's RankLogMirror; the global rank of a local rank is read from the worker's own environment, since the c10d
+(torchrun.py's RankLogMirror; the global rank of a local rank is read from the worker's own environment, since the c10d
 rendezvous orders nodes as it likes), and on exit writes JOB/slurm-node<N>-exit.json: its exit code and, when
-torchrun failed, local.py's describe_failure of its output with the global rank.
+torchrun failed, torchrun.py's describe_failure of its output with the global rank.
 
 The batch script always ends by writing JOB/slurm-exit.json (``exit-record``): the exit code, the end time, Slurm's
 state as the job saw it (COMPLETED, FAILED, TIMEOUT, CANCELLED...) and the failing rank with its exception; also on
@@ -66,7 +66,7 @@ from servers.engines.backend import (
     map_state,
 )
 from servers.launch.envpolicy import env_refusal
-from servers.launch.local import (
+from servers.launch.torchrun import (
     CHECKPOINT_ENV,
     LOG_DIR_NAME,
     MAX_NPROC,
@@ -74,10 +74,10 @@ from servers.launch.local import (
     RUN_DIR_NAME,
     RUN_ID_PATTERN,
     RankLogMirror,
-    attempt_dirs,
     describe_failure,
     find_root_cause,
     parse_root_cause_block,
+    tail_text,
 )
 
 BACKEND_NAME = "slurm"
@@ -1528,7 +1528,7 @@ def worker_ranks(parent_pid: int) -> dict[tuple[int, int], int]:
 
 
 class NodeRankMirror(RankLogMirror):
-    """local.py's mirror for one node of many: a local rank's output goes to the log of its global rank, which the
+    """torchrun.py's mirror for one node of many: a local rank's output goes to the log of its global rank, which the
     c10d rendezvous decides (`learn` reads it from the workers). Output of a rank not yet known waits; at the end an
     unknown one is named from the other ranks of its attempt, else node * nproc + local rank."""
 
@@ -1542,16 +1542,9 @@ class NodeRankMirror(RankLogMirror):
 
     def learn(self, torchrun_pid: int) -> None:
         """Read the global ranks of torchrun's workers, while some rank folder's is not known (scanning /proc costs)."""
-        if all((attempt, local) in self.ranks for attempt, local, _ in self._rank_dirs()):
+        if all((attempt, local) in self.ranks for attempt, local, _ in self.rank_dirs()):
             return
         self.ranks.update(worker_ranks(torchrun_pid))
-
-    def _rank_dirs(self) -> list[tuple[int, int, Path]]:
-        found = []
-        for attempt, attempt_dir in attempt_dirs(self.log_dir):
-            with contextlib.suppress(OSError):
-                found += [(attempt, int(p.name), p) for p in attempt_dir.iterdir() if p.name.isdigit() and p.is_dir()]
-        return sorted(found)
 
     def rank_of(self, attempt: int, local: int, *, guess: bool) -> int | None:
         if (attempt, local) in self.ranks:
@@ -1564,33 +1557,14 @@ class NodeRankMirror(RankLogMirror):
         earlier = [g for (a, lr), g in sorted(self.ranks.items()) if lr == local]
         return earlier[-1] if earlier else self.node * self.nproc + local
 
-    def sync(self, *, final: bool = False) -> None:
-        for attempt, local, rank_dir in self._rank_dirs():
-            rank = self.rank_of(attempt, local, guess=final)
-            if rank is None:
-                continue  # copied once its global rank is known
-            self.log_path(f"rank{rank}").touch(exist_ok=True)
-            for stream in ("stdout.log", "stderr.log"):
-                self._copy(attempt, rank, rank_dir / stream, final)
-
-
-def _tail(path: Path, limit: int = 64 * 1024) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - limit))
-            return f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
 
 def node_failure(returncode: int, log_dir: Path, output: Path, mirror: NodeRankMirror) -> tuple[str, int | None]:
-    """local.py's describe_failure of this node's torchrun, with the rank named by its global rank."""
+    """torchrun.py's describe_failure of this node's torchrun, with the rank named by its global rank."""
     text = describe_failure(returncode, log_dir, output)
     cause = find_root_cause(log_dir, output)
     if cause is None or cause.rank is None:
         return text, None
-    block = parse_root_cause_block(_tail(output)) or {}
+    block = parse_root_cause_block(tail_text(output)) or {}
     local = cause.rank
     rank = block.get("rank") if isinstance(block.get("rank"), int) and block.get("local_rank") == local else None
     if rank is None:
@@ -1736,7 +1710,7 @@ def write_exit_record(
             record["reason"] = failed[0]["reason"]
             record["rank"], record["node"] = failed[0].get("rank"), failed[0].get("node")
         else:
-            tail = [ln.strip() for ln in _tail(job_dir / "logs" / "batch.log", 8192).splitlines() if ln.strip()]
+            tail = [ln.strip() for ln in tail_text(job_dir / "logs" / "batch.log", 8192).splitlines() if ln.strip()]
             record["reason"] = (
                 f"srun exited with code {exit_code}: {tail[-1] if tail else 'no output'}; see read_job_logs for "
                 "process main"
