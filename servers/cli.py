@@ -161,6 +161,9 @@ def refuse_broad_roots(roots: Sequence[Path]) -> str | None:
     return None
 
 
+BANDWIDTH_LAYOUT = "bandwidth-check/1"  # servers/diagnostics/bandwidth.py SUMMARY_LAYOUT (checked by its tests)
+
+
 def _hours(value: object) -> str:
     """Hours for the person: 5,120.0, 0.167 (three decimals at most, never a bare integer)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -186,6 +189,8 @@ def approval_lines(plan_id: str, summary: dict[str, Any]) -> list[str]:
     from servers.launch.training import SUMMARY_LAYOUT, SWEEP_SUMMARY_LAYOUT
 
     layout = summary.get("layout")
+    if layout == BANDWIDTH_LAYOUT:
+        return bandwidth_lines(plan_id, summary)
     if layout not in (SUMMARY_LAYOUT, SWEEP_SUMMARY_LAYOUT):  # an older version's summary: every key, escaped
         lines = [f"Plan {visible(plan_id)} (recorded by an older version: plan it again to see every field):"]
         lines += [f"  {visible(k)}: {visible(json.dumps(v, ensure_ascii=False))}" for k, v in summary.items()]
@@ -232,12 +237,47 @@ def approval_lines(plan_id: str, summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def bandwidth_lines(plan_id: str, summary: dict[str, Any]) -> list[str]:
+    """A bandwidth check's probe jobs (check_collective_bandwidth on Slurm), every value escaped, the fields that
+    decide the cost last."""
+    from servers.core.display import quoted, visible
+
+    nodes = summary.get("nodes") if isinstance(summary.get("nodes"), list) else []
+    return [
+        f"Plan {visible(plan_id)}: a bandwidth check, {visible(summary.get('probes'))} probe job(s) one at a time "
+        f"on {visible(summary.get('backend'))}",
+        f"  what: {visible(summary.get('what'))}",
+        f"  mode: {visible(summary.get('mode'))}",
+        f"  op: {visible(summary.get('op'))}",
+        f"  message sizes (bytes): {visible(summary.get('sizes'))}",
+        f"  partition: {quoted(summary['partition']) if summary.get('partition') else '(the default)'}",
+        f"  nodes ({len(nodes)}, each probe pinned to its own):",
+        *(f"    {quoted(n)}" for n in nodes),
+        f"  backend: {visible(summary.get('backend'))}",
+        f"  probes: {visible(summary.get('probes'))}",
+        f"  nodes_per_probe: {visible(summary.get('nodes_per_probe'))} (the widest probe)",
+        f"  nproc_per_node: {visible(summary.get('nproc_per_node'))}",
+        f"  gpus_per_node: {visible(summary.get('gpus_per_node'))}",
+        f"  total_gpus: {visible(summary.get('total_gpus'))} (the widest probe; one probe runs at a time)",
+        f"  probe_wall_s: {_wall(summary.get('probe_wall_s'))} (each probe)",
+        f"  estimated_gpu_hours: {_hours(summary.get('estimated_gpu_hours'))} (all probes)",
+        f"  estimated_node_hours: {_hours(summary.get('estimated_node_hours'))} (all probes)",
+    ]
+
+
 def approval_recap(summary: dict[str, Any]) -> str:
     """One line of what is approved, for the prompt itself: the last thing the person reads is ours."""
     from servers.core.display import quoted, visible
     from servers.launch.training import SUMMARY_LAYOUT, SWEEP_SUMMARY_LAYOUT
 
     hours = f"{_hours(summary.get('estimated_gpu_hours'))} GPU-hours"
+    if summary.get("layout") == BANDWIDTH_LAYOUT:
+        return (
+            f"{visible(summary.get('probes'))} bandwidth probe job(s), up to {hours} and "
+            f"{_hours(summary.get('estimated_node_hours'))} node-hours on {visible(summary.get('backend'))}: up to "
+            f"{visible(summary.get('nodes_per_probe'))} node(s) x {visible(summary.get('gpus_per_node'))} GPU(s) "
+            f"each, up to {_wall(summary.get('probe_wall_s'))} each"
+        )
     if summary.get("layout") not in (SUMMARY_LAYOUT, SWEEP_SUMMARY_LAYOUT):
         return f"up to {hours}"
     image = f", image {quoted(summary['image'])}" if summary.get("image") else ""
@@ -320,7 +360,11 @@ def approve(plan_id: str, *, yes: bool, tty: TextIO | None = None, out: TextIO |
     if not approvals.approve(plan_id, f"{who} (llm-infra-mcp approve)"):
         say(f"llm-infra-mcp: plan {plan_id} was already used by a job; plan it again")
         return 2
-    say(f"approved: the next submit of plan {plan_id} (its plan_token) starts it, within a day")
+    if summary.get("layout") == BANDWIDTH_LAYOUT:
+        say(f"approved: the next check_collective_bandwidth with the same arguments (plan {plan_id}) starts it, "
+            "within a day")  # fmt: skip
+    else:
+        say(f"approved: the next submit of plan {plan_id} (its plan_token) starts it, within a day")
     return 0
 
 

@@ -9,8 +9,14 @@ Modes (what each probe is):
 
 Where: ``local`` runs the node probe here (ranks spawned by the job, NCCL on the GPUs, gloo on CPU); ``slurm`` runs
 each probe as a Slurm job pinned to its nodes (--nodelist), one probe at a time so that probes do not share links,
-through the launch server's SlurmBackend (the batch script, the exit record, states exact). Every probe runs
+through the engines registry's Slurm backend (the batch script, the exit record, states exact). Every probe runs
 bandwidth_probe.py (the same timing and exact check as benchmark_collective) and writes an nccl-tests-layout table.
+
+Admission (slurm): before the check's job starts, its nodes are fixed (sinfo's, when none are given) and the probes'
+cost bounded (probes x nodes each x GPUs per node x probe_wall_s; node-hours for CPU nodes); admission
+(servers/engines/admission.py) then applies the quotas (GPUs per probe job, the wall-time limit) and, above the
+confirmation ceilings, asks the person exactly as a training launch does, the plan id derived from the normalised
+spec (`admit_probes`).
 
 Judging: each probe's table goes through parse_nccl_tests, whose verdict compares the best large-message bus
 bandwidth with the floors of known single-node configurations (8x H100 460 GB/s with NVLS, ~370 without; 8x H200
@@ -31,12 +37,16 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from servers.core.errors import InputError
 from servers.core.models import Model
+
+if TYPE_CHECKING:
+    from servers.core.settings import Settings
+    from servers.engines.admission import Admission, Ask, Launch
 
 PROBE_SCRIPT = Path(__file__).resolve().with_name("bandwidth_probe.py")
 MAX_NODES = 64
@@ -45,6 +55,7 @@ FLEET_DEGRADED = 0.8
 FLEET_FAIL = 0.5
 MIN_FLEET = 3
 HEATMAP = "bandwidth-heatmap.png"
+SUMMARY_LAYOUT = "bandwidth-check/1"  # what `llm-infra-mcp approve` knows how to show field by field
 NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 Status = Literal["PASS", "DEGRADED", "FAIL", "UNKNOWN"]
@@ -291,6 +302,148 @@ def draw_heatmap(report: BandwidthReport, path: Path) -> bool:
     return True
 
 
+# ---- admission (slurm) ---------------------------------------------------------------------------------------------
+class ProbeCost(Model):
+    """What the probes of a Slurm check hold at most: they run one at a time, each for up to probe_wall_s."""
+
+    probes: int
+    nodes_per_probe: int = Field(description="The widest probe's nodes")
+    gpus_per_node: int
+    probe_wall_s: float
+    max_gpus_at_once: int = Field(description="The widest probe's GPUs (one probe runs at a time)")
+    gpu_hours: float
+    node_hours: float
+
+
+def normalise(spec: BandwidthCheckSpec, listed: list[str] | None) -> BandwidthCheckSpec:
+    """The spec with its nodes fixed: those given, else `listed` (sinfo's usable nodes), then the nodes of the
+    given pairs; what the check costs and what its approval names. Refuses more nodes or probes than a check runs."""
+    nodes = list(spec.nodes if spec.nodes is not None else listed or [])
+    if not nodes and not spec.pairs:
+        raise InputError("slurm: no usable node (sinfo lists none idle, mixed or allocated)")
+    nodes += [n for p in spec.pairs or [] for n in p if n not in nodes]
+    if len(nodes) > MAX_NODES:
+        raise InputError(
+            f"nodes: {len(nodes)} (sinfo's usable nodes, or those of the pairs); at most {MAX_NODES} a check: name "
+            "them with nodes, or give a partition"
+        )
+    try:  # sinfo's names pass the spec's own checks (they reach --nodelist and the person's screen)
+        fixed = BandwidthCheckSpec.model_validate({**spec.model_dump(mode="json"), "nodes": nodes})
+    except ValidationError as exc:
+        said = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise InputError(f"nodes: sinfo listed a node this check cannot name: {said}") from None
+    groups = probe_groups(fixed, nodes)
+    if len(groups) > MAX_PROBES:
+        raise InputError(f"{len(groups)} probes; at most {MAX_PROBES} a check")
+    return fixed
+
+
+def probe_cost(spec: BandwidthCheckSpec) -> ProbeCost:
+    """The upper bound of a normalised Slurm spec's probes (every probe held for its whole probe_wall_s)."""
+    from servers.engines.admission import hours
+
+    assert spec.nodes is not None
+    groups = probe_groups(spec, list(spec.nodes))
+    widest = max(len(g) for g in groups)
+    gpu_hours = node_hours = 0.0
+    for group in groups:
+        gpus, nodes = hours(jobs=1, nodes=len(group), gpus_per_node=spec.gpus_per_node, wall_s=spec.probe_wall_s)
+        gpu_hours, node_hours = gpu_hours + gpus, node_hours + nodes
+    return ProbeCost(
+        probes=len(groups), nodes_per_probe=widest, gpus_per_node=spec.gpus_per_node, probe_wall_s=spec.probe_wall_s,
+        max_gpus_at_once=widest * spec.gpus_per_node, gpu_hours=gpu_hours, node_hours=node_hours,
+    )  # fmt: skip
+
+
+def plan_id(spec: BandwidthCheckSpec) -> str:
+    """The approval's id: the normalised spec's digest (another node, size or wall time: another plan)."""
+    import hashlib
+
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"{SUMMARY_LAYOUT}\n{canonical}".encode()).hexdigest()[:16]
+
+
+def probe_launch(spec: BandwidthCheckSpec, cost: ProbeCost) -> Launch:
+    """The admission Launch of a Slurm check: its message (escaped: the client shows it to the person) and the
+    summary `llm-infra-mcp approve` shows, with every field that decides the cost."""
+    from servers.core.display import visible
+    from servers.engines.admission import Launch
+
+    nodes = list(spec.nodes or [])
+    shown = ", ".join(visible(n) for n in nodes[:16]) + (f" and {len(nodes) - 16} more" if len(nodes) > 16 else "")
+    summary = {
+        "layout": SUMMARY_LAYOUT, "what": f"bandwidth check ({spec.mode}, {spec.op})", "backend": spec.backend,
+        "mode": spec.mode, "op": spec.op, "partition": spec.partition, "nodes": nodes, "probes": cost.probes,
+        "nodes_per_probe": cost.nodes_per_probe, "nproc_per_node": spec.nproc_per_node,
+        "gpus_per_node": cost.gpus_per_node, "total_gpus": cost.max_gpus_at_once, "probe_wall_s": cost.probe_wall_s,
+        "sizes": list(spec.sizes), "estimated_gpu_hours": cost.gpu_hours, "estimated_node_hours": cost.node_hours,
+    }  # fmt: skip
+    return Launch(
+        plan_id=plan_id(spec),
+        gpu_hours=cost.gpu_hours,
+        node_hours=cost.node_hours,
+        message=(
+            f"Start {cost.probes} bandwidth probe job(s) on Slurm ({visible(spec.mode)} {visible(spec.op)}), one at "
+            f"a time, on {len(nodes)} node(s): {shown}"
+            + (f", partition {visible(spec.partition)}" if spec.partition else "")
+            + f". Each probe: up to {cost.nodes_per_probe} node(s) x {cost.gpus_per_node} GPU(s) for at most "
+            f"{cost.probe_wall_s:g} s: up to {cost.gpu_hours:,.4g} GPU-hours, {cost.node_hours:,.4g} node-hours "
+            "in all."
+        ),
+        summary=summary,
+        plan_tool="check_collective_bandwidth",
+        submit_tool="check_collective_bandwidth",
+        token_name="arguments",
+        confirm_label="Start these probe jobs",
+    )
+
+
+async def admit_probes(
+    settings: Settings, spec: BandwidthCheckSpec, *, ask: Ask, who: str
+) -> tuple[BandwidthCheckSpec, Admission]:
+    """A Slurm check through admission before its job starts: its nodes fixed, the quotas each probe job meets,
+    and the person's approval above the ceilings (elicitation by `ask`, else `llm-infra-mcp approve PLAN_ID`).
+    The normalised spec and the Admission (`started(job_id)` once the check's job exists). Raises InputError
+    (QuotaError) when it may not start."""
+    from anyio import to_thread
+
+    from servers.engines import admission, registry
+
+    info = registry.get("slurm")
+    if not info.can("node_pinning"):
+        raise InputError("backend slurm: its registered backend cannot pin a job to nodes, which every probe needs")
+    listed: list[str] | None = None
+    if spec.nodes is None:
+        backend = info.build(info.config_for(settings))
+        try:
+            listed = await to_thread.run_sync(backend.nodes, spec.partition)
+        except RuntimeError as exc:  # no Slurm here
+            raise InputError(f"backend slurm: {exc}") from None
+    fixed = normalise(spec, listed)
+    cost = probe_cost(fixed)
+    admission.check_wall(settings, fixed.probe_wall_s, name="probe_wall_s")
+    admission.check_gpus_per_job(settings, cost.max_gpus_at_once, what="a probe job")
+    launch = probe_launch(fixed, cost)
+    admitted = await admission.admit(
+        settings,
+        launch,
+        needed=admission.confirmation_needed(
+            settings,
+            backend="slurm",
+            gpus_per_node=fixed.gpus_per_node,
+            gpu_hours=cost.gpu_hours,
+            node_hours=cost.node_hours,
+        ),
+        ask=ask,
+        has_token=True,  # the arguments stand for the plan: its id is their digest
+        who=who,
+        audit={"plan_id": launch.plan_id, "estimated_gpu_hours": cost.gpu_hours},
+        declined=f"not started: the person declined the bandwidth check ({cost.probes} probe job(s), "
+        f"{cost.gpu_hours:.3g} GPU-hours, {cost.node_hours:.3g} node-hours at most)",
+    )
+    return fixed, admitted
+
+
 # ---- running -------------------------------------------------------------------------------------------------------
 def run_local(spec: BandwidthCheckSpec, ctx: Any) -> dict[str, Any]:
     """The node probe here (the `bandwidth_check` job kind, in a private network namespace)."""
@@ -333,16 +486,15 @@ def run_slurm(spec: BandwidthCheckSpec, ctx: Any) -> dict[str, Any]:
     """Every probe as a Slurm job pinned to its nodes, one at a time (the `bandwidth_check_cluster` job kind)."""
     from servers.core.jobstore import JobState
     from servers.core.procs import stop_on_sigterm
+    from servers.engines import registry
     from servers.engines.backend import SubmitRequest
     from servers.engines.follow import follow
-    from servers.launch.slurm import SlurmBackend
 
-    backend = SlurmBackend(job_root=Path(ctx.files.dir) / "probes")
-    nodes = list(spec.nodes or backend.nodes(spec.partition))
-    if not nodes:
-        raise InputError("slurm: no usable node (sinfo lists none idle, mixed or allocated)")
-    if spec.pairs:
-        nodes += [n for p in spec.pairs for n in p if n not in nodes]
+    if spec.nodes is None:  # admit_probes fixes them: the probes run on the nodes whose cost was admitted
+        raise InputError("nodes: a Slurm check's job needs its nodes fixed before it starts (admit_probes)")
+    info = registry.get("slurm")
+    backend = info.build({"job_root": str(Path(ctx.files.dir) / "probes")})
+    nodes = list(spec.nodes)
     groups = probe_groups(spec, nodes)
     probes: list[ProbeResult] = []
     # Ranks per node: the GPUs asked for, else 2 for a node alone (one rank moves no data), 1 across nodes.
@@ -367,7 +519,7 @@ def run_slurm(spec: BandwidthCheckSpec, ctx: Any) -> dict[str, Any]:
             plan = backend.plan(probe_spec, job_dir=folder)
             handle = backend.submit(plan, SubmitRequest(key=f"{ctx.job_id}-probe-{i}", spec=probe_spec))
             prefix = f"probe {i + 1}/{len(groups)} ({', '.join(group)}): "
-            status = follow(backend, handle, ctx, stop, done=i, total=len(groups), prefix=prefix)
+            status = follow(backend, handle, ctx, stop, info=info, done=i, total=len(groups), prefix=prefix)
             record = _read_json(folder / "bandwidth.json") if status.state is JobState.SUCCEEDED else None
             text = _read_text(folder / "bandwidth.txt") if record is not None else None
             state = status.state.value if record is not None or status.state is not JobState.SUCCEEDED else "NO_RESULT"

@@ -28,6 +28,7 @@ from servers.core.mcp_layer import (
 )
 from servers.core.models import Model
 from servers.core.paths import resolve_inside_roots
+from servers.diagnostics.bandwidth import BandwidthCheckSpec
 from servers.diagnostics.bounds import (
     DEFAULT_CONTENT_BYTES,
     MAX_NOTES,
@@ -434,9 +435,7 @@ def _register_bandwidth(server: MCPServer, app: App) -> None:
     ) -> Annotated[CallToolResult, JobView]:
         """Measure collective bus bandwidth per node, node pair or allocation, here or as Slurm jobs:
         PASS, DEGRADED or FAIL per probe vs known floors or the median, the slowest nodes, a heatmap. A job;
-        minutes."""
-        from servers.diagnostics.bandwidth import BandwidthCheckSpec
-
+        minutes. Slurm probes past the GPU-/node-hour ceiling need the person's approval."""
         try:
             spec = BandwidthCheckSpec(
                 mode=mode, backend=backend, nodes=nodes, pairs=pairs, op=op, nproc_per_node=nproc_per_node,
@@ -444,8 +443,7 @@ def _register_bandwidth(server: MCPServer, app: App) -> None:
             )  # fmt: skip
         except ValidationError as exc:
             raise InputError("; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())) from None
-        kind = "bandwidth_check" if backend == "local" else "bandwidth_check_cluster"
-        view = await run_job(app, kind, spec.model_dump(mode="json"), wait_s=wait_s, ctx=ctx, timeout_s=max_wall_s)
+        view = await start_bandwidth_check(app, ctx, spec, wait_s=wait_s, max_wall_s=max_wall_s)
         extra = []
         result = view.result or {}
         if view.finished and isinstance(result.get("heatmap"), str):
@@ -827,6 +825,42 @@ def read_live_kernel_log(source: str | None) -> str:
             "kernel log may need root or the adm/systemd-journal group"
         )
     return done.stdout.decode(errors="replace")
+
+
+async def start_bandwidth_check(
+    app: App, ctx: Context, spec: BandwidthCheckSpec, *, wait_s: float, max_wall_s: float
+) -> JobView:
+    """The check's job, started; on Slurm through admission first (quotas, the person's approval above the
+    ceilings, the audit log as a launch), its approval bound to the job before the wait."""
+    from servers.core.audit import AuditLog
+    from servers.core.mcp_layer import client_name
+    from servers.diagnostics.bandwidth import admit_probes
+    from servers.engines.admission import elicit_asker
+
+    if spec.backend == "local":
+        return await run_job(app, "bandwidth_check", spec.model_dump(mode="json"), wait_s=wait_s, ctx=ctx,
+                             timeout_s=max_wall_s)  # fmt: skip
+    who = client_name(ctx)
+    spec, admitted = await admit_probes(app.settings, spec, ask=elicit_asker(ctx), who=who)
+    try:
+        view = await run_job(
+            app, "bandwidth_check_cluster", spec.model_dump(mode="json"), wait_s=0, ctx=ctx, timeout_s=max_wall_s
+        )
+    except BaseException:
+        await admitted.started(app.settings, None)
+        raise
+    await admitted.started(app.settings, view.job_id)
+    AuditLog(app.settings).record(
+        "submit", who=who, plan_id=admitted.plan_id, job_id=view.job_id, kind="bandwidth_check_cluster",
+        nodes=spec.nodes, mode=spec.mode, gpus_per_node=spec.gpus_per_node, probe_wall_s=spec.probe_wall_s,
+    )  # fmt: skip
+    if wait_s <= 0:
+        return view
+    from servers.core.mcp_layer import wait_for
+
+    waited = await wait_for(app, view.job_id, wait_s, ctx)
+    assert waited.job is not None
+    return waited.job
 
 
 PART = ServerPart(
