@@ -180,6 +180,31 @@ async def test_each_probe_job_meets_the_quotas_before_anything_is_asked(settings
     assert asked == ["asked"] and admitted.how == "confirmed by the person (elicitation)"
 
 
+@pytest.mark.timeout(120)
+async def test_the_check_counts_as_a_job_and_a_refused_start_gives_the_approval_back(settings: Settings) -> None:
+    """LLM_INFRA_MCP_MAX_CONCURRENT_JOBS=1 with one job running: the approved check is refused by the job quota
+    before any probe is submitted (no Slurm needed: its nodes are named), and its approval stands again."""
+    one = App(
+        settings.model_copy(update={"max_concurrent_jobs": 1, "confirm_above_node_hours": 0.01}),
+        owner="test",
+        child_env=CHILD_ENV,
+    )
+    args = {"backend": "slurm", "nodes": ["node1"], "sizes": [65536], "wait_s": 0}
+    async with Client(create_test_suite(one), mode="legacy") as client:
+        plan_id = re.search(r"approve ([0-9a-f]{16})", await error(client, "check_collective_bandwidth", args))
+        assert plan_id is not None
+        assert Approvals(settings).approve(plan_id.group(1), "a person")
+        busy = await ok(client, "check_collective_bandwidth", {"wait_s": 0, "sizes": [65536]})  # the local check
+        try:
+            refused = await error(client, "check_collective_bandwidth", args)
+            assert "LLM_INFRA_MCP_MAX_CONCURRENT_JOBS" in refused, refused
+        finally:
+            await ok(client, "cancel_job", {"job_id": busy["job_id"]})
+        row = Approvals(settings).get(plan_id.group(1))
+        assert row["approved_at"] is not None and row["used_by_job"] is None  # still the person's, unused
+    assert not [e for e in _events(settings) if e["event"] == "submit" and e.get("plan_id") == plan_id.group(1)]
+
+
 def _probe_jobs() -> set[str]:
     """The ids of the bandwidth probes Slurm knows of (queued, running or just ended)."""
     listed = subprocess.run(
