@@ -1,9 +1,9 @@
 """The Ray job's entrypoint wrapper (servers/launch/ray_wrapper.py) without Ray: written into a job folder the way
 submit writes it (with torchrun.py beside it), run as a script by an interpreter that sees no site-packages (as on a
-Ray node without llm-infra-mcp), around a fake torchrun that writes per-rank files over two attempts. Checked: the
-rank logs (torchrun.py's one mirror: restart marker, whole lines, one copy kept), the cap shared with the command's
-own output (cut marker, .cut records, the exit record's logs_cut), files reached through links never copied, and
-the exit record."""
+Ray node without llm-infra-mcp) and no script folder on sys.path (python -P), around a fake torchrun that writes
+per-rank files over two attempts. Checked: the rank logs (torchrun.py's one mirror: restart marker, whole lines, one
+copy kept), the cap shared with the command's own output (cut marker, .cut records, the exit record's logs_cut),
+files reached through links never copied, and the exit record."""
 
 import ast
 import json
@@ -50,7 +50,8 @@ def run_wrapper(
     rank_logs = job / torchrun.LOG_DIR_NAME
     if callable(setup):
         setup(job, rank_logs)
-    argv = [sys.executable, "-S", str(wrapper), "--job-dir", str(job), "--cwd", str(job / "run")]
+    # -S: no site-packages (this package is not installed on the node); -P: no script folder on sys.path either.
+    argv = [sys.executable, "-S", "-P", str(wrapper), "--job-dir", str(job), "--cwd", str(job / "run")]
     argv += ["--log-cap", str(log_cap), "--output", "torchrun", "--rank-logs", str(rank_logs)]
     argv += ["--", sys.executable, "-S", str(fake), str(rank_logs), str(lines), str(big)]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}

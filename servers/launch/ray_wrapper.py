@@ -10,8 +10,7 @@ D/ray_exit.json (exit code or signal, times, attempts, the logs cut): how the jo
 forgets the job.
 
 The Ray node may not have llm-infra-mcp installed: ray_backend.py's submit writes this file into the job folder as
-ray_entry.py, and servers/launch/torchrun.py beside it as torchrun.py, which this script imports as its sibling
-(Python puts a script's own folder first on sys.path).
+ray_entry.py, and servers/launch/torchrun.py beside it as torchrun.py, which this script imports as its sibling.
 """
 
 import argparse
@@ -26,7 +25,10 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-import torchrun  # the sibling file: servers/launch/torchrun.py, shipped beside this one
+# The sibling file (servers/launch/torchrun.py, shipped beside this one), found first even where Python does not put
+# a script's folder on sys.path (python -P, PYTHONSAFEPATH).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torchrun
 
 GRACE_S = 30.0
 POLL_S = 0.5
