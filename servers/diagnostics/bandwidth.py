@@ -514,7 +514,7 @@ def run_slurm(spec: BandwidthCheckSpec, ctx: Any) -> dict[str, Any]:
                 "nnodes": len(group), "nproc_per_node": nproc, "gpus_per_node": spec.gpus_per_node,
                 "cpus_per_task": nproc if spec.gpus_per_node else 1,  # CPU probes: one CPU a node will do
                 "max_wall_s": spec.probe_wall_s, "run_id": f"probe-{i}", "name": f"bw-probe-{i}",
-                "nodelist": ",".join(group), "partition": spec.partition, "env": {}, "max_restarts": 0,
+                "options": {"nodelist": ",".join(group), "partition": spec.partition}, "env": {}, "max_restarts": 0,
             }  # fmt: skip
             plan = backend.plan(probe_spec, job_dir=folder)
             handle = backend.submit(plan, SubmitRequest(key=f"{ctx.job_id}-probe-{i}", spec=probe_spec))

@@ -155,7 +155,7 @@ def build(
             f"the sweep has {len(plans)} runs and {free_slots} of LLM_INFRA_MCP_MAX_CONCURRENT_JOBS="
             f"{settings.max_concurrent_jobs} job slots are free; they all start at once: fewer runs, or wait"
         )
-    if gpus and gpus_in_use + gpus > settings.max_concurrent_gpus and not base.share_gpus:
+    if gpus and gpus_in_use + gpus > settings.max_concurrent_gpus and not base.options.get("share_gpus"):
         raise QuotaError(
             f"the sweep's runs hold {gpus} GPUs together and {gpus_in_use} are in use; at most "
             f"{settings.max_concurrent_gpus} at once (LLM_INFRA_MCP_MAX_CONCURRENT_GPUS)"

@@ -13,49 +13,42 @@ import hashlib
 import hmac
 import json
 import os
-import re
 import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from servers.core.db import connect, initialise
 from servers.core.errors import InputError
 from servers.core.models import Model
 from servers.core.paths import resolve_inside_roots
 from servers.core.settings import Settings
-from servers.engines import admission
+from servers.engines import admission, registry
 from servers.engines.admission import confirmation_needed
 from servers.engines.backend import Backend, BackendPlan
+from servers.launch import options as backend_options
 from servers.launch.envpolicy import check_env
 
-SLURM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
-K8S_IMAGE = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$"
-K8S_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-K8S_RUNTIME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
-K8S_FIELDS = ("namespace", "queue", "runtime", "k8s_kind")
-SKY_FIELDS = ("accelerator", "infra", "use_spot", "job_recovery", "max_restarts_on_errors", "pip_packages")
-IMAGE_BACKENDS = ("kubernetes", "skypilot")
-MULTI_NODE_BACKENDS = ("slurm", "kubernetes", "skypilot")
-CLUSTER_NODE_BACKENDS = ("kubernetes", "skypilot")  # the ranks run on the engine's nodes, never this machine
-SKY_ACCELERATOR = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$"
-SKY_INFRA = r"^[A-Za-z0-9*][A-Za-z0-9_.:@*-]{0,127}(/[A-Za-z0-9_.:@*-]{1,127}){0,8}$"
-PIP_REQUIREMENT = (
-    r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(\[[A-Za-z0-9._,-]{1,200}\])?"
-    r"((==|>=|<=|~=|!=|<|>)[A-Za-z0-9.*+!_-]{1,64}(,(==|>=|<=|~=|!=|<|>)[A-Za-z0-9.*+!_-]{1,64}){0,7})?$"
+# What `options` takes, per bundled backend (the options models in their modules; a test keeps this in step).
+OPTIONS_TEXT = (
+    "The backend's own options (list_backends lists them): local: share_gpus; slurm: partition, account, qos, "
+    "constraint, exclude, nodelist, dependency; kubernetes: image (required), namespace, queue, runtime, k8s_kind; "
+    "skypilot: image, accelerator, infra, use_spot, job_recovery, max_restarts_on_errors, pip_packages; ray: none"
 )
 
 
-class TrainingJobSpec(Model):
-    """Exactly one of recipe or script. For one backend only: slurm: partition, account, qos, constraint, exclude,
-    nodelist, dependency; kubernetes: image, namespace, queue, runtime, k8s_kind; skypilot: image, accelerator,
-    infra, use_spot, job_recovery, max_restarts_on_errors, pip_packages."""
+def _backend_names(schema: dict[str, Any]) -> None:
+    schema["enum"] = list(registry.names())
 
-    # The docstring lists the backend-only fields by name: keep it in step with the fields below.
+
+class TrainingJobSpec(Model):
+    """Exactly one of recipe or script. The fields every backend reads; what one backend alone takes is in
+    `options`, validated against that backend's options model (servers/launch/options.py)."""
+
     recipe: Annotated[str, Field(max_length=64)] | None = Field(default=None, description="See list_recipes")
     script: Annotated[str, Field(max_length=4096)] | None = Field(
         default=None, description="A .py in the allowed roots"
@@ -66,11 +59,6 @@ class TrainingJobSpec(Model):
     nproc_per_node: int | None = Field(default=None, ge=1, le=64)
     nnodes: int = Field(default=1, ge=1, le=64, description=">1: slurm, kubernetes, skypilot only")
     gpus_per_node: int | None = Field(default=None, ge=0, le=64)
-    share_gpus: bool = Field(
-        default=False,
-        description="local: may use GPUs other share_gpus jobs use (not a non-sharing job's); each GPU counts once "
-        "in LLM_INFRA_MCP_MAX_CONCURRENT_GPUS",
-    )
     env: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=dict,
         max_length=64,
@@ -82,35 +70,43 @@ class TrainingJobSpec(Model):
     name: Annotated[str, Field(max_length=128)] | None = None
     tags: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=32)
     idempotency_key: Annotated[str, Field(pattern=KEY_PATTERN)] | None = None
-    backend: Literal["local", "ray", "slurm", "kubernetes", "skypilot"] = "local"
-    partition: Annotated[str, Field(pattern=SLURM_NAME)] | None = None
-    account: Annotated[str, Field(pattern=SLURM_NAME)] | None = None
-    qos: Annotated[str, Field(pattern=SLURM_NAME)] | None = None
-    constraint: Annotated[str, Field(max_length=2048)] | None = None
-    exclude: Annotated[str, Field(max_length=1024)] | None = None
-    nodelist: Annotated[str, Field(max_length=1024)] | None = None
-    dependency: Annotated[str, Field(pattern=r"^[0-9]{1,12}$")] | None = Field(
-        default=None, description="Slurm job ID to succeed first"
+    backend: Annotated[str, Field(max_length=64)] = Field(default="local", json_schema_extra=_backend_names)
+    options: dict[Annotated[str, Field(max_length=64)], Any] = Field(
+        default_factory=dict, max_length=backend_options.MAX_OPTIONS, description=OPTIONS_TEXT
     )
-    image: Annotated[str, Field(pattern=K8S_IMAGE)] | None = Field(
-        default=None, description="Required on kubernetes; needs torch (+llm-infra-mcp for recipes)"
-    )
-    namespace: Annotated[str, Field(pattern=K8S_LABEL)] | None = None
-    queue: Annotated[str, Field(pattern=K8S_LABEL)] | None = Field(default=None, description="Kueue LocalQueue")
-    runtime: Annotated[str, Field(pattern=K8S_RUNTIME)] | None = None  # a Kubeflow ClusterTrainingRuntime
-    k8s_kind: Literal["TrainJob", "PyTorchJob"] | None = None
-    accelerator: Annotated[str, Field(pattern=SKY_ACCELERATOR)] | None = Field(
-        default=None, description="GPU type, e.g. H100"
-    )
-    infra: Annotated[str, Field(pattern=SKY_INFRA)] | None = Field(
-        default=None, description="cloud[/region] or k8s[/context]"
-    )
-    use_spot: bool = False
-    job_recovery: Literal["FAILOVER", "EAGER_NEXT_REGION"] | None = None
-    max_restarts_on_errors: int = Field(default=0, ge=0, le=100)
-    pip_packages: list[Annotated[str, Field(max_length=300, pattern=PIP_REQUIREMENT)]] = Field(
-        default_factory=list, max_length=32
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _options_at_the_top(cls, data: Any) -> Any:
+        """A backend's option given beside the common fields (where specs had them before): say where it goes."""
+        if isinstance(data, dict):
+            lines = []
+            for name in [k for k in data if isinstance(k, str) and k not in cls.model_fields][:8]:
+                takers = backend_options.owners(name)
+                if takers:
+                    lines.append(
+                        f"{name}: a {' and '.join(takers)} option; give it in options, e.g. "
+                        f'{{"backend": "{takers[0]}", "options": {{"{name}": ...}}}}'
+                    )
+            if lines:
+                raise ValueError("; ".join(lines))
+        return data
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        if value not in registry.names():
+            raise ValueError(f"{value[:64]!r} is not a known backend; accepted: {', '.join(registry.names())}")
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _backend_options(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        backend = info.data.get("backend")
+        if backend is None:  # the backend was refused: its error says so
+            return value
+        # strict for JSON input, as the tool layer validates every other field ("1" is no integer there)
+        return backend_options.validate(backend, value, within="", join="; ", strict=info.mode == "json")
 
 
 class TrainingPlan(Model):
@@ -274,18 +270,8 @@ class IdempotencyKeys:
 
 SUMMARY_LAYOUT = "training-job/2"  # what `llm-infra-mcp approve` knows how to show field by field
 SWEEP_SUMMARY_LAYOUT = "sweep/2"  # the same, with the sweep's runs and totals (server.sweep_summary)
-# Where the job runs, per backend: shown to the person when set.
-PLACEMENT_FIELDS = (
-    "partition",
-    "account",
-    "qos",
-    "constraint",
-    "exclude",
-    "nodelist",
-    "dependency",
-    *K8S_FIELDS,
-    *(f for f in SKY_FIELDS if f != "pip_packages"),
-)
+# Options the summary shows in fields of their own; the others are where the job runs (placement).
+SHOWN_APART = ("image", "pip_packages", "share_gpus")
 
 
 def plan_summary(plan: "TrainingPlan") -> dict[str, Any]:
@@ -293,7 +279,8 @@ def plan_summary(plan: "TrainingPlan") -> dict[str, Any]:
     field that decides what runs and what it costs. Plain JSON values; `SUMMARY_LAYOUT` names the layout."""
     spec = plan.spec
     nnodes = int(spec.get("nnodes") or 1)
-    placement = {f: spec.get(f) for f in PLACEMENT_FIELDS if spec.get(f) not in (None, False, 0, "", [])}
+    options = spec.get("options") or {}
+    placement = {k: v for k, v in options.items() if k not in SHOWN_APART and v not in (None, False, 0, "", [])}
     for field in ("namespace", "context", "server"):  # Kubernetes: what the kubeconfig decided
         value = getattr(plan.backend_plan, field, None)
         if isinstance(value, str) and value and field not in placement:
@@ -303,7 +290,7 @@ def plan_summary(plan: "TrainingPlan") -> dict[str, Any]:
         "backend": plan.backend,
         "recipe": plan.recipe,
         "script": plan.script_path,
-        "image": spec.get("image"),
+        "image": options.get("image"),
         "nnodes": nnodes,
         "nproc_per_node": plan.nproc_per_node,
         "gpus_per_node": plan.gpus,
@@ -313,12 +300,12 @@ def plan_summary(plan: "TrainingPlan") -> dict[str, Any]:
         "estimated_node_hours": plan.estimated_node_hours,
         "argv": list(plan.argv),
         "env": dict(spec.get("env") or {}),
-        "pip_packages": list(spec.get("pip_packages") or []),
+        "pip_packages": list(options.get("pip_packages") or []),
         "workdir": plan.backend_spec.get("workdir"),
         "cwd": plan.cwd,
         "placement": placement,
         "max_restarts": spec.get("max_restarts"),
-        "share_gpus": spec.get("share_gpus"),
+        "share_gpus": bool(options.get("share_gpus", False)),
         "name": spec.get("name"),
         "network": plan.network,
         "warnings": list(plan.warnings),
@@ -398,50 +385,18 @@ def plan(
     """Check everything and describe exactly what would run. No side effects beyond the signing key file."""
     script, recipe, expected = resolve_script(settings, spec)
     check_env(spec.env)
-    if spec.nnodes > 1 and spec.backend not in MULTI_NODE_BACKENDS:
+    info = registry.get(spec.backend)
+    try:  # again: a spec made with model_copy skipped its validators
+        options = backend_options.validate(spec.backend, spec.options)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    if spec.nnodes > 1 and not info.can("multi_node"):
         raise InputError(
             f"nnodes: {spec.nnodes} nodes; accepted: 1 on the {spec.backend} backend "
-            f"(more on {', '.join(MULTI_NODE_BACKENDS)})"
+            f"(more on {', '.join(registry.with_capability('multi_node'))})"
         )
-    slurm_only = [
-        f
-        for f in ("partition", "account", "qos", "constraint", "exclude", "nodelist", "dependency")
-        if getattr(spec, f)
-    ]
-    if slurm_only and spec.backend != "slurm":
-        raise InputError(f"{', '.join(slurm_only)}: Slurm options; accepted with backend 'slurm' only")
-    k8s_only = [f for f in K8S_FIELDS if getattr(spec, f)]
-    if k8s_only and spec.backend != "kubernetes":
-        raise InputError(f"{', '.join(k8s_only)}: Kubernetes options; accepted with backend 'kubernetes' only")
-    sky_only = [f for f in SKY_FIELDS if getattr(spec, f)]
-    if sky_only and spec.backend != "skypilot":
-        raise InputError(f"{', '.join(sky_only)}: SkyPilot options; accepted with backend 'skypilot' only")
-    if spec.image and spec.backend not in IMAGE_BACKENDS:
-        raise InputError(f"image: accepted with backend {' or '.join(IMAGE_BACKENDS)} only")
-    warnings: list[str] = []
-    remote = spec.backend != "local"
-    if remote:  # the cluster's machines, not this one: the engine places and limits the ranks
-        nproc = spec.nproc_per_node or 1
-        gpus = spec.gpus_per_node or 0
-    else:
-        nproc = spec.nproc_per_node or max(1, gpus_present)
-        gpus = spec.gpus_per_node if spec.gpus_per_node is not None else (nproc if gpus_present else 0)
-    if remote:
-        if gpus and nproc > gpus:
-            raise InputError(f"nproc_per_node {nproc} is more than the {gpus} GPU(s) asked for: one rank per GPU")
-    elif gpus > gpus_present:
-        raise InputError(f"the job asks for {gpus} GPU(s) but this machine has {gpus_present}")
-    if spec.backend in CLUSTER_NODE_BACKENDS:
-        pass  # the cluster's nodes, never this machine: its GPUs and cores say nothing of them
-    elif gpus_present == 0:
-        cap = max(2, os.cpu_count() or 1)
-        if nproc > cap:
-            raise InputError(
-                f"nproc_per_node {nproc} is more than this machine runs without GPUs: at most {cap} (CPU cores)"
-            )
-        warnings.append("no GPU here: ranks run on CPU with gloo")
-    elif nproc > gpus and gpus > 0:
-        raise InputError(f"nproc_per_node {nproc} is more than the {gpus} GPU(s) given to the job: one rank per GPU")
+    remote = not info.can("in_engine")  # the cluster's machines, not this one: the engine places the ranks
+    nproc, gpus, warnings = _ranks(spec, gpus_present, remote=remote, cluster_nodes=info.can("cluster_nodes"))
     quotas = [
         f"max_job_wall_s {settings.max_job_wall_s:g} s",
         f"max_gpus_per_job {settings.max_gpus_per_job}",
@@ -451,63 +406,13 @@ def plan(
     admission.check_wall(settings, spec.max_wall_s)
     admission.check_gpus_per_job(settings, gpus)
     if not remote:
-        admission.check_gpus_here(settings, gpus, gpus_in_use, shared=spec.share_gpus)
-    workdir = resolve_inside_roots(spec.workdir, settings.roots(), what="workdir") if spec.workdir else None
-    if workdir is not None and (why := state_dir_refusal(settings, workdir)):
-        raise InputError(
-            f"workdir: {spec.workdir!r} {why} (it would be the job's working directory, and ray and skypilot upload "
-            "it); accepted: a folder inside the roots that neither is nor contains the state directory "
-            f"({settings.home})"
-        )
-    if workdir is not None and not workdir.is_dir():
-        raise InputError(f"workdir {spec.workdir!r} is not a directory")
+        admission.check_gpus_here(settings, gpus, gpus_in_use, shared=bool(options.get("share_gpus")))
+    workdir = _workdir(settings, spec, script)
     from servers.launch.local import NETWORK_NOTES
 
-    if why := state_dir_refusal(settings, script):  # the database, launch.key, the cache: never a script
-        raise InputError(
-            f"script: {str(script)!r} {why} (which a local job's sandbox hides and a cluster backend would copy "
-            f"from); accepted: a script inside the roots and outside {settings.home}"
-        )
-    if remote:
-        pass  # the cluster's network: the backend's notes state the trust it assumes
-    elif settings.job_sandbox == "on":
-        from servers.core.sandbox import code_folders
-        from servers.core.sandbox import probe as sandbox_probe
-
-        if workdir is not None and (code := next((c for c in code_folders() if workdir.is_relative_to(c)), None)):
-            raise InputError(
-                f"workdir: {spec.workdir!r} lies in {code}, this package's folder or the Python installation, which "
-                "a job may read but never write (the next server start would run what it planted); accepted: a "
-                "folder inside the roots and outside those"
-            )
-        found = sandbox_probe(settings.job_network)
-        if not found.available:
-            raise InputError(
-                f"this machine cannot sandbox the job ({found.detail}); without the sandbox the job's script could "
-                "write the state database (approvals, job records), the launch key and the tool cache. To run "
-                "jobs with the server's full access anyway (trusted scripts only), the person sets "
-                "LLM_INFRA_MCP_JOB_SANDBOX=off"
-            )
-        if settings.job_network == "host":
-            warnings.append(NETWORK_NOTES["host"])
-    elif settings.job_network == "isolated":
-        from servers.core.netns import probe
-
-        found = probe()
-        if not found.available:
-            raise InputError(
-                f"this machine cannot give the job a private network namespace ({found.detail}); without one, "
-                "torchrun's rendezvous store listens on every interface with no authentication and runs code "
-                "sent to it. To run in the host's network anyway (a trusted network only), the person sets "
-                "LLM_INFRA_MCP_JOB_NETWORK=host"
-            )
-    else:
-        warnings.append(NETWORK_NOTES["host"])
-    if not remote and settings.job_sandbox == "off":
-        from servers.launch.local import SANDBOX_NOTES
-
-        warnings.append(SANDBOX_NOTES["off"])
-    normalised = spec.model_copy(update={"nproc_per_node": nproc, "gpus_per_node": gpus})
+    if not remote:  # the cluster's network otherwise: the backend's notes state the trust it assumes
+        warnings += _isolation(settings, spec, workdir)
+    normalised = spec.model_copy(update={"nproc_per_node": nproc, "gpus_per_node": gpus, "options": options})
     backend_spec = {
         "script": str(script),
         "args": list(spec.args),
@@ -515,7 +420,6 @@ def plan(
         "max_restarts": spec.max_restarts,
         "env": dict(spec.env),
         "gpus_wanted": gpus,
-        "share_gpus": spec.share_gpus,
         "network": settings.job_network,
         "sandbox": settings.job_sandbox,
         "state_dir": str(settings.home),
@@ -526,13 +430,7 @@ def plan(
         "gpus_per_node": gpus,
         "nnodes": spec.nnodes,
         "idempotency_key": spec.idempotency_key,
-        **{
-            f: getattr(spec, f)
-            for f in ("partition", "account", "qos", "constraint", "exclude", "nodelist", "dependency")
-        },
-        "image": spec.image,
-        **{f: getattr(spec, f) for f in K8S_FIELDS},
-        **{f: (list(v) if isinstance(v := getattr(spec, f), list) else v) for f in SKY_FIELDS},
+        "options": backend_options.full(spec.backend, options),
         "recipe": recipe,
         "name": spec.name,
         "tags": list(spec.tags),
@@ -544,23 +442,9 @@ def plan(
     estimated = gpus * spec.nnodes * spec.max_wall_s / 3600
     node_hours = spec.nnodes * spec.max_wall_s / 3600
     if spec.backend == "kubernetes" and not gpus:  # what the pods get, read from the manifest planned
-        if backend_plan.env.get("NVIDIA_VISIBLE_DEVICES") == "void":
-            given = (
-                "the pods get an nvidia.com/gpu limit of 0 and NVIDIA_VISIBLE_DEVICES=void: no GPU, whatever the "
-                "runtime's template or the image say; the ranks run on CPU"
-            )
-        else:
-            given = (
-                "the pods get no nvidia.com/gpu limit ("
-                + (
-                    f"unless the runtime {spec.runtime!r} gives them some: its template decides"
-                    if spec.runtime and spec.runtime != "torch-distributed"
-                    else "the torch-distributed runtime sets none"
-                )
-                + "), so the scheduler counts none; on a GPU node whose default container runtime is NVIDIA's, an "
-                "image that sets NVIDIA_VISIBLE_DEVICES=all (CUDA images do) still sees all of the node's GPUs"
-            )
-        warnings.append(f"no GPU asked for: {given}. The cost is counted in node-hours ({node_hours:.3g})")
+        from servers.launch.kubernetes import no_gpu_warning
+
+        warnings.append(no_gpu_warning(backend_plan, options.get("runtime"), node_hours))
     if any(a.strip().startswith(("$(", "`")) or ";" in a or "&&" in a or "|" in a for a in spec.args):
         warnings.append("some args look like shell syntax: they reach the script as literal strings, no shell runs")
     digest = plan_digest(normalised, backend_plan)
@@ -596,3 +480,98 @@ def plan(
         quotas=quotas,
         warnings=warnings,
     )
+
+
+def _ranks(
+    spec: TrainingJobSpec, gpus_present: int, *, remote: bool, cluster_nodes: bool
+) -> tuple[int, int, list[str]]:
+    """(ranks per node, GPUs per node, warnings): this machine's GPUs and cores bound a local job; a cluster's
+    engine places and limits the ranks of a remote one."""
+    warnings: list[str] = []
+    if remote:
+        nproc = spec.nproc_per_node or 1
+        gpus = spec.gpus_per_node or 0
+    else:
+        nproc = spec.nproc_per_node or max(1, gpus_present)
+        gpus = spec.gpus_per_node if spec.gpus_per_node is not None else (nproc if gpus_present else 0)
+    if remote:
+        if gpus and nproc > gpus:
+            raise InputError(f"nproc_per_node {nproc} is more than the {gpus} GPU(s) asked for: one rank per GPU")
+    elif gpus > gpus_present:
+        raise InputError(f"the job asks for {gpus} GPU(s) but this machine has {gpus_present}")
+    if cluster_nodes:
+        pass  # the cluster's nodes, never this machine: its GPUs and cores say nothing of them
+    elif gpus_present == 0:
+        cap = max(2, os.cpu_count() or 1)
+        if nproc > cap:
+            raise InputError(
+                f"nproc_per_node {nproc} is more than this machine runs without GPUs: at most {cap} (CPU cores)"
+            )
+        warnings.append("no GPU here: ranks run on CPU with gloo")
+    elif nproc > gpus and gpus > 0:
+        raise InputError(f"nproc_per_node {nproc} is more than the {gpus} GPU(s) given to the job: one rank per GPU")
+    return nproc, gpus, warnings
+
+
+def _workdir(settings: Settings, spec: TrainingJobSpec, script: Path) -> Path | None:
+    """The job's workdir resolved inside the roots (None when not given), and the script, both outside the state
+    directory."""
+    workdir = resolve_inside_roots(spec.workdir, settings.roots(), what="workdir") if spec.workdir else None
+    if workdir is not None and (why := state_dir_refusal(settings, workdir)):
+        raise InputError(
+            f"workdir: {spec.workdir!r} {why} (it would be the job's working directory, and ray and skypilot upload "
+            "it); accepted: a folder inside the roots that neither is nor contains the state directory "
+            f"({settings.home})"
+        )
+    if workdir is not None and not workdir.is_dir():
+        raise InputError(f"workdir {spec.workdir!r} is not a directory")
+    if why := state_dir_refusal(settings, script):  # the database, launch.key, the cache: never a script
+        raise InputError(
+            f"script: {str(script)!r} {why} (which a local job's sandbox hides and a cluster backend would copy "
+            f"from); accepted: a script inside the roots and outside {settings.home}"
+        )
+    return workdir
+
+
+def _isolation(settings: Settings, spec: TrainingJobSpec, workdir: Path | None) -> list[str]:
+    """A job on this machine: the sandbox and the network namespace it needs, probed (InputError when missing);
+    the warnings of the settings that weaken them."""
+    from servers.launch.local import NETWORK_NOTES, SANDBOX_NOTES
+
+    warnings: list[str] = []
+    if settings.job_sandbox == "on":
+        from servers.core.sandbox import code_folders
+        from servers.core.sandbox import probe as sandbox_probe
+
+        if workdir is not None and (code := next((c for c in code_folders() if workdir.is_relative_to(c)), None)):
+            raise InputError(
+                f"workdir: {spec.workdir!r} lies in {code}, this package's folder or the Python installation, which "
+                "a job may read but never write (the next server start would run what it planted); accepted: a "
+                "folder inside the roots and outside those"
+            )
+        found = sandbox_probe(settings.job_network)
+        if not found.available:
+            raise InputError(
+                f"this machine cannot sandbox the job ({found.detail}); without the sandbox the job's script could "
+                "write the state database (approvals, job records), the launch key and the tool cache. To run "
+                "jobs with the server's full access anyway (trusted scripts only), the person sets "
+                "LLM_INFRA_MCP_JOB_SANDBOX=off"
+            )
+        if settings.job_network == "host":
+            warnings.append(NETWORK_NOTES["host"])
+    elif settings.job_network == "isolated":
+        from servers.core.netns import probe
+
+        found = probe()
+        if not found.available:
+            raise InputError(
+                f"this machine cannot give the job a private network namespace ({found.detail}); without one, "
+                "torchrun's rendezvous store listens on every interface with no authentication and runs code "
+                "sent to it. To run in the host's network anyway (a trusted network only), the person sets "
+                "LLM_INFRA_MCP_JOB_NETWORK=host"
+            )
+    else:
+        warnings.append(NETWORK_NOTES["host"])
+    if settings.job_sandbox == "off":
+        warnings.append(SANDBOX_NOTES["off"])
+    return warnings

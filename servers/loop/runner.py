@@ -315,8 +315,8 @@ class StudyRun:
             "backend": self.cfg.backend,
             "max_wall_s": self.cfg.run_wall_s,
         }
-        if 0 < self.gpu_count < runs:
-            spec["share_gpus"] = True  # more runs at once than GPUs here: the tiny recipe shares them
+        if self.cfg.backend == "local" and 0 < self.gpu_count < runs:  # share_gpus: a local backend's option
+            spec["options"] = {"share_gpus": True}  # more runs at once than GPUs here: the tiny recipe shares them
         return spec
 
     async def run_sweep(self, round_key: str, base_args: list[str], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
