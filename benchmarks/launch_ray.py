@@ -77,7 +77,7 @@ def timed_backend(
     handle = backend.submit(plan, SubmitRequest(key=key, spec=spec))
     running = None
     while time.perf_counter() - start < timeout_s:
-        state = backend.poll(handle)
+        state = backend.status(handle).state
         if running is None and state in (JobState.RUNNING, JobState.SUCCEEDED):
             running = time.perf_counter() - start
         if state == JobState.SUCCEEDED:

@@ -15,7 +15,7 @@ from servers.core.jobs import JobEngine, JobKind
 from servers.core.jobstore import JobState
 from servers.core.procs import ProcessIdentity
 from servers.core.settings import Settings
-from servers.engines.backend import JOB_DIR_PLACEHOLDER, Backend, SubmitRequest, map_state
+from servers.engines.backend import JOB_DIR_PLACEHOLDER, Backend, BackendHandle, SubmitRequest, map_state
 from servers.launch.local import ENTRY, LocalBackend, assign_gpus, run_training_job
 from servers.launch.torchrun import describe_failure, last_exception_line, parse_root_cause_block, torchrun_argv
 from tests.conftest import CHILD_ENV
@@ -228,7 +228,7 @@ def test_max_restarts_lets_a_failed_first_attempt_resume_from_its_checkpoint(tmp
 
 
 @pytest.mark.timeout(180)
-def test_through_the_job_engine_the_reason_names_the_rank_and_the_key_finds_the_job(tmp_path: Path) -> None:
+def test_through_the_job_engine_the_reason_names_the_rank_and_the_job_keeps_its_key(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path / "state", cancel_grace_s=1.0, allowed_roots=[tmp_path])
     engine = JobEngine(settings, owner="test", child_env=CHILD_ENV)
     engine.register_kind(JobKind("train", ENTRY, "torchrun training", 120))
@@ -237,15 +237,15 @@ def test_through_the_job_engine_the_reason_names_the_rank_and_the_key_finds_the_
     plan = backend.plan(spec, settings)
     request = SubmitRequest(key="k-1", spec=spec, timeout_s=120)
     handle = backend.submit(plan, request)
-    assert LocalBackend(engine, kind="train").find("k-1") == handle  # found in the store (recovery of a lost bind)
-    assert backend.find("k-other") is None
+    # The key is stored with the job: what recovers a lost bind (launch/server.py job_of_key).
+    assert engine.get(handle.native_id).spec["idempotency_key"] == "k-1"
     deadline = time.monotonic() + 90
-    while backend.poll(handle) not in (JobState.FAILED, JobState.SUCCEEDED) and time.monotonic() < deadline:
+    while backend.status(handle).state not in (JobState.FAILED, JobState.SUCCEEDED) and time.monotonic() < deadline:
         time.sleep(0.3)
     record = engine.get(handle.native_id)
     assert record.state is JobState.FAILED
     assert record.reason is not None and "rank 1 failed (exit 1): ValueError: bad batch at step 3" in record.reason
-    assert "bad batch at step 3" in backend.logs(handle, "rank1")
+    assert "bad batch at step 3" in log_of(handle, "rank1")
     assert engine.store.list_jobs(kind="train").total == 1
 
 
@@ -258,14 +258,20 @@ def test_cancel_ends_torchrun_and_every_rank(tmp_path: Path) -> None:
     spec = spec_for("wait_go.py", env={"JOB_GO_FILE": str(tmp_path / "never")})
     handle = backend.submit(backend.plan(spec, settings), SubmitRequest(key="k-2", spec=spec))
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not all("waiting" in backend.logs(handle, f"rank{r}") for r in (0, 1)):
+    while time.monotonic() < deadline and not all("waiting" in log_of(handle, f"rank{r}") for r in (0, 1)):
         time.sleep(0.2)
-    logged = [int(m) for r in (0, 1) for m in re.findall(r"pid (\d+)", backend.logs(handle, f"rank{r}"))]
+    logged = [int(m) for r in (0, 1) for m in re.findall(r"pid (\d+)", log_of(handle, f"rank{r}"))]
     ranks = [ProcessIdentity.of(pid) for pid in host_pids(logged, "wait_go.py")]  # the job has its own PID namespace
     assert len(ranks) == 2 and all(p.is_alive() for p in ranks)
     assert backend.cancel(handle) is JobState.CANCELLED
-    assert backend.poll(handle) is JobState.CANCELLED
+    assert backend.status(handle).state is JobState.CANCELLED
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(p.is_alive() for p in ranks):
         time.sleep(0.1)
     assert not any(p.is_alive() for p in ranks)
+
+
+def log_of(handle: BackendHandle, process: str) -> str:
+    """A process's log in the job folder, as read_job_logs serves it ("" before it exists)."""
+    path = JobFiles(str(handle.job_dir)).log(process)
+    return path.read_text(errors="replace") if path.exists() else ""

@@ -14,9 +14,9 @@ persist_config=False). The steps of the `Backend` protocol (servers/engines/back
 - ``submit(plan, request)``: create the object, named after the idempotency key, labelled with its hash
   (`LABEL_KEY`), annotated with the key and this server's job id. Idempotent: an object of that name with that key
   is the job already submitted (409 AlreadyExists is answered by reading it); one with another key is refused.
-  ``find(key)`` lists by the key label. The plan is bound to its cluster: submit refuses when the kubeconfig's
+  The plan is bound to its cluster: submit refuses when the kubeconfig's
   context now points elsewhere.
-- ``status``/``poll``: the object's conditions. TrainJob: Failed (e.g. DeadlineExceeded: the wall-time limit) ->
+- ``status``: the object's conditions. TrainJob: Failed (e.g. DeadlineExceeded: the wall-time limit) ->
   FAILED, Complete -> SUCCEEDED, Suspended -> QUEUED (Kueue holds it); PyTorchJob: Succeeded, Failed, Suspended,
   Restarting/Running. Before that, the pods say where it is: none yet -> STARTING, unschedulable -> QUEUED with the
   scheduler's message, pulling or creating -> STARTING with the container's waiting reason (an image that cannot be
@@ -26,11 +26,10 @@ persist_config=False). The steps of the `Backend` protocol (servers/engines/back
   job folder), else LOST, never SUCCEEDED.
 - ``cancel``: delete with propagationPolicy Foreground (the JobSet/pods go first, then the object), recorded in
   the job folder (k8s-cancel.json); a job that already ended keeps its state (and its pods' logs).
-- ``logs(handle, "node<r>")``: the pod log of node rank r (a TrainJob's pod whose completion index is r; a
-  PyTorchJob's Master is node0, Worker i is node<i+1>), container "node" or "pytorch", by byte offset.
-  ``sync_logs`` copies each node's pod log into the job folder (logs/node<r>.log) while the job is followed (the
-  follower, engines/follow.py, calls it: the log_sync capability), capped at max_log_bytes, so read_job_logs serves
-  them after the pods are gone.
+- ``sync_logs`` (the log_sync capability; the follower, engines/follow.py, calls it): each node's pod log (node
+  rank r: a TrainJob's pod whose completion index is r; a PyTorchJob's Master is node0, Worker i is node<i+1>;
+  container "node" or "pytorch") copied into the job folder as logs/node<r>.log while the job is followed, capped at
+  max_log_bytes, so read_job_logs serves them, also after the pods are gone.
 
 Tested against a stand-in API on 127.0.0.1 answering in the API's documented shapes (tests/test_k8s_backend.py),
 not against a real cluster.
@@ -60,7 +59,7 @@ STATE_RECORD = "k8s-state.json"
 CANCEL_RECORD = "k8s-cancel.json"
 LOG_RECORD = "k8s-logs.json"
 PROPAGATION = "Foreground"
-NODE_PROCESS = "node"  # logs: process node<r>, r the node rank
+NODE_PROCESS = "node"  # the job folder's log of node rank r: node<r>
 _REASON_CHARS = 2000
 INSTALL_HINT = "pip install 'llm-infra-mcp[kubernetes]'"
 DEADLINE_MESSAGE = "active longer than specified deadline"  # the Training Operator's failure message
@@ -569,35 +568,6 @@ class KubernetesBackend:
                 )
         return handle
 
-    def find(self, key: str, namespace: str | None = None) -> BackendHandle | None:
-        """The object created with this key in `namespace` (default: the kubeconfig context's), by its key label."""
-        self._api()
-        assert self._kube is not None
-        where = namespace or self._kube.namespace
-        selector = f"{m.LABEL_KEY}={m.key_hash(key)}"
-        for kind in (m.TRAINJOB, m.PYTORCHJOB):
-            try:
-                listed = self._call(
-                    f"list {kind.plural} in {where}",
-                    self._custom().list_namespaced_custom_object,
-                    kind.group,
-                    kind.version,
-                    where,
-                    kind.plural,
-                    label_selector=selector,
-                )
-            except KubernetesApiError as exc:
-                if exc.status == 404:  # that kind's API is not served
-                    continue
-                raise
-            for item in listed.get("items") or []:
-                meta = item.get("metadata") or {}
-                if (meta.get("annotations") or {}).get(m.ANNOTATION_KEY) == key:
-                    return BackendHandle(
-                        backend=BACKEND_NAME, key=key, native_id=f"{where}/{kind.plural}/{meta.get('name')}"
-                    )
-        return None
-
     def _get(self, namespace: str, kind: m.ManifestKind, name: str) -> dict[str, Any] | None:
         try:
             return self._call(
@@ -615,9 +585,6 @@ class KubernetesBackend:
             raise
 
     # ---- status ----
-    def poll(self, handle: BackendHandle) -> JobState:
-        return self.status(handle).state
-
     def status(self, handle: BackendHandle) -> EngineStatus:
         """The object's conditions mapped (and its pods before it ends); see the module docstring. Raises
         KubernetesUnavailableError / KubernetesApiError when the API cannot be asked."""
@@ -921,23 +888,6 @@ class KubernetesBackend:
         return self.status(handle).state
 
     # ---- logs ----
-    def processes(self, handle: BackendHandle) -> list[str]:
-        """Names `logs` accepts for this job: node<r> for each node rank that has a pod."""
-        namespace, kind, name = parse_native_id(handle.native_id)
-        return [f"{NODE_PROCESS}{rank}" for rank in sorted(self._pods(namespace, kind, name))]
-
-    def logs(self, handle: BackendHandle, process: str = "node0", *, offset: int = 0, max_bytes: int = 65536) -> str:
-        """Text of node <r>'s pod log (process "node<r>") from byte `offset`, at most `max_bytes`. "" when that
-        node has no pod (yet, or any more)."""
-        rank = _rank_of(process)
-        namespace, kind, name = parse_native_id(handle.native_id)
-        pod = self._pods(namespace, kind, name).get(rank)
-        if pod is None:
-            return ""
-        offset, max_bytes = max(0, int(offset)), max(0, int(max_bytes))
-        data = self._pod_log(namespace, pod, kind, offset + max_bytes)
-        return data[offset : offset + max_bytes].decode("utf-8", errors="replace")
-
     def _pod_log(self, namespace: str, pod: Mapping[str, Any], kind: m.ManifestKind, limit: int) -> bytes:
         name = (pod.get("metadata") or {}).get("name")
         try:
@@ -1041,13 +991,6 @@ def node_rank(pod: Mapping[str, Any], kind: m.ManifestKind) -> int | None:
 def _earliest_start(pods: Mapping[int, Mapping[str, Any]]) -> float | None:
     starts = [_ts((p.get("status") or {}).get("startTime")) for p in pods.values()]
     return min((t for t in starts if t), default=None)
-
-
-def _rank_of(process: str) -> int:
-    suffix = process[len(NODE_PROCESS) :] if process.startswith(NODE_PROCESS) else ""
-    if not suffix.isdigit() or len(suffix) > 4:
-        raise ValueError(f"process: {process!r}; accepted: node0, node1, ... (one log per node, by node rank)")
-    return int(suffix)
 
 
 def _container_restarts(pod: Mapping[str, Any], container: str) -> int:

@@ -110,7 +110,7 @@ def assign_gpus(nproc: int, busy: set[int], present: int, *, share_gpus: bool = 
 
 # ---- the backend ----------------------------------------------------------------------------------------------------
 class LocalBackend:
-    """torchrun on this machine. The job engine executes it: submit/poll/cancel/logs are thin wrappers over a
+    """torchrun on this machine. The job engine executes it: submit/status/cancel are thin wrappers over a
     JobEngine given at construction (the server's), with the job kind whose entry is `ENTRY`."""
 
     name = "local"
@@ -225,7 +225,8 @@ class LocalBackend:
     def submit(self, plan: BackendPlan, request: SubmitRequest) -> BackendHandle:
         """Start exactly `plan` through the engine: the job is admitted (the concurrency quota, and its GPUs
         assigned) in one transaction with the jobs of every server on this state directory; the worker runs the
-        stored plan, bound to the job folder and those GPUs. The key is stored with the job (see `find`)."""
+        stored plan, bound to the job folder and those GPUs. The key is stored with the job (what
+        recovers a lost bind: launch/server.py job_of_key)."""
         engine = self._engine()
         spec = {**request.spec, "idempotency_key": request.key, "plan": plan.model_dump(mode="json")}
         try:
@@ -295,21 +296,6 @@ class LocalBackend:
 
         return admit
 
-    def find(self, key: str) -> BackendHandle | None:
-        store = self._engine().store
-        offset = 0
-        while True:
-            page = store.list_jobs(kind=self.kind, limit=200, offset=offset)
-            for job in page.jobs:
-                if job.spec.get("idempotency_key") == key:
-                    return BackendHandle(backend=self.name, key=key, native_id=job.id, job_dir=job.job_dir)
-            offset += len(page.jobs)
-            if not page.jobs or offset >= page.total:
-                return None
-
-    def poll(self, handle: BackendHandle) -> JobState:
-        return self._engine().get(handle.native_id).state
-
     def status(self, handle: BackendHandle) -> EngineStatus:
         record = self._engine().get(handle.native_id)
         return EngineStatus(
@@ -323,16 +309,6 @@ class LocalBackend:
 
     def cancel(self, handle: BackendHandle) -> JobState:
         return self._engine().cancel(handle.native_id).state
-
-    def logs(self, handle: BackendHandle, process: str = "rank0", *, offset: int = 0, max_bytes: int = 65536) -> str:
-        record = self._engine().get(handle.native_id)
-        path = JobFiles(record.job_dir).log(process)
-        try:
-            with open(path, "rb") as f:
-                f.seek(max(0, offset))
-                return f.read(max(0, max_bytes)).decode("utf-8", errors="replace")
-        except FileNotFoundError:
-            return ""
 
 
 # ---- the work function ---------------------------------------------------------------------------------------------

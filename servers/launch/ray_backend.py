@@ -16,21 +16,20 @@ steps of the `Backend` protocol (servers/engines/backend.py):
   for a workdir inside the allowed roots) and the entrypoint's resources (entrypoint_num_cpus: one per rank;
   entrypoint_num_gpus: the spec's GPUs).
 - ``submit(plan, request)``: `submit_job` with a submission id derived from `request.key`
-  (`submission_id_for`), so ``find(key)`` recovers the job (`get_job_info`; the job folder is in its metadata).
+  (`submission_id_for`), so a retried submit finds the job (`get_job_info`; the job folder is in its metadata).
   Idempotent on its own as well: when Ray knows that id, or the job folder holds the record of an earlier
   submit of it (Ray forgot the job), nothing is started and the same handle comes back. An unreachable address
   or a refused token is a `RayUnavailableError` that names the address and what to set; nothing is submitted.
-- ``status``/``poll``: `get_job_info` mapped with `RAY_STATES` (PENDING -> QUEUED, RUNNING, STOPPED ->
+- ``status``: `get_job_info` mapped with `RAY_STATES` (PENDING -> QUEUED, RUNNING, STOPPED ->
   CANCELLED, SUCCEEDED, FAILED; anything else -> LOST). A failed torchrun gets its root cause from the rank
   logs (`torchrun.describe_failure`). When Ray no longer knows the job (a restarted cluster forgets its jobs), the
   exit record the wrapper wrote (ray_exit.json) gives the exact end; without one the job is LOST, never
   SUCCEEDED.
 - ``cancel``: `stop_job` (idempotent; a job already ended keeps its state). Ray cannot stop a job still PENDING
   (ray-project/ray#58353): the cancel is recorded in the job folder, the job is CANCELLED at once, and its wrapper
-  ends without running the command if Ray ever starts it. ``logs``: the files in the job
-  folder by byte offset (logs/rank<r>.log, copied from torchrun's per-rank files by the wrapper;
-  logs/torchrun.log, torchrun's own output), and process "driver": Ray's log of the entrypoint
-  (`get_job_logs`; Ray sends it whole, the slice is cut here).
+  ends without running the command if Ray ever starts it.
+- logs: the wrapper writes them into the job folder (logs/rank<r>.log, copied from torchrun's per-rank files;
+  logs/torchrun.log, torchrun's own output), where read_job_logs serves them.
 
 The job folder (logs, metrics, checkpoints, the exit record) must be on a file system that the Ray node running
 the entrypoint sees at the same path: true for a head on this machine, a shared file system otherwise.
@@ -54,7 +53,7 @@ from typing import Any
 
 from pydantic import Field
 
-from servers.core.jobfiles import PROCESS_NAME, BadJobFileError, atomic_write_json, open_regular, read_json
+from servers.core.jobfiles import BadJobFileError, atomic_write_json, open_regular, read_json
 from servers.core.jobstore import JobState
 from servers.core.paths import resolve_inside_roots
 from servers.core.settings import Settings
@@ -86,7 +85,6 @@ WRAPPER_NAME = "ray_entry.py"
 EXIT_RECORD = "ray_exit.json"
 SUBMIT_RECORD = "ray_submission.json"
 CANCEL_RECORD = "ray_cancel.json"
-DRIVER_PROCESS = "driver"
 LAUNCHERS = ("torchrun", "python")
 MAX_NPROC = 1024
 _REASON_CHARS = 2000
@@ -316,9 +314,6 @@ class RestJobsClient:
 
     def stop_job(self, sid: str) -> bool:
         return bool(self._ok(self._request("POST", f"/api/jobs/{sid}/stop")).get("stopped"))
-
-    def get_job_logs(self, sid: str) -> str:
-        return str(self._ok(self._request("GET", f"/api/jobs/{sid}/logs")).get("logs") or "")
 
 
 def _http_status(exc: BaseException) -> int | None:
@@ -690,18 +685,6 @@ class RayBackend:
     def submission_id(self, key: str) -> str:
         return submission_id_for(key, self.id_prefix)
 
-    def find(self, key: str) -> BackendHandle | None:
-        """The job Ray holds under this key's submission id (with the job folder submit recorded in its
-        metadata), else None. Raises RayUnavailableError when Ray cannot be asked."""
-        sid = self.submission_id(key)
-        info = self._job_info(sid)
-        if info is None:
-            return None
-        metadata = info.metadata or {}
-        env_vars = (info.runtime_env or {}).get("env_vars") or {}
-        job_dir = metadata.get(JOB_DIR_METADATA) or env_vars.get(JOB_DIR_ENV)
-        return BackendHandle(backend=self.name, key=key, native_id=sid, job_dir=str(job_dir) if job_dir else None)
-
     def _folder_for(self, plan: RayPlan, sid: str, job_dir: Path | str | None) -> Path:
         if job_dir is not None:
             return Path(job_dir)
@@ -712,8 +695,8 @@ class RayBackend:
         return root / sid
 
     def submit(self, plan: BackendPlan, request: SubmitRequest, *, job_dir: Path | str | None = None) -> BackendHandle:
-        """Submit exactly the plan as a Ray job whose submission id is derived from request.key (so `find`
-        recovers it). Idempotent on its own too: the same key returns the first handle and starts nothing. The job
+        """Submit exactly the plan as a Ray job whose submission id is derived from request.key (so a retry
+        finds it). Idempotent on its own too: the same key returns the first handle and starts nothing. The job
         folder: `job_dir`, else the one the plan was bound to, else jobs_dir/<submission id>."""
         if plan.backend != self.name:
             raise ValueError(f"plan: made by the {plan.backend!r} backend; make it with RayBackend.plan")
@@ -790,9 +773,6 @@ class RayBackend:
             raise ValueError("plan: the job folder placeholder is still in it after binding")
 
     # ---- status ----
-    def poll(self, handle: BackendHandle) -> JobState:
-        return self.status(handle).state
-
     def status(self, handle: BackendHandle) -> EngineStatus:
         """Ray's view of the job, mapped; when Ray does not know the job, the exit record; else LOST. Raises
         RayUnavailableError when Ray cannot be asked and the job left no exit record."""
@@ -970,39 +950,6 @@ class RayBackend:
         return state
 
     # ---- logs ----
-    def processes(self, handle: BackendHandle) -> list[str]:
-        """Names `logs` accepts for this job: the logs in its folder, and "driver" (Ray's log)."""
-        names: set[str] = {DRIVER_PROCESS}
-        if handle.job_dir:
-            logs_dir = Path(handle.job_dir) / "logs"
-            with contextlib.suppress(OSError):
-                names.update(p.stem for p in logs_dir.glob("*.log") if PROCESS_NAME.match(p.stem))
-        return sorted(names)
-
-    def logs(self, handle: BackendHandle, process: str = "rank0", *, offset: int = 0, max_bytes: int = 65536) -> str:
-        """Text of one process's log from byte `offset`, at most `max_bytes`: a file of the job folder (rank<r>,
-        torchrun), or "driver", Ray's log of the entrypoint (get_job_logs)."""
-        if not PROCESS_NAME.match(process) or ".." in process:
-            raise ValueError(f"process: bad name {process!r}; accepted: letters, digits, '_', '-' and '.'")
-        offset, max_bytes = max(0, int(offset)), max(0, int(max_bytes))
-        if process == DRIVER_PROCESS:
-            client = self._client()
-            try:
-                text = self._call("get_job_logs", client.get_job_logs, handle.native_id)
-            except RuntimeError as exc:
-                if isinstance(exc, RayUnavailableError) or _http_status(exc) != 404:
-                    raise
-                return ""
-            return str(text).encode()[offset : offset + max_bytes].decode("utf-8", errors="replace")
-        if not handle.job_dir:
-            return ""
-        path = Path(handle.job_dir) / "logs" / f"{process}.log"
-        try:
-            with open_regular(path) as f:
-                f.seek(offset)
-                return f.read(max_bytes).decode("utf-8", errors="replace")
-        except (FileNotFoundError, BadJobFileError):
-            return ""
 
 
 def _clean_exit(record: Mapping[str, Any]) -> bool:

@@ -27,7 +27,7 @@ The five steps of the `Backend` protocol (servers/engines/backend.py):
   with the same key and folder finds the record and launches nothing. A launch whose outcome is unknown (the
   connection broke after the request may have left, or the process died before recording the request id) is
   never launched again on its own: its handle is ``name:<job name>`` and status looks the job up by name.
-- ``status``/``poll``: the launch request first (PENDING/RUNNING: QUEUED; FAILED: FAILED with SkyPilot's error;
+- ``status``: the launch request first (PENDING/RUNNING: QUEUED; FAILED: FAILED with SkyPilot's error;
   CANCELLED), then the managed job (``sky.jobs.queue_v2(job_ids=[id])``) mapped with `MANAGED_JOB_STATES`: every
   ManagedJobStatus of SkyPilot 0.14 (PENDING, STARTING, RUNNING, RECOVERING, CANCELLING, SUCCEEDED, CANCELLED,
   FAILED, FAILED_SETUP, FAILED_PRECHECKS, FAILED_NO_RESOURCE, FAILED_CONTROLLER, and WINDING_DOWN, SUBMITTED); any
@@ -38,8 +38,7 @@ The five steps of the `Backend` protocol (servers/engines/backend.py):
   the jobs controller's log as logs/controller.log), where read_job_logs serves it.
 - ``cancel``: ``sky.jobs.cancel(job_ids=[id])``, or ``sky.api_cancel`` of a launch request still in flight (and
   the job cancelled if the launch got through anyway); idempotent; recorded in the job folder, so a job found
-  later for a cancelled submission is cancelled too. ``logs``: the copies in the job folder by byte offset, else
-  SkyPilot's log fetched (``sky.jobs.tail_logs(follow=False)``, at most offset + max_bytes kept).
+  later for a cancelled submission is cancelled too.
 
 Plain module: no MCP; pydantic, PyYAML and the standard library at import.
 """
@@ -63,7 +62,7 @@ from typing import Any
 
 import yaml
 
-from servers.core.jobfiles import BadJobFileError, atomic_write_json, open_regular, read_json
+from servers.core.jobfiles import atomic_write_json, read_json
 from servers.core.jobstore import JobState
 from servers.core.paths import resolve_inside_roots
 from servers.core.settings import Settings
@@ -243,7 +242,7 @@ def _slug(text: str, limit: int) -> str:
 
 
 def job_name_for(key: str) -> str:
-    """The managed job's name for an idempotency key: deterministic (find(key) looks the job up by it), readable,
+    """The managed job's name for an idempotency key: deterministic (status looks the job up by it), readable,
     and valid as a SkyPilot name (its clusters are named after it)."""
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
     readable = _slug(key, 36)
@@ -990,15 +989,6 @@ class SkyPilotBackend:
             atomic_write_json(record_path, {**record, "state": "submitted", "request_id": request_id})
         return handle.model_copy(update={"native_id": f"request:{request_id}"})
 
-    def find(self, key: str) -> BackendHandle | None:
-        """The managed job named after this key (the newest, if several), else None. Asks the API server (waits
-        up to request_timeout_s): for recovery, never inside a tool call."""
-        sky = import_sky()
-        job_id = self._find_by_name(sky, job_name_for(key))
-        if job_id is None:
-            return None
-        return BackendHandle(backend=self.name, key=key, native_id=f"job:{job_id}", job_dir=None)
-
     # ---- the API server ----
     def _unreachable(self, exc: BaseException, what: str) -> str:
         endpoint, source = api_endpoint()
@@ -1202,9 +1192,6 @@ class SkyPilotBackend:
             ),
         )
 
-    def poll(self, handle: BackendHandle) -> JobState:
-        return self.status(handle).state
-
     def status(self, handle: BackendHandle) -> EngineStatus:
         """The managed job's state mapped (see the module docstring). Waits on the API server (at most about
         request_timeout_s per request): call it from the job's follower, not inside a tool call. Raises
@@ -1379,35 +1366,6 @@ class SkyPilotBackend:
         return state
 
     # ---- logs ----
-    def processes(self, handle: BackendHandle) -> list[str]:
-        """Names `logs` accepts: the job's log and the jobs controller's log of it."""
-        return sorted(LOG_PROCESSES)
-
-    def logs(self, handle: BackendHandle, process: str = JOB_LOG, *, offset: int = 0, max_bytes: int = 65536) -> str:
-        """Text of SkyPilot's log of the job ("skypilot") or the jobs controller's log of it ("controller") from
-        byte `offset`, at most `max_bytes`: the copy in the job folder when there is one, else fetched from the
-        API server (only offset + max_bytes bytes kept; a job not running yet has no job log: "")."""
-        if process not in LOG_PROCESSES:
-            raise ValueError(f"process: {process!r}; accepted: {', '.join(LOG_PROCESSES)}")
-        offset, max_bytes = max(0, int(offset)), max(0, int(max_bytes))
-        if handle.job_dir:
-            path = Path(handle.job_dir) / "logs" / f"{process}.log"
-            with contextlib.suppress(FileNotFoundError, BadJobFileError), open_regular(path) as f:
-                f.seek(offset)
-                return f.read(max_bytes).decode("utf-8", errors="replace")
-        sky = import_sky()
-        job_id, _ = self._resolve(sky, handle)
-        if job_id is None:
-            return ""
-        if process == JOB_LOG:
-            native = self._job_status(sky, job_id).native_state
-            if (
-                native not in ("RUNNING", "WINDING_DOWN", "CANCELLING")
-                and not map_state(MANAGED_JOB_STATES, native or "").terminal
-            ):
-                return ""
-        data, _ = self._fetch_log(sky, job_id, process, offset + max_bytes)
-        return data[offset : offset + max_bytes].decode("utf-8", errors="replace")
 
 
 def _check_local_path(field: str, path: str) -> None:

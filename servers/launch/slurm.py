@@ -29,8 +29,7 @@ backend requested of a job that never started (slurm-cancel.json); a job with no
 never SUCCEEDED. If Slurm cannot be asked, the exit record answers, else SlurmUnavailableError.
 
 submit is idempotent by the key: the job folder is named after it, holds the submit record (slurm-submit.json),
-and the job carries the key in its --comment, which a retried submit looks for in squeue before starting anything;
-``find(key)`` recovers the job the same way and starts nothing.
+and the job carries the key in its --comment, which a retried submit looks for in squeue before starting anything.
 """
 
 import contextlib
@@ -53,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servers.core.jobfiles import JobFiles, atomic_write_json, open_regular, read_json
+from servers.core.jobfiles import JobFiles, atomic_write_json, read_json
 from servers.core.jobstore import JobState
 from servers.core.settings import Settings
 from servers.engines.backend import (
@@ -866,20 +865,6 @@ class SlurmBackend:
         check_job_dir(folder)
         return folder
 
-    def find(self, key: str, *, job_dir: Path | str | None = None) -> BackendHandle | None:
-        """The job submitted with `key`, if there is one: by the submit record or exit record in its job folder
-        (`job_dir`, default job_root/<name from the key>), else by its --comment in squeue. Starts nothing."""
-        if key in self._by_key:
-            return self._by_key[key]
-        if not KEY_PATTERN.fullmatch(key):
-            raise ValueError(f"key: {key!r} is not accepted; accepted: {KEY_ACCEPTED}")
-        folder = Path(job_dir) if job_dir is not None else self.job_root / job_folder_name(key)
-        check_job_dir(folder)
-        if not folder.is_dir():
-            job_id = self.find_by_comment(key)
-            return self._handle(key, job_id, folder) if job_id is not None else None
-        return self._find_submitted(folder, key, refuse_unsure=False)
-
     def _find_submitted(self, folder: Path, key: str, *, refuse_unsure: bool = True) -> BackendHandle | None:
         record = read_json(folder / SUBMIT_RECORD, 64 * 1024)
         if isinstance(record, dict):
@@ -1045,9 +1030,6 @@ class SlurmBackend:
         return job_id
 
     # ---- state ----
-    def poll(self, handle: BackendHandle) -> JobState:
-        return self.status(handle).state
-
     def query(self, job_id: str) -> SlurmJob | None:
         """What Slurm's controller says of the job now (scontrol, else squeue --json); None when it no longer knows
         it. SlurmUnavailableError when it cannot be asked."""
@@ -1136,22 +1118,6 @@ class SlurmBackend:
             if state.terminal or time.monotonic() >= deadline:
                 return state
             time.sleep(POLL_S)
-
-    def logs(self, handle: BackendHandle, process: str = "rank0", *, offset: int = 0, max_bytes: int = 65536) -> str:
-        """Text of one process's log: "batch" (the batch output), "rank<r>" (every node's ranks), "torchrun-node<N>"."""
-        if not handle.job_dir:
-            return ""
-        path = JobFiles(handle.job_dir).log(process)
-        try:
-            with open_regular(path) as f:
-                f.seek(max(0, offset))
-                return f.read(max(0, max_bytes)).decode("utf-8", errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def processes(self, handle: BackendHandle) -> list[str]:
-        """The log names there are."""
-        return JobFiles(handle.job_dir).processes() if handle.job_dir else []
 
 
 # ---- spec reading ----------------------------------------------------------------------------------------------------
