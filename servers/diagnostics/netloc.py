@@ -1559,6 +1559,206 @@ def _leaf_pairs(idx: _Index, pr: _Probes, rows: np.ndarray) -> int:
     return len(np.unique(keys))
 
 
+def _layer_candidates(
+    idx: _Index, inc: _Incidence, bad: np.ndarray, th: Thresholds
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The components with at least min_failed bad probes through them (no other can be named faulty): their ids,
+    every component's count of bad probes, and each ECMP table row's."""
+    n_rows = len(inc.row_k)
+    exact_bad = bad[inc.probe]
+    member_bad = bad[inc.member]
+    row_bad = np.bincount(inc.member_row[member_bad], minlength=n_rows)
+    bad_counts = np.bincount(inc.comp[exact_bad], minlength=idx.n_components)
+    if n_rows:
+        ecmp_bad = np.bincount(inc.row_comp, weights=np.repeat(row_bad, inc.row_k), minlength=idx.n_components)
+        bad_counts = bad_counts + np.rint(ecmp_bad).astype(np.int64)
+    return np.flatnonzero(bad_counts >= th.min_failed), bad_counts, row_bad
+
+
+class _LayerFit:
+    """The greedy fit of one layer over its candidates: the incidence restricted to them, the log-likelihood gain of
+    each candidate at each loss rate of QGRID, and the search that names components one at a time."""
+
+    def __init__(
+        self,
+        idx: _Index,
+        inc: _Incidence,
+        layer_rows: np.ndarray,
+        bad: np.ndarray,
+        n_probes: int,
+        th: Thresholds,
+        cost: float,
+        pr: _Probes,
+        candidates: tuple[np.ndarray, np.ndarray, np.ndarray],
+    ) -> None:
+        cand_ids, bad_counts, row_bad = candidates
+        self.idx, self.inc, self.bad, self.n_probes, self.th, self.cost, self.pr = idx, inc, bad, n_probes, th, cost, pr
+        self.cand_ids = cand_ids
+        self.n_rows = n_rows = len(inc.row_k)
+        self.n_cand = n_cand = len(cand_ids)
+        remap = np.full(idx.n_components, -1, np.int32)
+        remap[cand_ids] = np.arange(n_cand, dtype=np.int32)
+        # Exact entries of candidates (still sorted by candidate: remap is increasing); only the bad ones depend on
+        # the fit (a good probe adds log(1 - q w) whatever else is on its path).
+        ec = remap[inc.comp]
+        keep = ec >= 0
+        self.p, self.c, self.b = p, c, b = inc.probe[keep], ec[keep], bad[inc.probe][keep]
+        del ec, keep
+        self.starts = np.searchsorted(c, np.arange(n_cand + 1))
+        self.n_good = np.bincount(c[~b], minlength=n_cand).astype(float)
+        # The bad probes of the layer, numbered: their exact candidates and ECMP rows, probe-major, for the updates.
+        bad_at = np.flatnonzero(bad[layer_rows])
+        self.bad_probe = bad_probe = layer_rows[bad_at].astype(np.int64)
+        self.bad_index = bad_index = np.full(n_probes, -1, np.int32)
+        bad_index[bad_probe] = np.arange(len(bad_probe), dtype=np.int32)
+        bad_path = inc.path[:, bad_at]
+        self.bad_path = np.where(bad_path >= 0, remap[np.maximum(bad_path, 0)], -1)
+        self.bad_path_rows = inc.path_rows[:, bad_at]
+        self.eb_c, self.eb_i = c[b], bad_index[p[b]]
+        # ECMP table entries of candidates, row after row (a candidate's own rows: inc.table_rows).
+        self.row_w = row_w = 1.0 / np.maximum(inc.row_k, 1)
+        t_c = remap[inc.row_comp]
+        t_keep = t_c >= 0
+        self.t_c = t_c[t_keep]
+        self.t_r = t_r = np.repeat(np.arange(n_rows, dtype=np.int32), inc.row_k)[t_keep]
+        del t_keep
+        self.t_start = np.searchsorted(t_r, np.arange(n_rows + 1))
+        member_bad = bad[inc.member]
+        self.mb_row = mb_row = inc.member_row[member_bad].astype(np.int64)
+        self.mb_probe = inc.member[member_bad].astype(np.int64)
+        self.mb_start = np.searchsorted(mb_row, np.arange(n_rows + 1))
+        self.mb_w = row_w[mb_row]
+        self.row_good = (np.diff(inc.member_start) - row_bad).astype(float)
+        self.n_bad = bad_counts[cand_ids]
+        self.kinds = idx.kind_of(cand_ids)
+        self.spine_kind = KINDS.index("spine")
+        self.logq = np.log1p(-QGRID)
+
+    def gains(self, good: np.ndarray) -> np.ndarray:
+        n_cand, n_rows, mb_row = self.n_cand, self.n_rows, self.mb_row
+        gi = good[self.bad_probe]
+        base = np.log1p(-gi)
+        gm = good[self.mb_probe]
+        mbase = np.log1p(-gm)
+        out = np.empty((len(QGRID), n_cand))
+        for k, q in enumerate(QGRID):
+            term = np.log1p(-gi * (1.0 - q)) - base
+            out[k] = np.bincount(self.eb_c, weights=term[self.eb_i], minlength=n_cand) + self.n_good * self.logq[k]
+            if n_rows:
+                row = np.bincount(mb_row, weights=np.log1p(-gm * (1.0 - q * self.mb_w)) - mbase, minlength=n_rows)
+                row += self.row_good * np.log(1.0 - q * self.row_w)
+                out[k] += np.bincount(self.t_c, weights=row[self.t_r], minlength=n_cand)
+        return out
+
+    def update(self, out: np.ndarray, which: np.ndarray, old: np.ndarray, new: np.ndarray) -> None:
+        """Gains after the bad probes `which` (numbers) went from P(good) `old` to `new`: only their terms change."""
+        m = len(which)
+        if not m:
+            return
+        ents = self.bad_path[:, which].ravel()
+        valid = ents >= 0
+        cols = _Sums(ents[valid], self.n_cand)
+        owner = np.tile(np.arange(m), PATH_COLUMNS)[valid]
+        rws = self.bad_path_rows[:, which].ravel()
+        r_valid = rws >= 0
+        rws, r_owner = rws[r_valid].astype(np.int64), np.tile(np.arange(m), 3)[r_valid]
+        urows = _Sums(rws, self.n_rows)
+        t_start = self.t_start
+        epos = _ranges(t_start, urows.keys)
+        e_row = np.repeat(np.arange(len(urows.keys)), t_start[urows.keys + 1] - t_start[urows.keys])
+        ucols = _Sums(self.t_c[epos], self.n_cand)
+        w = self.row_w[rws]
+        go, gn = old[r_owner], new[r_owner]
+        for k, q in enumerate(QGRID):
+            d = np.log1p(-new * (1.0 - q)) - np.log1p(-new) - (np.log1p(-old * (1.0 - q)) - np.log1p(-old))
+            cols.add_to(out[k], d[owner])
+            if len(rws):
+                f = 1.0 - q * w
+                d2 = np.log1p(-gn * f) - np.log1p(-gn) - (np.log1p(-go * f) - np.log1p(-go))
+                ucols.add_to(out[k], urows.sums(d2)[e_row])
+
+    def through(self, cc: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.inc.through(int(self.cand_ids[cc]))
+
+    def one_gain(self, good: np.ndarray, cc: int) -> tuple[float, float]:
+        sl = slice(self.starts[cc], self.starts[cc + 1])
+        gi = good[self.p[sl][self.b[sl]]]
+        base = np.log1p(-gi)
+        rws = self.inc.table_rows(int(self.cand_ids[cc]))
+        at = _ranges(self.mb_start, rws)
+        gm, wm = good[self.mb_probe[at]], self.mb_w[at]
+        mbase = np.log1p(-gm)
+        good_rows, w_rows = self.row_good[rws], self.row_w[rws]
+        best, best_q = -math.inf, float(QGRID[-1])
+        for q in QGRID:
+            v = float((np.log1p(-gi * (1.0 - q)) - base).sum()) + self.n_good[cc] * math.log(1.0 - q)
+            if len(rws):
+                v += float((np.log1p(-gm * (1.0 - q * wm)) - mbase).sum())
+                v += float((good_rows * np.log(1.0 - q * w_rows)).sum())
+            if v > best:
+                best, best_q = v, float(q)
+        return best, best_q
+
+    def leaf_pairs(self, cc: int) -> int:
+        probes, _ = self.through(cc)
+        rows = probes[self.bad[probes]]
+        return _leaf_pairs(self.idx, self.pr, rows)
+
+    def apply(self, good: np.ndarray, cc: int, q: float, sign: int, out: np.ndarray | None = None) -> None:
+        probes, w = self.through(cc)
+        f = 1.0 - q * w
+        which = self.bad_index[probes]
+        hit = which >= 0
+        old = good[probes[hit]]
+        good[probes] *= f if sign > 0 else 1.0 / f  # a component is on a probe's path once
+        if out is not None:
+            self.update(out, which[hit], old, good[probes[hit]])
+
+    def _next(self, best: np.ndarray, blocked: np.ndarray) -> int | None:
+        """The best candidate that may be named (an argmax at a time, not a sort per step), or None."""
+        th = self.th
+        while True:
+            cc = int(np.argmax(best))
+            if best[cc] <= self.cost:
+                return None
+            if self.n_bad[cc] < th.min_failed or (
+                self.kinds[cc] == self.spine_kind and self.leaf_pairs(cc) < th.min_spine_leaf_pairs
+            ):
+                blocked[cc] = True
+                best[cc] = -math.inf
+                continue
+            return cc
+
+    def search(self, noise: float) -> tuple[list[_Pick], np.ndarray]:
+        good = np.full(self.n_probes, 1.0 - noise)
+        picks: list[_Pick] = []
+        blocked = np.zeros(self.n_cand, bool)
+        g = self.gains(good)  # kept up to date pick by pick (update): a pick changes only the probes through it
+        for _ in range(MAX_STEPS):
+            best = g.max(axis=0)
+            best_q = QGRID[g.argmax(axis=0)]
+            best[blocked] = -math.inf
+            chosen = self._next(best, blocked)
+            if chosen is None:
+                break
+            ties: list[int] = []
+            if len(self.inc.table_rows(int(self.cand_ids[chosen]))):  # ECMP-ambiguous probes cross it (weight 1/k)
+                near = np.flatnonzero((best >= best[chosen] - TIE_NATS) & (self.kinds == self.kinds[chosen]) & ~blocked)
+                ties = [int(x) for x in near if x != chosen][:MAX_AMBIGUOUS_LISTED]
+            picks.append(_Pick(chosen, float(best_q[chosen]), float(best[chosen]), ties))
+            blocked[chosen] = True
+            self.apply(good, chosen, float(best_q[chosen]), +1, g)
+        # Drop picks the later ones made redundant; re-fit each given the others.
+        kept: list[_Pick] = []
+        for pick in picks:
+            self.apply(good, pick.comp, pick.q, -1)
+            gain, q = self.one_gain(good, pick.comp)
+            if gain > self.cost:
+                self.apply(good, pick.comp, q, +1)
+                kept.append(_Pick(pick.comp, q, gain, pick.ambiguous_with))
+        return kept, good
+
+
 def _layer_search(
     idx: _Index,
     inc: _Incidence,
@@ -1569,187 +1769,28 @@ def _layer_search(
     cost: float,
     pr: _Probes,
 ) -> _LayerResult:
-    # Candidates: components with at least min_failed bad probes through them (no other can be named faulty).
-    n_rows = len(inc.row_k)
-    exact_bad = bad[inc.probe]
-    member_bad = bad[inc.member]
-    row_bad = np.bincount(inc.member_row[member_bad], minlength=n_rows)
-    bad_counts = np.bincount(inc.comp[exact_bad], minlength=idx.n_components)
-    if n_rows:
-        ecmp_bad = np.bincount(inc.row_comp, weights=np.repeat(row_bad, inc.row_k), minlength=idx.n_components)
-        bad_counts = bad_counts + np.rint(ecmp_bad).astype(np.int64)
-    cand_ids = np.flatnonzero(bad_counts >= th.min_failed)
+    """The components of one layer named faulty, at the noise rate given or estimated from the probes the picks
+    leave unexplained (re-fitted up to twice), and the best gain of each candidate not named."""
+    candidates = _layer_candidates(idx, inc, bad, th)
     base_noise = float(bad[layer_rows].mean()) if len(layer_rows) else 0.0
     noise = th.noise_rate if th.noise_rate is not None else min(NOISE_CEIL, max(NOISE_FLOOR, base_noise))
-    if len(cand_ids) == 0:
+    if len(candidates[0]) == 0:
         return _LayerResult([], {}, noise)
-    n_cand = len(cand_ids)
-    remap = np.full(idx.n_components, -1, np.int32)
-    remap[cand_ids] = np.arange(n_cand, dtype=np.int32)
-    # Exact entries of candidates (still sorted by candidate: remap is increasing); only the bad ones depend on the
-    # fit (a good probe adds log(1 - q w) whatever else is on its path).
-    ec = remap[inc.comp]
-    keep = ec >= 0
-    p, c, b = inc.probe[keep], ec[keep], exact_bad[keep]
-    del ec, keep
-    starts = np.searchsorted(c, np.arange(n_cand + 1))
-    n_good = np.bincount(c[~b], minlength=n_cand).astype(float)
-    # The bad probes of the layer, numbered: their exact candidates and ECMP rows, probe-major, for the updates.
-    bad_at = np.flatnonzero(bad[layer_rows])
-    bad_probe = layer_rows[bad_at].astype(np.int64)
-    bad_index = np.full(n_probes, -1, np.int32)
-    bad_index[bad_probe] = np.arange(len(bad_probe), dtype=np.int32)
-    bad_path = inc.path[:, bad_at]
-    bad_path = np.where(bad_path >= 0, remap[np.maximum(bad_path, 0)], -1)
-    bad_path_rows = inc.path_rows[:, bad_at]
-    eb_c, eb_i = c[b], bad_index[p[b]]
-    # ECMP table entries of candidates, row after row (a candidate's own rows: inc.table_rows).
-    row_w = 1.0 / np.maximum(inc.row_k, 1)
-    t_c = remap[inc.row_comp]
-    t_keep = t_c >= 0
-    t_c = t_c[t_keep]
-    t_r = np.repeat(np.arange(n_rows, dtype=np.int32), inc.row_k)[t_keep]
-    del t_keep
-    t_start = np.searchsorted(t_r, np.arange(n_rows + 1))
-    mb_row, mb_probe = inc.member_row[member_bad].astype(np.int64), inc.member[member_bad].astype(np.int64)
-    mb_start = np.searchsorted(mb_row, np.arange(n_rows + 1))
-    mb_w = row_w[mb_row]
-    row_good = (np.diff(inc.member_start) - row_bad).astype(float)
-    n_bad = bad_counts[cand_ids]
-    kinds = idx.kind_of(cand_ids)
-    spine_kind = KINDS.index("spine")
-    logq = np.log1p(-QGRID)
-
-    def gains(good: np.ndarray) -> np.ndarray:
-        gi = good[bad_probe]
-        base = np.log1p(-gi)
-        gm = good[mb_probe]
-        mbase = np.log1p(-gm)
-        out = np.empty((len(QGRID), n_cand))
-        for k, q in enumerate(QGRID):
-            term = np.log1p(-gi * (1.0 - q)) - base
-            out[k] = np.bincount(eb_c, weights=term[eb_i], minlength=n_cand) + n_good * logq[k]
-            if n_rows:
-                row = np.bincount(mb_row, weights=np.log1p(-gm * (1.0 - q * mb_w)) - mbase, minlength=n_rows)
-                row += row_good * np.log(1.0 - q * row_w)
-                out[k] += np.bincount(t_c, weights=row[t_r], minlength=n_cand)
-        return out
-
-    def update(out: np.ndarray, which: np.ndarray, old: np.ndarray, new: np.ndarray) -> None:
-        """Gains after the bad probes `which` (numbers) went from P(good) `old` to `new`: only their terms change."""
-        m = len(which)
-        if not m:
-            return
-        ents = bad_path[:, which].ravel()
-        valid = ents >= 0
-        cols = _Sums(ents[valid], n_cand)
-        owner = np.tile(np.arange(m), PATH_COLUMNS)[valid]
-        rws = bad_path_rows[:, which].ravel()
-        r_valid = rws >= 0
-        rws, r_owner = rws[r_valid].astype(np.int64), np.tile(np.arange(m), 3)[r_valid]
-        urows = _Sums(rws, n_rows)
-        epos = _ranges(t_start, urows.keys)
-        e_row = np.repeat(np.arange(len(urows.keys)), t_start[urows.keys + 1] - t_start[urows.keys])
-        ucols = _Sums(t_c[epos], n_cand)
-        w = row_w[rws]
-        go, gn = old[r_owner], new[r_owner]
-        for k, q in enumerate(QGRID):
-            d = np.log1p(-new * (1.0 - q)) - np.log1p(-new) - (np.log1p(-old * (1.0 - q)) - np.log1p(-old))
-            cols.add_to(out[k], d[owner])
-            if len(rws):
-                f = 1.0 - q * w
-                d2 = np.log1p(-gn * f) - np.log1p(-gn) - (np.log1p(-go * f) - np.log1p(-go))
-                ucols.add_to(out[k], urows.sums(d2)[e_row])
-
-    def through(cc: int) -> tuple[np.ndarray, np.ndarray]:
-        return inc.through(int(cand_ids[cc]))
-
-    def one_gain(good: np.ndarray, cc: int) -> tuple[float, float]:
-        sl = slice(starts[cc], starts[cc + 1])
-        gi = good[p[sl][b[sl]]]
-        base = np.log1p(-gi)
-        rws = inc.table_rows(int(cand_ids[cc]))
-        at = _ranges(mb_start, rws)
-        gm, wm = good[mb_probe[at]], mb_w[at]
-        mbase = np.log1p(-gm)
-        good_rows, w_rows = row_good[rws], row_w[rws]
-        best, best_q = -math.inf, float(QGRID[-1])
-        for q in QGRID:
-            v = float((np.log1p(-gi * (1.0 - q)) - base).sum()) + n_good[cc] * math.log(1.0 - q)
-            if len(rws):
-                v += float((np.log1p(-gm * (1.0 - q * wm)) - mbase).sum())
-                v += float((good_rows * np.log(1.0 - q * w_rows)).sum())
-            if v > best:
-                best, best_q = v, float(q)
-        return best, best_q
-
-    def leaf_pairs(cc: int) -> int:
-        probes, _ = through(cc)
-        rows = probes[bad[probes]]
-        return _leaf_pairs(idx, pr, rows)
-
-    def apply(good: np.ndarray, cc: int, q: float, sign: int, out: np.ndarray | None = None) -> None:
-        probes, w = through(cc)
-        f = 1.0 - q * w
-        which = bad_index[probes]
-        hit = which >= 0
-        old = good[probes[hit]]
-        good[probes] *= f if sign > 0 else 1.0 / f  # a component is on a probe's path once
-        if out is not None:
-            update(out, which[hit], old, good[probes[hit]])
-
-    def search(noise: float) -> tuple[list[_Pick], np.ndarray]:
-        good = np.full(n_probes, 1.0 - noise)
-        picks: list[_Pick] = []
-        blocked = np.zeros(n_cand, bool)
-        g = gains(good)  # kept up to date pick by pick (update): a pick changes only the probes through it
-        for _ in range(MAX_STEPS):
-            best = g.max(axis=0)
-            best_q = QGRID[g.argmax(axis=0)]
-            best[blocked] = -math.inf
-            chosen = None
-            while True:  # the best candidate that may be named (an argmax at a time, not a sort per step)
-                cc = int(np.argmax(best))
-                if best[cc] <= cost:
-                    break
-                if n_bad[cc] < th.min_failed or (kinds[cc] == spine_kind and leaf_pairs(cc) < th.min_spine_leaf_pairs):
-                    blocked[cc] = True
-                    best[cc] = -math.inf
-                    continue
-                chosen = cc
-                break
-            if chosen is None:
-                break
-            ties: list[int] = []
-            if len(inc.table_rows(int(cand_ids[chosen]))):  # ECMP-ambiguous probes cross it (weight 1/k)
-                near = np.flatnonzero((best >= best[chosen] - TIE_NATS) & (kinds == kinds[chosen]) & ~blocked)
-                ties = [int(x) for x in near if x != chosen][:MAX_AMBIGUOUS_LISTED]
-            picks.append(_Pick(chosen, float(best_q[chosen]), float(best[chosen]), ties))
-            blocked[chosen] = True
-            apply(good, chosen, float(best_q[chosen]), +1, g)
-        # Drop picks the later ones made redundant; re-fit each given the others.
-        kept: list[_Pick] = []
-        for pick in picks:
-            apply(good, pick.comp, pick.q, -1)
-            gain, q = one_gain(good, pick.comp)
-            if gain > cost:
-                apply(good, pick.comp, q, +1)
-                kept.append(_Pick(pick.comp, q, gain, pick.ambiguous_with))
-        return kept, good
-
-    picks, good = search(noise)
+    layer = _LayerFit(idx, inc, layer_rows, bad, n_probes, th, cost, pr, candidates)
+    cand_ids = layer.cand_ids
+    picks, good = layer.search(noise)
     if th.noise_rate is None:
         for _ in range(2):
             explained = np.zeros(n_probes, bool)
             for pick in picks:
-                explained[through(pick.comp)[0]] = True
+                explained[layer.through(pick.comp)[0]] = True
             rest = layer_rows[~explained[layer_rows]]
             estimate = min(NOISE_CEIL, max(NOISE_FLOOR, float(bad[rest].mean()) if len(rest) else NOISE_FLOOR))
             if abs(math.log(estimate / noise)) < 0.2:
                 break
             noise = estimate
-            picks, good = search(noise)
-    final = gains(good)
+            picks, good = layer.search(noise)
+    final = layer.gains(good)
     best = final.max(axis=0)
     picked = {pk.comp for pk in picks}
     near = {int(cand_ids[cc]): float(best[cc]) for cc in np.flatnonzero(best > 0) if int(cc) not in picked}
@@ -1781,6 +1822,169 @@ def _layer_verdict(picks: Mapping[int, _Pick], multi: bool, underlay_crosses: bo
     return "not_applicable"
 
 
+def _thresholds(thresholds: Thresholds | Mapping[str, Any] | None) -> Thresholds:
+    if thresholds is None:
+        return Thresholds()
+    if isinstance(thresholds, Thresholds):
+        return thresholds
+    try:
+        return Thresholds.model_validate(thresholds)
+    except ValidationError as exc:
+        lines = validation_problems(exc.errors(), dict(thresholds), Thresholds.model_json_schema(), root="thresholds")
+        _raise([line if line.startswith("thresholds") else f"thresholds.{line}" for line in lines])
+        raise AssertionError("unreachable") from None
+
+
+@dataclass
+class _Layers:
+    """Each layer's incidence and search, merged: one suspect per component, the faulty ones first."""
+
+    present: list[int]
+    incidences: dict[int, _Incidence]
+    results: dict[int, _LayerResult]
+    faulty_in: dict[int, dict[int, _Pick]]  # component -> the layers it was named faulty in
+    near: dict[int, float]  # component -> its best gain in any layer, for those named in none
+    ranked: list[int]
+
+
+def _search_layers(idx: _Index, pr: _Probes, cls: _Bad, th: Thresholds, cost: float) -> _Layers:
+    n = len(pr)
+    present = [layer for layer in range(3) if (pr.layer == layer).any()]
+    layer_rows = {layer: np.flatnonzero(pr.layer == layer) for layer in present}
+    routes = {layer: _routes(idx, pr, rows) for layer, rows in layer_rows.items()}
+    _check_work(n, list(routes.values()))  # before the incidence is allocated
+    incidences: dict[int, _Incidence] = {}
+    results: dict[int, _LayerResult] = {}
+    for layer, rows in layer_rows.items():
+        inc = _incidence(idx, rows, routes.pop(layer))
+        incidences[layer] = inc
+        results[layer] = _layer_search(idx, inc, rows, cls.bad, n, th, cost, pr)
+    faulty_in: dict[int, dict[int, _Pick]] = {}
+    for layer, res in results.items():
+        for pick in res.picks:
+            faulty_in.setdefault(pick.comp, {})[layer] = pick
+    near: dict[int, float] = {}
+    for res in results.values():
+        for comp, gain in res.near.items():
+            if comp not in faulty_in:
+                near[comp] = max(gain, near.get(comp, -math.inf))
+    faulty_sorted = sorted(faulty_in, key=lambda cc: -max(pk.score for pk in faulty_in[cc].values()))
+    near_sorted = sorted(near, key=lambda cc: -near[cc])
+    return _Layers(present, incidences, results, faulty_in, near, faulty_sorted + near_sorted)
+
+
+def _suspect(idx: _Index, pr: _Probes, cls: _Bad, lay: _Layers, cc: int, crossed_underlay: np.ndarray) -> Suspect:
+    """One listed component with its evidence, from every layer's full incidence."""
+    multi = 1 in lay.present and 2 in lay.present
+    kind, name, extra = idx.describe(cc)
+    failed = passed = failed_amb = passed_amb = 0
+    by = {"loss": 0, "latency": 0, "bandwidth": 0}
+    bad_rows: list[np.ndarray] = []
+    by_layer: dict[str, LayerEvidence] = {}
+    for layer, inc in lay.incidences.items():
+        rows, wts = inc.through(cc)
+        exact = wts == 1.0
+        bad_here = cls.bad[rows]
+        f_exact, p_exact = int((bad_here & exact).sum()), int((~bad_here & exact).sum())
+        failed += f_exact
+        passed += p_exact
+        failed_amb += int((bad_here & ~exact).sum())
+        passed_amb += int((~bad_here & ~exact).sum())
+        rb = rows[bad_here]
+        bad_rows.append(rb)
+        by["loss"] += int(cls.by_loss[rb].sum())
+        by["latency"] += int((cls.by_latency[rb] & ~cls.by_loss[rb]).sum())
+        by["bandwidth"] += int((cls.by_bandwidth[rb] & ~cls.by_loss[rb] & ~cls.by_latency[rb]).sum())
+        by_layer[LAYER_NAMES[layer]] = LayerEvidence(
+            failed=int(bad_here.sum()), passed=int((~bad_here).sum()), faulty=layer in lay.faulty_in.get(cc, {})
+        )
+    all_bad = np.concatenate(bad_rows) if bad_rows else np.zeros(0, np.int64)
+    losses = pr.loss[all_bad]
+    ratios = cls.latency_ratio[all_bad]
+    ratios = ratios[np.isfinite(ratios)]
+    median_loss = float(np.median(losses)) if len(losses) else None
+    pairs_count = None
+    if kind in ("spine", "leaf_spine_link") and len(all_bad):
+        pairs_count = _leaf_pairs(idx, pr, all_bad)
+    picks = lay.faulty_in.get(cc, {})
+    score = max(pk.score for pk in picks.values()) if picks else lay.near.get(cc, 0.0)
+    ambiguous = sorted({idx.describe(t)[1] for pk in picks.values() for t in pk.ambiguous_with})
+    examples = [
+        ProbeRef(
+            src_nic=idx.nic_names[int(pr.src[r])],
+            dst_nic=idx.nic_names[int(pr.dst[r])],
+            loss_rate=float(pr.loss[r]),
+            latency_us=None if math.isnan(pr.latency[r]) else float(pr.latency[r]),
+            layer=None if pr.layer[r] == 0 else LAYER_NAMES[int(pr.layer[r])],  # type: ignore[arg-type]
+            spine=idx.spine_names[int(pr.spine[r])] if pr.spine[r] >= 0 else None,
+        )
+        for r in all_bad[:3]
+    ]
+    return Suspect(
+        kind=kind,
+        name=name,
+        faulty=bool(picks),
+        score=round(score, 3),
+        symptom=_symptom(by, median_loss),
+        layer_verdict=_layer_verdict(picks, multi, bool(crossed_underlay[cc])),
+        ambiguous_with=ambiguous[:MAX_AMBIGUOUS_LISTED],
+        node=extra.get("node"),
+        leaf=extra.get("leaf"),
+        spine=extra.get("spine"),
+        rail=extra.get("rail"),
+        evidence=Evidence(
+            failed=failed,
+            passed=passed,
+            failed_ambiguous=failed_amb,
+            passed_ambiguous=passed_amb,
+            failed_by=by,
+            fail_probability=round(max(pk.q for pk in picks.values()), 4) if picks else None,
+            median_failed_loss=median_loss,
+            median_latency_ratio=round(float(np.median(ratios)), 4) if len(ratios) else None,
+            leaf_pairs=pairs_count,
+            by_layer=by_layer,
+            examples=examples,
+        ),
+    )
+
+
+def _not_covered(idx: _Index, incidences: Mapping[int, _Incidence]) -> NotCovered:
+    """Coverage of the probes: components no probe crosses, and spines and links only ECMP-ambiguous ones cross."""
+    crossed_exact = np.zeros(idx.n_components, bool)
+    crossed_any = np.zeros(idx.n_components, bool)
+    for inc in incidences.values():
+        crossed_any[inc.comp] = True
+        crossed_any[inc.row_comp] = True
+        crossed_exact[inc.comp] = True
+    kinds_all = idx.kind_of(np.arange(idx.n_components))
+    counts = {k: int((~crossed_any & (kinds_all == i)).sum()) for i, k in enumerate(KINDS)}
+    ecmp_only = {
+        k: int((crossed_any & ~crossed_exact & (kinds_all == i)).sum())
+        for i, k in enumerate(KINDS)
+        if k in ("spine", "leaf_spine_link")
+    }
+    missing_names = [idx.describe(int(cc))[1] for cc in np.flatnonzero(~crossed_any)[:MAX_NAMES_LISTED]]
+    return NotCovered(counts=counts, ecmp_only=ecmp_only, names=missing_names)
+
+
+def _probe_summary(pr: _Probes, cls: _Bad, present: Sequence[int], same: np.ndarray) -> ProbeSummary:
+    bad_by = {
+        "loss": int(cls.by_loss.sum()),
+        "latency": int((cls.by_latency & ~cls.by_loss).sum()),
+        "bandwidth": int((cls.by_bandwidth & ~cls.by_loss & ~cls.by_latency).sum()),
+    }
+    return ProbeSummary(
+        total=len(pr),
+        bad=int(cls.bad.sum()),
+        bad_by=bad_by,
+        by_layer={LAYER_NAMES[layer]: int((pr.layer == layer).sum()) for layer in present},
+        same_leaf=int(same.sum()),
+        cross_leaf=int((~same).sum()),
+        with_route=int(((pr.spine >= 0) & ~same).sum()),
+        ecmp_ambiguous=int(((pr.spine < 0) & ~same).sum()),
+    )
+
+
 def localize_network_fault(
     topology: Topology | Mapping[str, Any],
     probes: Sequence[ProbeRow | Mapping[str, Any]],
@@ -1799,160 +2003,29 @@ def localize_network_fault(
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
             raise InputError(f"{name}: got {value!r}; accepted: an integer from 0 to {high:,}")
-    if thresholds is None:
-        th = Thresholds()
-    elif isinstance(thresholds, Thresholds):
-        th = thresholds
-    else:
-        try:
-            th = Thresholds.model_validate(thresholds)
-        except ValidationError as exc:
-            lines = validation_problems(
-                exc.errors(), dict(thresholds), Thresholds.model_json_schema(), root="thresholds"
-            )
-            _raise([line if line.startswith("thresholds") else f"thresholds.{line}" for line in lines])
-            raise AssertionError("unreachable") from None
+    th = _thresholds(thresholds)
     idx = build_index(topology)
     pr = _load_probes(idx, probes)
     cls = _classify(idx, pr, th)
     cost = th.min_score if th.min_score is not None else math.log(idx.n_components) + COST_EXTRA_NATS
-    n = len(pr)
-    layers_present = [layer for layer in range(3) if (pr.layer == layer).any()]
-    layer_rows = {layer: np.flatnonzero(pr.layer == layer) for layer in layers_present}
-    routes = {layer: _routes(idx, pr, rows) for layer, rows in layer_rows.items()}
-    _check_work(n, list(routes.values()))  # before the incidence is allocated
-    incidences: dict[int, _Incidence] = {}
-    results: dict[int, _LayerResult] = {}
-    for layer, rows in layer_rows.items():
-        inc = _incidence(idx, rows, routes.pop(layer))
-        incidences[layer] = inc
-        results[layer] = _layer_search(idx, inc, rows, cls.bad, n, th, cost, pr)
-
-    # Merge the layers: one suspect per component.
-    faulty_in: dict[int, dict[int, _Pick]] = {}
-    for layer, res in results.items():
-        for pick in res.picks:
-            faulty_in.setdefault(pick.comp, {})[layer] = pick
-    near: dict[int, float] = {}
-    for res in results.values():
-        for comp, gain in res.near.items():
-            if comp not in faulty_in:
-                near[comp] = max(gain, near.get(comp, -math.inf))
-    faulty_sorted = sorted(faulty_in, key=lambda cc: -max(pk.score for pk in faulty_in[cc].values()))
-    near_sorted = sorted(near, key=lambda cc: -near[cc])
-    ranked = faulty_sorted + near_sorted
+    lay = _search_layers(idx, pr, cls, th, cost)
+    faulty_in, ranked = lay.faulty_in, lay.ranked
     if limit is None:  # the faulty ones, then a few near misses
-        end = min(max(offset, len(faulty_sorted)) + DEFAULT_NEAR_MISSES, offset + DEFAULT_FAULTY_LISTED)
+        end = min(max(offset, len(faulty_in)) + DEFAULT_NEAR_MISSES, offset + DEFAULT_FAULTY_LISTED)
         listed = ranked[offset:end]
     else:
         listed = ranked[offset : offset + limit]
-
-    # Evidence for the listed components, from every layer's full incidence.
-    ev_rows: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]] = {
-        cc: {layer: inc.through(cc) for layer, inc in incidences.items()} for cc in listed
-    }
-    multi = 1 in layers_present and 2 in layers_present
+    multi = 1 in lay.present and 2 in lay.present
     crossed_underlay = np.zeros(idx.n_components, bool)
-    if 1 in incidences:
-        crossed_underlay[incidences[1].comp] = True
-        crossed_underlay[incidences[1].row_comp] = True
-    suspects: list[Suspect] = []
-    for cc in listed:
-        kind, name, extra = idx.describe(cc)
-        failed = passed = failed_amb = passed_amb = 0
-        by = {"loss": 0, "latency": 0, "bandwidth": 0}
-        bad_rows: list[np.ndarray] = []
-        by_layer: dict[str, LayerEvidence] = {}
-        for layer, (rows, wts) in ev_rows[cc].items():
-            exact = wts == 1.0
-            bad_here = cls.bad[rows]
-            f_exact, p_exact = int((bad_here & exact).sum()), int((~bad_here & exact).sum())
-            failed += f_exact
-            passed += p_exact
-            failed_amb += int((bad_here & ~exact).sum())
-            passed_amb += int((~bad_here & ~exact).sum())
-            rb = rows[bad_here]
-            bad_rows.append(rb)
-            by["loss"] += int(cls.by_loss[rb].sum())
-            by["latency"] += int((cls.by_latency[rb] & ~cls.by_loss[rb]).sum())
-            by["bandwidth"] += int((cls.by_bandwidth[rb] & ~cls.by_loss[rb] & ~cls.by_latency[rb]).sum())
-            by_layer[LAYER_NAMES[layer]] = LayerEvidence(
-                failed=int(bad_here.sum()), passed=int((~bad_here).sum()), faulty=layer in faulty_in.get(cc, {})
-            )
-        all_bad = np.concatenate(bad_rows) if bad_rows else np.zeros(0, np.int64)
-        losses = pr.loss[all_bad]
-        ratios = cls.latency_ratio[all_bad]
-        ratios = ratios[np.isfinite(ratios)]
-        median_loss = float(np.median(losses)) if len(losses) else None
-        pairs_count = None
-        if kind in ("spine", "leaf_spine_link") and len(all_bad):
-            pairs_count = _leaf_pairs(idx, pr, all_bad)
-        picks = faulty_in.get(cc, {})
-        is_faulty = bool(picks)
-        score = max(pk.score for pk in picks.values()) if picks else near.get(cc, 0.0)
-        verdict = _layer_verdict(picks, multi, bool(crossed_underlay[cc]))
-        ambiguous = sorted({idx.describe(t)[1] for pk in picks.values() for t in pk.ambiguous_with})
-        examples = [
-            ProbeRef(
-                src_nic=idx.nic_names[int(pr.src[r])],
-                dst_nic=idx.nic_names[int(pr.dst[r])],
-                loss_rate=float(pr.loss[r]),
-                latency_us=None if math.isnan(pr.latency[r]) else float(pr.latency[r]),
-                layer=None if pr.layer[r] == 0 else LAYER_NAMES[int(pr.layer[r])],  # type: ignore[arg-type]
-                spine=idx.spine_names[int(pr.spine[r])] if pr.spine[r] >= 0 else None,
-            )
-            for r in all_bad[:3]
-        ]
-        suspects.append(
-            Suspect(
-                kind=kind,
-                name=name,
-                faulty=is_faulty,
-                score=round(score, 3),
-                symptom=_symptom(by, median_loss),
-                layer_verdict=verdict,
-                ambiguous_with=ambiguous[:MAX_AMBIGUOUS_LISTED],
-                node=extra.get("node"),
-                leaf=extra.get("leaf"),
-                spine=extra.get("spine"),
-                rail=extra.get("rail"),
-                evidence=Evidence(
-                    failed=failed,
-                    passed=passed,
-                    failed_ambiguous=failed_amb,
-                    passed_ambiguous=passed_amb,
-                    failed_by=by,
-                    fail_probability=round(max(pk.q for pk in picks.values()), 4) if picks else None,
-                    median_failed_loss=median_loss,
-                    median_latency_ratio=round(float(np.median(ratios)), 4) if len(ratios) else None,
-                    leaf_pairs=pairs_count,
-                    by_layer=by_layer,
-                    examples=examples,
-                ),
-            )
-        )
-
-    # Coverage of the probes: components no probe crosses.
-    crossed_exact = np.zeros(idx.n_components, bool)
-    crossed_any = np.zeros(idx.n_components, bool)
-    for inc in incidences.values():
-        crossed_any[inc.comp] = True
-        crossed_any[inc.row_comp] = True
-        crossed_exact[inc.comp] = True
-    kinds_all = idx.kind_of(np.arange(idx.n_components))
-    counts = {k: int((~crossed_any & (kinds_all == i)).sum()) for i, k in enumerate(KINDS)}
-    ecmp_only = {
-        k: int((crossed_any & ~crossed_exact & (kinds_all == i)).sum())
-        for i, k in enumerate(KINDS)
-        if k in ("spine", "leaf_spine_link")
-    }
-    missing_names = [idx.describe(int(cc))[1] for cc in np.flatnonzero(~crossed_any)[:MAX_NAMES_LISTED]]
+    if 1 in lay.incidences:
+        crossed_underlay[lay.incidences[1].comp] = True
+        crossed_underlay[lay.incidences[1].row_comp] = True
+    suspects = [_suspect(idx, pr, cls, lay, cc, crossed_underlay) for cc in listed]
 
     warnings = list(cls.warnings)
     same = idx.nic_leaf[pr.src] == idx.nic_leaf[pr.dst]
-    with_route = int(((pr.spine >= 0) & ~same).sum())
-    ambiguous_n = int(((pr.spine < 0) & ~same).sum())
-    if ambiguous_n and any(s.ambiguous_with for s in suspects if s.faulty):
+    summary = _probe_summary(pr, cls, lay.present, same)
+    if summary.ecmp_ambiguous and any(s.ambiguous_with for s in suspects if s.faulty):
         warnings.append(
             "some faulty spines or links could not be told from their ECMP alternatives (listed in ambiguous_with): "
             "probe with the spine known (plan_network_probes' via_spine, traceroute or the route column)"
@@ -1963,11 +2036,6 @@ def localize_network_fault(
         verdicts = {_layer_verdict(faulty_in[cc], multi, bool(crossed_underlay[cc])) for cc in faulty_in}
         verdicts &= {"underlay", "overlay"}
         overall = "none" if not verdicts else ("both" if len(verdicts) == 2 else verdicts.pop())
-    bad_by = {
-        "loss": int(cls.by_loss.sum()),
-        "latency": int((cls.by_latency & ~cls.by_loss).sum()),
-        "bandwidth": int((cls.by_bandwidth & ~cls.by_loss & ~cls.by_latency).sum()),
-    }
     whole = Localization(
         faulty_count=len(faulty_in),
         suspects=suspects,
@@ -1976,28 +2044,19 @@ def localize_network_fault(
         next_offset=None,
         has_more=False,
         layer_verdict=overall,  # type: ignore[arg-type]
-        probes=ProbeSummary(
-            total=n,
-            bad=int(cls.bad.sum()),
-            bad_by=bad_by,
-            by_layer={LAYER_NAMES[layer]: int((pr.layer == layer).sum()) for layer in layers_present},
-            same_leaf=int(same.sum()),
-            cross_leaf=int((~same).sum()),
-            with_route=with_route,
-            ecmp_ambiguous=ambiguous_n,
-        ),
+        probes=summary,
         baselines=cls.baselines,
-        noise_rate={LAYER_NAMES[layer]: round(res.noise, 5) for layer, res in results.items()},
+        noise_rate={LAYER_NAMES[layer]: round(res.noise, 5) for layer, res in lay.results.items()},
         min_score=round(cost, 3),
         thresholds=th,
-        not_covered=NotCovered(counts=counts, ecmp_only=ecmp_only, names=missing_names),
+        not_covered=_not_covered(idx, lay.incidences),
         method=METHOD,
         ecmp=(
-            f"{with_route} cross-leaf probes named their spine (exact path); {ambiguous_n} did not: each of the k "
-            "spines their leaves share, and its two leaf-spine links, is on such a probe's path with weight 1/k "
-            "(P(good) gets the factor 1 - q/k, the average over uniform ECMP); a spine is named faulty only with bad "
-            f"probes between at least {th.min_spine_leaf_pairs} distinct leaf pairs, and a pick that its ECMP "
-            "alternatives explain as well lists them in ambiguous_with"
+            f"{summary.with_route} cross-leaf probes named their spine (exact path); {summary.ecmp_ambiguous} did "
+            "not: each of the k spines their leaves share, and its two leaf-spine links, is on such a probe's path "
+            "with weight 1/k (P(good) gets the factor 1 - q/k, the average over uniform ECMP); a spine is named "
+            f"faulty only with bad probes between at least {th.min_spine_leaf_pairs} distinct leaf pairs, and a "
+            "pick that its ECMP alternatives explain as well lists them in ambiguous_with"
         ),
         warnings=warnings,
     )

@@ -1309,6 +1309,268 @@ def _straggler_phrase(e: RankEvidence) -> str:
     return text
 
 
+@dataclass
+class _Judged:
+    """Each rank's verdict and evidence, and its change point compared with the other ranks'."""
+
+    verdicts: dict[int, Verdict]
+    evidence: dict[int, RankEvidence]
+    judged_total: int
+    tolerance: int  # change points coincide within this many iterations
+    changes: dict[int, int]  # rank -> step of its change point
+    slowed_changes: dict[int, int]  # the same, of the ranks judged slowed
+    together_ranks: list[int]  # the slowed ranks whose change points coincide, when they are half the job
+
+
+def _judge_ranks(
+    s: _Scores, table: _Table, params: StragglerParams, coords: dict[int, dict[str, int]] | None
+) -> _Judged:
+    """Each rank's verdict, then its change point over time against the other ranks'. They coincide when they lie
+    within `tolerance` iterations of the first of them. The ranks of the earliest such group, when it is not most of
+    the job, changed first: one that has stayed slower than its peers since is a likely straggler even where its
+    peers' noise kept its z-score under the threshold."""
+    ranks = s.ranks
+    verdicts: dict[int, Verdict] = {}
+    evidence: dict[int, RankEvidence] = {}
+    for column, rank in enumerate(ranks):
+        verdicts[rank], item = _judge(s, column, params, table.node_of.get(rank), coords[rank] if coords else None)
+        if item is not None:
+            evidence[rank] = item
+    judged_total = sum(1 for v in verdicts.values() if v != "not_enough_steps")
+
+    tolerance = max(params.change_iterations, s.stride)
+    changes = {
+        r: e.change_point.since_step
+        for r, e in evidence.items()
+        if e.change_point is not None and verdicts[r] != "not_enough_steps"
+    }
+    if changes and len(ranks) > 1:
+        early = _earliest_group(changes, tolerance)
+        if not (len(early) >= 2 and 2 * len(early) >= judged_total):
+            later = [c for r, c in changes.items() if r not in early]
+            next_change = min(later) if later else None
+            for rank in early:
+                # was_slow: slow beyond the noise earlier; still slower than its peers now, it is not "was" slow
+                if verdicts[rank] not in ("slowed", "was_slow"):
+                    continue
+                likely = _likely(s, ranks.index(rank), evidence[rank], params, next_change)
+                if likely is not None:
+                    verdicts[rank], evidence[rank] = "likely_straggler", likely
+    slowed_changes = {r: c for r, c in changes.items() if verdicts[r] == "slowed"}
+    together_ranks = _together(slowed_changes, tolerance) if len(slowed_changes) >= 2 else []
+    if not (len(together_ranks) >= 2 and 2 * len(together_ranks) >= judged_total):
+        together_ranks = []
+    return _Judged(verdicts, evidence, judged_total, tolerance, changes, slowed_changes, together_ranks)
+
+
+@dataclass
+class _Aggregates:
+    nodes: list[NodeAggregate]
+    nodes_total: int
+    groups: list[GroupAggregate]
+    stages: list[StageAggregate]
+
+
+def _aggregate(
+    s: _Scores,
+    table: _Table,
+    layout: Layout | None,
+    coords: dict[int, dict[str, int]] | None,
+    j: _Judged,
+    params: StragglerParams,
+    notes: list[str],
+) -> _Aggregates:
+    """The verdicts by node, by parallel group and by pipeline stage; then each rank's action, which depends on its
+    node's and its group's."""
+    ranks = s.ranks
+    nodes, nodes_total = _node_aggregates(ranks, table.node_of, j.verdicts, j.evidence)
+    if nodes_total and len(table.node_of) < len(ranks):
+        notes.append(f"{len(ranks) - len(table.node_of)} rank(s) have no node: they are not aggregated to nodes")
+    groups: list[GroupAggregate] = []
+    stages: list[StageAggregate] = []
+    if layout is not None and coords is not None:
+        groups = _group_aggregates(layout, coords, table.node_of, j.verdicts)
+        if layout.pp > 1:
+            stages = _stage_aggregates(s, layout, coords, j.verdicts, params)
+    drained = {n.node: n for n in nodes if n.all_slow}
+    slow_tp = {r: g for g in groups if g.kind == "tp" and g.all_slow for r in g.ranks}
+    for item in j.evidence.values():
+        item.action = _action(item, drained, slow_tp, set(j.together_ranks))
+    return _Aggregates(nodes, nodes_total, groups, stages)
+
+
+def _fleet_change(s: _Scores, j: _Judged, params: StragglerParams) -> ChangePoint | None:
+    """The job as a whole: the change point of the per-step median of the ranks that are not slow against their
+    peers."""
+    import numpy as np
+
+    ranks = s.ranks
+    with np.errstate(invalid="ignore", divide="ignore"):
+        steady = [c for c, r in enumerate(ranks) if j.verdicts[r] not in ("straggler", "likely_straggler", "was_slow")]
+        # One steady rank is not a fleet: its own change point is already in its verdict.
+        fleet_series = _row_median(s.sig[:, steady])[0] if len(steady) >= 2 else np.full(len(s.steps), np.nan)
+    known = np.nonzero(~np.isnan(fleet_series))[0]
+    fleet_change, _ = _change_point(fleet_series[known], s.steps[known], s.stride, params)
+    return fleet_change
+
+
+def _together_change(j: _Judged, notes: list[str]) -> TogetherChange | None:
+    """The slowed ranks that changed together (a fleet-wide change), with a note; or a note that half the job
+    slowed, but not together."""
+    together_ranks, tolerance, judged_total = j.together_ranks, j.tolerance, j.judged_total
+    if together_ranks:
+        first_step = min(j.slowed_changes[r] for r in together_ranks)
+        last_step = max(j.slowed_changes[r] for r in together_ranks)
+        apart = [(r, c) for r, c in j.changes.items() if r not in set(together_ranks)]
+        notes.append(
+            f"{len(together_ranks)} of {judged_total} judged ranks slowed against their own baseline together "
+            f"({_ranks_text(together_ranks)}, change points from step {first_step} to {last_step}, within "
+            f"{tolerance} iterations of each other): a fleet-wide change (data, checkpointing, network contention, a "
+            "co-located job), not a straggler" + (f"; apart from them: {_changes_text(apart)}" if apart else "")
+        )
+        return TogetherChange(
+            ranks=together_ranks[:MAX_RANK_IDS_LISTED],
+            ranks_total=len(together_ranks),
+            first_step=first_step,
+            last_step=last_step,
+            tolerance_iterations=tolerance,
+        )
+    if len(j.slowed_changes) >= 2 and 2 * len(j.slowed_changes) >= judged_total:
+        notes.append(
+            f"{len(j.slowed_changes)} of {judged_total} judged ranks slowed against their own baseline, but not "
+            f"together (no half of them within {tolerance} iterations of each other): "
+            f"{_changes_text(list(j.slowed_changes.items()))}"
+        )
+    return None
+
+
+def _job_notes(s: _Scores, stages: Sequence[StageAggregate], notes: list[str]) -> None:
+    """What the size of the job, its step times' spread and its stages limit in the verdicts."""
+    import numpy as np
+
+    ranks = s.ranks
+    if len(ranks) == 1:
+        notes.append("one rank only: no peers to compare with; only change points over time were looked for")
+    elif len(ranks) == 2:
+        notes.append(
+            "two ranks: each one's only peer is the other, so a step's peer spread is nothing but the floors "
+            "(mad_floor, the job's jitter) and a borderline slow rank can stay under z_threshold; the change points "
+            "over time and the rows it was slower (likely_straggler) carry the evidence"
+        )
+    with np.errstate(invalid="ignore", divide="ignore"):
+        spread = _finite_median((s.peers_mad / s.peers_median)[s.scorable])
+    if s.signal == "step_time_s" and len(ranks) > 1 and spread is not None and spread < SYNCHRONISED_SPREAD:
+        notes.append(
+            f"the step times are nearly equal on every rank (median spread {spread:.2%}): in synchronised training "
+            "every rank waits for the slowest, so step times cannot tell which rank is slow; log each rank's own "
+            "work as compute_s (the bundled recipes log it as rank_work_s)"
+        )
+    if any(stage.imbalanced for stage in stages):
+        notes.append("pipeline stages are imbalanced (see stages); ranks were compared within their own stage")
+
+
+@dataclass
+class _Listed:
+    """The evidence by verdict, in the order the report lists it."""
+
+    stragglers: list[RankEvidence]
+    likely: list[RankEvidence]
+    was_slow: list[RankEvidence]
+    slowed: list[RankEvidence]
+    not_enough: list[int]
+
+
+def _listed(s: _Scores, j: _Judged) -> _Listed:
+    def slowest(verdict: Verdict) -> list[RankEvidence]:
+        return sorted((e for e in j.evidence.values() if e.verdict == verdict), key=lambda e: (-(e.ratio or 0), e.rank))
+
+    return _Listed(
+        stragglers=slowest("straggler"),
+        likely=slowest("likely_straggler"),
+        was_slow=slowest("was_slow"),
+        slowed=sorted((e for e in j.evidence.values() if e.verdict == "slowed"), key=lambda e: e.rank),
+        not_enough=[r for r in s.ranks if j.verdicts[r] == "not_enough_steps"],
+    )
+
+
+Overall = Literal["stragglers", "likely_stragglers", "no_stragglers", "not_enough_steps"]
+
+
+def _overall(
+    s: _Scores,
+    counts: Mapping[Verdict, int],
+    listed: _Listed,
+    nodes: Sequence[NodeAggregate],
+    fleet_change: ChangePoint | None,
+    params: StragglerParams,
+) -> tuple[Overall, str, str]:
+    """The job's verdict, its summary and the first thing to do."""
+    ranks = s.ranks
+    stragglers, likely_stragglers = listed.stragglers, listed.likely
+    likely_text = "; ".join(_likely_phrase(e, params) for e in likely_stragglers[:3]) + (
+        f"; and {len(likely_stragglers) - 3} more" if len(likely_stragglers) > 3 else ""
+    )
+    overall: Overall
+    if counts["straggler"]:
+        overall = "stragglers"
+        shown = ", ".join(_straggler_phrase(e) for e in stragglers[:5])
+        more = f" and {len(stragglers) - 5} more" if len(stragglers) > 5 else ""
+        summary = f"{counts['straggler']} straggler(s) among {len(ranks)} ranks: {shown}{more}."
+        if likely_stragglers:
+            summary += f" {len(likely_stragglers)} likely straggler(s) too: {likely_text}."
+        first_action = next((n.action for n in nodes if n.all_slow), stragglers[0].action)
+    elif counts["likely_straggler"]:
+        overall = "likely_stragglers"
+        summary = (
+            f"No confirmed straggler among {len(ranks)} ranks (judged on {s.signal}), but "
+            f"{len(likely_stragglers)} likely straggler(s): {likely_text}."
+        )
+        first_action = likely_stragglers[0].action
+    elif not counts["ok"] and not counts["was_slow"] and counts["not_enough_steps"]:
+        overall = "not_enough_steps"
+        most_scored = int(s.scorable.sum(axis=0).max()) if ranks else 0
+        summary = (
+            f"Not enough steps: at most {most_scored} scored step(s) per rank, and a verdict needs {params.window} "
+            "(window); no straggler is claimed. Log more steps (or every step), or lower window (at least 3)."
+        )
+        first_action = "Collect more steps before judging stragglers."
+    else:
+        overall = "no_stragglers"
+        summary = f"No straggler among {len(ranks)} ranks (judged on {s.signal})."
+        if counts["was_slow"]:
+            summary += f" {counts['was_slow']} rank(s) were slow earlier and recovered."
+        if counts["not_enough_steps"]:
+            summary += f" {counts['not_enough_steps']} rank(s) have too few steps to judge."
+        first_action = "None: no rank is persistently slower than its peers."
+    if fleet_change is not None:
+        summary += f" The job as a whole slowed {_fmt(fleet_change.ratio)}x from step {fleet_change.since_step}" + (
+            " (ongoing)." if fleet_change.ongoing else f" to step {fleet_change.until_step}."
+        )
+    return overall, summary, first_action
+
+
+def _method(s: _Scores, params: StragglerParams, tolerance: int) -> list[str]:
+    """The method as it was applied: the signal, the references and every threshold."""
+    return [
+        f"signal: {s.reason}",
+        f"per step, each rank against {s.peers_text}: robust z = (t - median) / (1.4826 * MAD), MAD floored at "
+        f"max(mad_floor {params.mad_floor:g}, the job's step-to-step jitter {s.jitter:.3g}) x median; "
+        + "; ".join(s.reference_notes),
+        f"slow at a step: z > {params.z_threshold:g} and at least {params.min_slowdown:.0%} above the peers' median",
+        f"straggler: slow in >= {params.min_flagged} of its last {params.window} scored steps; was_slow: so in an "
+        "earlier window only; not_enough_steps: fewer than window scored steps",
+        f"change point (Greyhound rule): >= {params.change_slowdown:.0%} slower than its own median over its first "
+        f"{params.change_iterations} iterations (>= {MIN_BASELINE_ROWS} rows), for >= {params.change_iterations} "
+        f"consecutive iterations and >= {MIN_RUN_ROWS} rows (a row covers {s.stride} iteration(s))",
+        f"change points coincide when within {tolerance} iterations (max(change_iterations, stride)) of the first of "
+        "them; slowed together (a fleet-wide change): at least 2 ranks and half the judged ones coincide",
+        "likely_straggler: a slowed or was_slow rank of the earliest group of change points, when that group is not "
+        f"half the judged ranks, which since its change point (>= {params.window} scored rows) was >= "
+        f"{params.min_slowdown:.0%} slower than its peers' median in >= {params.min_flagged} of its last "
+        f"{params.window} rows and over all of them (median), without the z-score",
+    ]
+
+
 def detect_stragglers(
     rows: Sequence[Mapping[str, Any] | StepRow],
     *,
@@ -1334,190 +1596,28 @@ def detect_stragglers(
     if layout is not None:
         layout, coords = _coordinates(layout, sorted(set(table.rank)))
     s = _score(table, signal, params, coords, layout, notes)
-    ranks = s.ranks
-
-    verdicts: dict[int, Verdict] = {}
-    evidence: dict[int, RankEvidence] = {}
-    for column, rank in enumerate(ranks):
-        verdicts[rank], item = _judge(s, column, params, table.node_of.get(rank), coords[rank] if coords else None)
-        if item is not None:
-            evidence[rank] = item
-    judged_total = sum(1 for v in verdicts.values() if v != "not_enough_steps")
-
-    # Change points over time, compared across ranks. They coincide when they lie within `tolerance` iterations of
-    # the first of them. The ranks of the earliest such group, when it is not most of the job, changed first: one
-    # that has stayed slower than its peers since is a likely straggler even where its peers' noise kept its z-score
-    # under the threshold.
-    tolerance = max(params.change_iterations, s.stride)
-    changes = {
-        r: e.change_point.since_step
-        for r, e in evidence.items()
-        if e.change_point is not None and verdicts[r] != "not_enough_steps"
-    }
-    if changes and len(ranks) > 1:
-        early = _earliest_group(changes, tolerance)
-        if not (len(early) >= 2 and 2 * len(early) >= judged_total):
-            later = [c for r, c in changes.items() if r not in early]
-            next_change = min(later) if later else None
-            for rank in early:
-                # was_slow: slow beyond the noise earlier; still slower than its peers now, it is not "was" slow
-                if verdicts[rank] not in ("slowed", "was_slow"):
-                    continue
-                likely = _likely(s, ranks.index(rank), evidence[rank], params, next_change)
-                if likely is not None:
-                    verdicts[rank], evidence[rank] = "likely_straggler", likely
-    slowed_changes = {r: c for r, c in changes.items() if verdicts[r] == "slowed"}
-    together_ranks = _together(slowed_changes, tolerance) if len(slowed_changes) >= 2 else []
-    if not (len(together_ranks) >= 2 and 2 * len(together_ranks) >= judged_total):
-        together_ranks = []
+    judged = _judge_ranks(s, table, params, coords)
     counts = {v: 0 for v in VERDICTS}
-    for verdict in verdicts.values():
+    for verdict in judged.verdicts.values():
         counts[verdict] += 1
-
-    nodes, nodes_total = _node_aggregates(ranks, table.node_of, verdicts, evidence)
-    if nodes_total and len(table.node_of) < len(ranks):
-        notes.append(f"{len(ranks) - len(table.node_of)} rank(s) have no node: they are not aggregated to nodes")
-    groups: list[GroupAggregate] = []
-    stages: list[StageAggregate] = []
-    if layout is not None and coords is not None:
-        groups = _group_aggregates(layout, coords, table.node_of, verdicts)
-        if layout.pp > 1:
-            stages = _stage_aggregates(s, layout, coords, verdicts, params)
-    drained = {n.node: n for n in nodes if n.all_slow}
-    slow_tp = {r: g for g in groups if g.kind == "tp" and g.all_slow for r in g.ranks}
-    for item in evidence.values():
-        item.action = _action(item, drained, slow_tp, set(together_ranks))
-
-    # The job as a whole: the per-step median of the ranks that are not slow against their peers.
-    with np.errstate(invalid="ignore", divide="ignore"):
-        steady = [c for c, r in enumerate(ranks) if verdicts[r] not in ("straggler", "likely_straggler", "was_slow")]
-        # One steady rank is not a fleet: its own change point is already in its verdict.
-        fleet_series = _row_median(s.sig[:, steady])[0] if len(steady) >= 2 else np.full(len(s.steps), np.nan)
-    known = np.nonzero(~np.isnan(fleet_series))[0]
-    fleet_change, _ = _change_point(fleet_series[known], s.steps[known], s.stride, params)
-    changed_together: TogetherChange | None = None
-    if together_ranks:
-        first_step = min(slowed_changes[r] for r in together_ranks)
-        last_step = max(slowed_changes[r] for r in together_ranks)
-        changed_together = TogetherChange(
-            ranks=together_ranks[:MAX_RANK_IDS_LISTED],
-            ranks_total=len(together_ranks),
-            first_step=first_step,
-            last_step=last_step,
-            tolerance_iterations=tolerance,
-        )
-        apart = [(r, c) for r, c in changes.items() if r not in set(together_ranks)]
-        notes.append(
-            f"{len(together_ranks)} of {judged_total} judged ranks slowed against their own baseline together "
-            f"({_ranks_text(together_ranks)}, change points from step {first_step} to {last_step}, within "
-            f"{tolerance} iterations of each other): a fleet-wide change (data, checkpointing, network contention, a "
-            "co-located job), not a straggler" + (f"; apart from them: {_changes_text(apart)}" if apart else "")
-        )
-    elif len(slowed_changes) >= 2 and 2 * len(slowed_changes) >= judged_total:
-        notes.append(
-            f"{len(slowed_changes)} of {judged_total} judged ranks slowed against their own baseline, but not "
-            f"together (no half of them within {tolerance} iterations of each other): "
-            f"{_changes_text(list(slowed_changes.items()))}"
-        )
-    if len(ranks) == 1:
-        notes.append("one rank only: no peers to compare with; only change points over time were looked for")
-    elif len(ranks) == 2:
-        notes.append(
-            "two ranks: each one's only peer is the other, so a step's peer spread is nothing but the floors "
-            "(mad_floor, the job's jitter) and a borderline slow rank can stay under z_threshold; the change points "
-            "over time and the rows it was slower (likely_straggler) carry the evidence"
-        )
-    with np.errstate(invalid="ignore", divide="ignore"):
-        spread = _finite_median((s.peers_mad / s.peers_median)[s.scorable])
-    if s.signal == "step_time_s" and len(ranks) > 1 and spread is not None and spread < SYNCHRONISED_SPREAD:
-        notes.append(
-            f"the step times are nearly equal on every rank (median spread {spread:.2%}): in synchronised training "
-            "every rank waits for the slowest, so step times cannot tell which rank is slow; log each rank's own "
-            "work as compute_s (the bundled recipes log it as rank_work_s)"
-        )
-    if any(stage.imbalanced for stage in stages):
-        notes.append("pipeline stages are imbalanced (see stages); ranks were compared within their own stage")
-
-    stragglers = sorted(
-        (e for e in evidence.values() if e.verdict == "straggler"), key=lambda e: (-(e.ratio or 0), e.rank)
-    )
-    likely_stragglers = sorted(
-        (e for e in evidence.values() if e.verdict == "likely_straggler"), key=lambda e: (-(e.ratio or 0), e.rank)
-    )
-    likely_text = "; ".join(_likely_phrase(e, params) for e in likely_stragglers[:3]) + (
-        f"; and {len(likely_stragglers) - 3} more" if len(likely_stragglers) > 3 else ""
-    )
-    was_slow = sorted(
-        (e for e in evidence.values() if e.verdict == "was_slow"), key=lambda e: (-(e.ratio or 0), e.rank)
-    )
-    slowed = sorted((e for e in evidence.values() if e.verdict == "slowed"), key=lambda e: e.rank)
-    not_enough = [r for r in ranks if verdicts[r] == "not_enough_steps"]
+    agg = _aggregate(s, table, layout, coords, judged, params, notes)
+    fleet_change = _fleet_change(s, judged, params)
+    changed_together = _together_change(judged, notes)
+    _job_notes(s, agg.stages, notes)
+    listed = _listed(s, judged)
     scored_steps = np.any(s.scorable, axis=1)
-    most_scored = int(s.scorable.sum(axis=0).max()) if ranks else 0
     fleet_median = _finite_median(s.step_median[scored_steps]) if scored_steps.any() else None
-
-    overall: Literal["stragglers", "likely_stragglers", "no_stragglers", "not_enough_steps"]
-    if counts["straggler"]:
-        overall = "stragglers"
-        listed = ", ".join(_straggler_phrase(e) for e in stragglers[:5])
-        more = f" and {len(stragglers) - 5} more" if len(stragglers) > 5 else ""
-        summary = f"{counts['straggler']} straggler(s) among {len(ranks)} ranks: {listed}{more}."
-        if likely_stragglers:
-            summary += f" {len(likely_stragglers)} likely straggler(s) too: {likely_text}."
-        first_action = next((n.action for n in nodes if n.all_slow), stragglers[0].action)
-    elif counts["likely_straggler"]:
-        overall = "likely_stragglers"
-        summary = (
-            f"No confirmed straggler among {len(ranks)} ranks (judged on {s.signal}), but "
-            f"{len(likely_stragglers)} likely straggler(s): {likely_text}."
-        )
-        first_action = likely_stragglers[0].action
-    elif not counts["ok"] and not counts["was_slow"] and counts["not_enough_steps"]:
-        overall = "not_enough_steps"
-        summary = (
-            f"Not enough steps: at most {most_scored} scored step(s) per rank, and a verdict needs {params.window} "
-            "(window); no straggler is claimed. Log more steps (or every step), or lower window (at least 3)."
-        )
-        first_action = "Collect more steps before judging stragglers."
-    else:
-        overall = "no_stragglers"
-        summary = f"No straggler among {len(ranks)} ranks (judged on {s.signal})."
-        if counts["was_slow"]:
-            summary += f" {counts['was_slow']} rank(s) were slow earlier and recovered."
-        if counts["not_enough_steps"]:
-            summary += f" {counts['not_enough_steps']} rank(s) have too few steps to judge."
-        first_action = "None: no rank is persistently slower than its peers."
-    if fleet_change is not None:
-        summary += f" The job as a whole slowed {_fmt(fleet_change.ratio)}x from step {fleet_change.since_step}" + (
-            " (ongoing)." if fleet_change.ongoing else f" to step {fleet_change.until_step}."
-        )
-    method = [
-        f"signal: {s.reason}",
-        f"per step, each rank against {s.peers_text}: robust z = (t - median) / (1.4826 * MAD), MAD floored at "
-        f"max(mad_floor {params.mad_floor:g}, the job's step-to-step jitter {s.jitter:.3g}) x median; "
-        + "; ".join(s.reference_notes),
-        f"slow at a step: z > {params.z_threshold:g} and at least {params.min_slowdown:.0%} above the peers' median",
-        f"straggler: slow in >= {params.min_flagged} of its last {params.window} scored steps; was_slow: so in an "
-        "earlier window only; not_enough_steps: fewer than window scored steps",
-        f"change point (Greyhound rule): >= {params.change_slowdown:.0%} slower than its own median over its first "
-        f"{params.change_iterations} iterations (>= {MIN_BASELINE_ROWS} rows), for >= {params.change_iterations} "
-        f"consecutive iterations and >= {MIN_RUN_ROWS} rows (a row covers {s.stride} iteration(s))",
-        f"change points coincide when within {tolerance} iterations (max(change_iterations, stride)) of the first of "
-        "them; slowed together (a fleet-wide change): at least 2 ranks and half the judged ones coincide",
-        "likely_straggler: a slowed or was_slow rank of the earliest group of change points, when that group is not "
-        f"half the judged ranks, which since its change point (>= {params.window} scored rows) was >= "
-        f"{params.min_slowdown:.0%} slower than its peers' median in >= {params.min_flagged} of its last "
-        f"{params.window} rows and over all of them (median), without the z-score",
-    ]
+    overall, summary, first_action = _overall(s, counts, listed, agg.nodes, fleet_change, params)
+    method = _method(s, params, judged.tolerance)
 
     def build(scale: float) -> StragglerReport:
-        s_listed, s_omitted = pick(stragglers, scaled(MAX_LISTED, scale))
-        l_listed, l_omitted = pick(likely_stragglers, scaled(MAX_LISTED, scale))
-        w_listed, w_omitted = pick(was_slow, scaled(MAX_LISTED, scale))
-        c_listed, c_omitted = pick(slowed, scaled(MAX_LISTED, scale))
-        n_listed, n_omitted = pick(not_enough, scaled(MAX_RANK_IDS_LISTED, scale))
-        node_listed, node_omitted = pick(nodes, scaled(MAX_AGGREGATES, scale))
-        group_listed, group_omitted = pick(groups, scaled(MAX_AGGREGATES, scale))
+        s_listed, s_omitted = pick(listed.stragglers, scaled(MAX_LISTED, scale))
+        l_listed, l_omitted = pick(listed.likely, scaled(MAX_LISTED, scale))
+        w_listed, w_omitted = pick(listed.was_slow, scaled(MAX_LISTED, scale))
+        c_listed, c_omitted = pick(listed.slowed, scaled(MAX_LISTED, scale))
+        n_listed, n_omitted = pick(listed.not_enough, scaled(MAX_RANK_IDS_LISTED, scale))
+        node_listed, node_omitted = pick(agg.nodes, scaled(MAX_AGGREGATES, scale))
+        group_listed, group_omitted = pick(agg.groups, scaled(MAX_AGGREGATES, scale))
         return StragglerReport(
             verdict=overall,
             summary=summary,
@@ -1525,7 +1625,7 @@ def detect_stragglers(
             signal=s.signal,
             signal_reason=s.reason,
             rows=len(table.rank),
-            ranks=len(ranks),
+            ranks=len(s.ranks),
             steps=len(s.steps),
             steps_scored=int(scored_steps.sum()),
             stride=s.stride,
@@ -1543,12 +1643,12 @@ def detect_stragglers(
             slowed_omitted=c_omitted,
             not_enough_steps_ranks=n_listed,
             not_enough_steps_omitted=n_omitted,
-            nodes_total=nodes_total,
+            nodes_total=agg.nodes_total,
             nodes=node_listed,
             nodes_omitted=node_omitted,
             groups=group_listed,
             groups_omitted=group_omitted,
-            stages=stages[: scaled(MAX_AGGREGATES, scale)],
+            stages=agg.stages[: scaled(MAX_AGGREGATES, scale)],
             layout=layout,
             parameters=params,
             method=method,
