@@ -11,8 +11,9 @@ from mcp.types import CallToolResult
 from pydantic import Field
 
 from servers.core.assemble import ServerPart, build_server
+from servers.core.job_tools import WaitS, run_job, summarize_job
 from servers.core.jobview import JobView
-from servers.core.mcp_layer import App, WaitS, agent_tool, run_job, summarize_job, tool_result
+from servers.core.mcp_layer import App, agent_tool, tool_result
 from servers.suite import PARTS
 from tests.jobkinds import TEST_KINDS
 

@@ -11,7 +11,8 @@ import pytest
 from mcp import Client
 from mcp.types import Tool
 
-from servers.core.mcp_layer import App, StrictArguments
+from servers.core.arguments import StrictArguments
+from servers.core.mcp_layer import App
 from servers.suite import PARTS, create_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]

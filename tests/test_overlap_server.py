@@ -8,7 +8,8 @@ import pytest
 from mcp import Client
 from pydantic import BaseModel
 
-from servers.core.mcp_layer import App, StrictArguments
+from servers.core.arguments import StrictArguments
+from servers.core.mcp_layer import App
 from servers.overlap.collectives import CollectiveSpec
 from servers.overlap.gemm import GemmBenchmarkSpec
 from servers.overlap.server import create_server

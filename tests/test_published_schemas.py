@@ -16,7 +16,8 @@ from mcp import Client
 from pydantic import BaseModel, Field
 
 from servers.core import toolcache
-from servers.core.mcp_layer import App, StrictArguments
+from servers.core.arguments import StrictArguments
+from servers.core.mcp_layer import App
 from servers.core.schemas import description_text, published_input, published_output
 from servers.core.settings import Settings
 from servers.suite import create_server

@@ -34,10 +34,12 @@ from mcp.types import (
 )
 from pydantic import ConfigDict, Field
 
-from servers.core.jobs import JOB_ID_PATTERN
+from servers.core import sdk
+from servers.core.jobs import JOB_ID_PATTERN, JobKind
+from servers.core.jobstore import JobRecord, JobState
 from servers.core.mcp_layer import App
 from servers.core.settings import Settings
-from servers.core.tasks import TASKS_EXTENSION, task_handle
+from servers.core.tasks import TASKS_EXTENSION, poll_interval_ms, task_handle
 from tests.conftest import CHILD_ENV, PYTHON, REPO_ROOT, server_env
 from tests.test_http import serving
 
@@ -498,7 +500,7 @@ async def test_the_tools_that_answer_with_tasks_are_the_ones_that_start_jobs(app
 
     server = create_test_suite(app)
     starting = set()
-    for tool in server._tool_manager.list_tools():
+    for tool in sdk.list_tools(server):
         hints = tool.annotations
         title = (tool.fn_metadata.output_schema or {}).get("title")
         if hints.read_only_hint is False and hints.destructive_hint is False and title in ("JobView", "SweepSubmitted"):
@@ -667,3 +669,58 @@ async def test_subscriptions_are_capped_per_connection_and_in_total(app: App, mo
                     pass
             assert caught.value.code == INVALID_PARAMS and "2 at most" in caught.value.message
         await eventually(lambda: watcher.held() == 0)
+
+
+def _record(kind: str, spec: dict[str, Any]) -> JobRecord:
+    return JobRecord(
+        id="job-1", kind=kind, spec=spec, state=JobState.RUNNING, created_at=0.0, timeout_s=60.0, owner="t", job_dir="/"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec", "expected_ms"),
+    [
+        ("training_remote", {"backend": "kubernetes"}, 2000),
+        ("training_remote", {"backend": "skypilot"}, 10000),
+        ("training_remote", {"backend": "slurm"}, 1000),
+        ("training_remote", {"backend": "ray"}, 500),  # Ray's 0.25 s, raised to the least the server tells
+        ("training_remote", {"backend": "no-such-engine"}, 1000),  # the default, no crash
+        ("training_remote", {"backend": ["kubernetes"]}, 1000),
+        ("training_remote", {}, 1000),
+        ("training", {"training_spec": {"backend": "local"}}, 2000),
+        ("overlap_tune", {}, 5000),
+        ("dcgm_diag", {}, 5000),
+        ("bandwidth_check_cluster", {}, 5000),
+        ("gemm_benchmark", {}, 1000),  # declares nothing: the default
+        ("a_kind_not_served_here", {}, 1000),
+    ],
+)
+async def test_a_tasks_poll_interval_is_what_its_job_kind_declares(
+    app: App, kind: str, spec: dict[str, Any], expected_ms: int
+) -> None:
+    """pollIntervalMs comes from the job's kind (the servers declare theirs on their JobKinds); a cluster job's from
+    its backend in the engines' registry, so a Kubernetes or SkyPilot task is not told to ask every second."""
+    from servers.diagnostics.server import JOB_KINDS as DIAGNOSTICS
+    from servers.engines import registry
+    from servers.launch.server import JOB_KINDS as LAUNCH
+    from servers.overlap.server import JOB_KINDS as OVERLAP
+
+    for job_kind in [*LAUNCH, *OVERLAP, *DIAGNOSTICS]:
+        app.add_job_kind(job_kind)
+    assert poll_interval_ms(app, _record(kind, spec)) == expected_ms
+    backend = spec.get("backend")
+    if kind == "training_remote" and isinstance(backend, str) and backend in registry.names():
+        assert expected_ms == round(max(0.5, registry.get(backend).poll_s) * 1000)
+
+
+async def test_a_kind_whose_interval_function_fails_falls_back_to_its_own(app: App) -> None:
+    def broken(spec: Any) -> float:
+        raise KeyError("backend")
+
+    app.add_job_kind(JobKind("k1", "m:f", "d", poll_s=3.0, poll_s_of=broken))
+    app.add_job_kind(JobKind("k2", "m:f", "d", poll_s_of=lambda spec: float("nan")))
+    app.add_job_kind(JobKind("k3", "m:f", "d", poll_s_of=lambda spec: spec["seconds"]))
+    assert poll_interval_ms(app, _record("k1", {})) == 3000
+    assert poll_interval_ms(app, _record("k2", {})) == 1000
+    assert poll_interval_ms(app, _record("k3", {"seconds": 7})) == 7000
+    assert poll_interval_ms(app, _record("k3", {"seconds": True})) == 1000

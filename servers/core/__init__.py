@@ -1,5 +1,7 @@
 """What every server stands on: settings, paths, the job engine, and the MCP conventions.
 
 Modules here import nothing heavy at the top (no torch, scipy, matplotlib), so that a server starts fast.
-Only `mcp_layer`, `resources` and `transport` import the MCP SDK; the rest is plain Python.
+The MCP side: `mcp_layer` (the app, servers and tool registration), `arguments` (strict tool arguments),
+`job_tools` (the shared job tools), `tasks` (jobs as MCP tasks and subscriptions), `assemble`, `resources`,
+`transport`; `sdk` is the one module that touches what the SDK does not expose publicly. The rest is plain Python.
 """

@@ -5,16 +5,10 @@ from dataclasses import dataclass, field
 
 from mcp.server import MCPServer
 
-from servers.core import toolcache
+from servers.core import sdk, toolcache
+from servers.core.job_tools import register_job_resources, register_job_tools
 from servers.core.jobs import JobKind
-from servers.core.mcp_layer import (
-    App,
-    new_server,
-    register_job_resources,
-    register_job_tools,
-    register_part_later,
-    register_schema_resources,
-)
+from servers.core.mcp_layer import App, new_server, register_part_later, register_schema_resources
 from servers.core.paths import prompts_dir
 from servers.core.resources import prompt_entries, register_file_resources, register_prompts
 
@@ -45,9 +39,9 @@ def build_server(name: str, instructions: str, parts: Sequence[ServerPart], app:
         if cached:
             register_part_later(server, app, part.register, cached)
             continue
-        before = {t.name for t in server._tool_manager.list_tools()}
+        before = {t.name for t in sdk.list_tools(server)}
         part.register(server, app)
-        cache.put_part(part.name, [t.name for t in server._tool_manager.list_tools() if t.name not in before])
+        cache.put_part(part.name, [t.name for t in sdk.list_tools(server) if t.name not in before])
     if any(part.starts_jobs for part in parts):
         register_job_tools(server, app)
         register_job_resources(server, app)

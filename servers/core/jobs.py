@@ -21,7 +21,7 @@ import secrets
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -84,6 +84,32 @@ class JobKind:
     # it (JobContext.report_state): QUEUED while the engine holds it pending, RUNNING only once the engine runs it.
     # Its start, and so its run time and wall-time limit, is the engine's start, not the follower's.
     follows_engine: bool = False
+    # How often a client following a job of this kind should ask about it (the tasks extension's pollIntervalMs):
+    # about as often as the job has news. None: the default of servers.core.tasks.
+    poll_s: float | None = None
+    # For a kind whose interval depends on the job (a cluster job: its backend's): a function of the job's spec
+    # giving the seconds, or None to use poll_s.
+    poll_s_of: Callable[[Mapping[str, Any]], float | None] | None = None
+    # What a listing (list_jobs) shows of a job: a function of its spec giving a mapping with "backend" (where it
+    # runs) and "name"; None: the spec's own "backend" and "name".
+    listed: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+
+    def poll_interval(self, spec: Mapping[str, Any]) -> float | None:
+        """The seconds between two looks at a job of this kind with this spec; None when the kind says nothing.
+        A poll_s_of that fails or answers nonsense counts as saying nothing about that job."""
+        if self.poll_s_of is not None:
+            try:
+                seconds = self.poll_s_of(spec)
+            except Exception:
+                log.exception("job kind %s: poll_s_of failed; using its poll_s", self.name)
+                seconds = None
+            if _positive(seconds):
+                return float(seconds)  # type: ignore[arg-type]
+        return float(self.poll_s) if _positive(self.poll_s) else None
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def _number(value: Any) -> Any:

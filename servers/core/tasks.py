@@ -18,8 +18,8 @@ schema, modelcontextprotocol/ext-tasks schema/draft/schema.ts, and its specifica
   says a tool's own failure is `completed` with its result; the result is what the tool would have returned had it
   waited (the JobView, as wait_for_job shows the job), with isError true when the job FAILED or was LOST.
   statusMessage carries the state, its reason and the job's progress; `_meta["llm-infra-mcp/job"]` the same as data.
-- pollIntervalMs: from the job kind (its backend's poll interval for a cluster job); ttlMs: null, since the engine
-  keeps every job until its state directory is removed.
+- pollIntervalMs: what the job's kind declares (JobKind.poll_s, or for a cluster job its backend's); ttlMs: null,
+  since the engine keeps every job until its state directory is removed.
 - tasks/get: the DetailedTask (`result` once completed). tasks/cancel: the engine's cancel (audited like
   cancel_job), then an empty ack. tasks/update: these tasks never ask for input (never input_required), so there
   is never an outstanding request: the SEP's answer is to ignore the responses and ack. An unknown task id is
@@ -62,14 +62,16 @@ from mcp.types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
+from servers.core import sdk
 from servers.core.audit import AuditLog
 from servers.core.db import StateDatabaseError
 from servers.core.errors import InputError, NotFoundError
+from servers.core.job_tools import SWEEP_ID, summarize_job, sweep_status
 from servers.core.jobfiles import atomic_write_json, read_json
 from servers.core.jobs import JOB_ID_PATTERN
 from servers.core.jobstore import JobRecord, JobState
 from servers.core.jobview import JobView, iso, job_view, shown_to_agent
-from servers.core.mcp_layer import SWEEP_ID, App, client_name, in_thread, summarize_job, sweep_status
+from servers.core.mcp_layer import App, client_name, in_thread
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +89,10 @@ STATUS = {
 }
 TOOL_ERROR_STATES = frozenset({JobState.FAILED, JobState.LOST})
 
-# How often a client should ask, by job kind: about as often as the job has news. A cluster job is asked of its
-# engine at its backend's `poll_s` (servers/launch/remote.py): asking more often than that learns nothing.
+# How often a client should ask: what the job's kind declares (JobKind.poll_interval; a cluster job's is its
+# backend's), at least MIN_POLL_S; DEFAULT_POLL_S for a kind that declares nothing or is not registered here.
 DEFAULT_POLL_S = 1.0
 MIN_POLL_S = 0.5
-KIND_POLL_S = {"training": 2.0, "overlap_tune": 5.0, "dcgm_diag": 5.0, "bandwidth_check_cluster": 5.0}
-REMOTE_KIND = "training_remote"
-REMOTE_BACKENDS = {"slurm": "servers.launch.slurm:SlurmBackend", "ray": "servers.launch.ray_backend:RayBackend"}
-REMOTE_DEFAULT_POLL_S = 1.0
 
 _JOB_ID = re.compile(JOB_ID_PATTERN)
 _SWEEP_ID = re.compile(SWEEP_ID)
@@ -136,27 +134,10 @@ def task_handle(structured: Any) -> tuple[str, str] | None:
     return None
 
 
-def _backend_poll_s(name: Any) -> float:
-    target = REMOTE_BACKENDS.get(name) if isinstance(name, str) else None
-    if target is None:
-        return REMOTE_DEFAULT_POLL_S
-    module, _, attribute = target.partition(":")
-    try:
-        import importlib
-
-        return float(getattr(getattr(importlib.import_module(module), attribute), "poll_s", REMOTE_DEFAULT_POLL_S))
-    except Exception:  # an optional backend that does not import here: its jobs are still followed
-        return REMOTE_DEFAULT_POLL_S
-
-
 def poll_interval_ms(app: App, record: JobRecord) -> int:
     kind = app.job_kinds.get(record.kind)
-    poll_s = getattr(kind, "poll_s", None)
-    if poll_s is None and record.kind == REMOTE_KIND:
-        poll_s = _backend_poll_s(record.spec.get("backend"))
-    if poll_s is None:
-        poll_s = KIND_POLL_S.get(record.kind, DEFAULT_POLL_S)
-    return round(max(MIN_POLL_S, float(poll_s)) * 1000)
+    poll_s = kind.poll_interval(record.spec) if kind is not None else None
+    return round(max(MIN_POLL_S, poll_s if poll_s is not None else DEFAULT_POLL_S) * 1000)
 
 
 def _timestamp(text: str | None) -> float | None:
@@ -311,8 +292,7 @@ class TasksExtension(Extension):
         """Let the extension read the tools' annotations (the server is made after its extensions)."""
 
         def annotations(name: str) -> Any:
-            tool = server._tool_manager.get_tool(name)  # the SDK keeps no public lookup of a registered Tool
-            return getattr(tool, "annotations", None)
+            return getattr(sdk.get_tool(server, name), "annotations", None)
 
         self._tool_annotations = annotations
 
@@ -560,7 +540,7 @@ class JobWatcher:
     # -- resources/subscribe, resources/unsubscribe (handshake era)
     async def subscribe(self, ctx: ServerRequestContext[Any, Any], params: SubscribeRequestParams) -> EmptyResult:
         uri = str(params.uri)
-        connection = getattr(ctx.session, "_connection", ctx.session)  # the SDK names the connection privately
+        connection = sdk.connection_of(ctx.session)
         key = id(connection)
         states = await self._existing([uri])  # checked first: nothing below awaits, so the counts hold
         if key not in self._subscribed.get(uri, {}):
@@ -581,7 +561,7 @@ class JobWatcher:
 
     async def unsubscribe(self, ctx: ServerRequestContext[Any, Any], params: UnsubscribeRequestParams) -> EmptyResult:
         uri = str(params.uri)
-        key = id(getattr(ctx.session, "_connection", ctx.session))
+        key = id(sdk.connection_of(ctx.session))
         subs = self._subscribed.get(uri)
         if subs is not None:
             subs.pop(key, None)
@@ -659,7 +639,11 @@ class JobFeatures:
         MCPServer serves neither; registering them makes initialize declare resources.subscribe), and the listen
         observer."""
         self.extension.bind(server)
-        lowlevel = server._lowlevel_server  # MCPServer has no public way to add a spec method's handler
+        lowlevel = sdk.lowlevel_server(server)
+        if lowlevel is None:
+            raise RuntimeError(
+                "this mcp SDK has no low-level server to serve resources/subscribe on (servers/core/sdk.py)"
+            )
         lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, self.watcher.subscribe)
         lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, self.watcher.unsubscribe)
         server.middleware.append(self.watcher.listen_middleware)

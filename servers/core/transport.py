@@ -46,6 +46,8 @@ from mcp.types import ErrorData, JSONRPCError, JSONRPCNotification, jsonrpc_mess
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from servers.core import sdk
+
 log = logging.getLogger(__name__)
 LOOPBACK_NAMES = ("localhost",)
 
@@ -921,9 +923,9 @@ def _claimed_stdin() -> Iterator[BinaryIO]:
 async def serve_stdio_async(server: MCPServer) -> None:
     """Serve `server` over stdio like MCPServer.run_stdio_async, with StdinGuard on the wire."""
     # MCPServer exposes no public way to run its low-level server on streams of our own.
-    lowlevel = getattr(server, "_lowlevel_server", None)
+    lowlevel = sdk.lowlevel_server(server)
     if lowlevel is None:
-        log.warning("this mcp SDK has no MCPServer._lowlevel_server; serving stdio without the malformed-line guard")
+        log.warning("this mcp SDK's MCPServer has no low-level server (core/sdk.py); serving stdio unguarded")
         await server.run_stdio_async()
         return
     with _claimed_stdin() as buffer:

@@ -14,18 +14,10 @@ from pydantic import Field, ValidationError
 
 from servers.core.assemble import ServerPart, build_server
 from servers.core.errors import InputError
+from servers.core.job_tools import WaitS, run_job, summarize_job
 from servers.core.jobs import JobKind
 from servers.core.jobview import JobView
-from servers.core.mcp_layer import (
-    App,
-    WaitS,
-    agent_tool,
-    in_thread,
-    png_content,
-    run_job,
-    summarize_job,
-    tool_result,
-)
+from servers.core.mcp_layer import App, agent_tool, in_thread, png_content, tool_result
 from servers.core.models import Model
 from servers.core.paths import resolve_inside_roots
 from servers.diagnostics.bandwidth import BandwidthCheckSpec
@@ -51,7 +43,13 @@ INSTRUCTIONS = (
     "where the sources disagree, nccl-tests and DCGM diagnostics, and dcgm-exporter metrics."
 )
 JOB_KINDS = [
-    JobKind("dcgm_diag", "servers.diagnostics.dcgm:run_dcgm_diag_job", "dcgmi diag -r N -j", default_timeout_s=7200),
+    JobKind(
+        "dcgm_diag",
+        "servers.diagnostics.dcgm:run_dcgm_diag_job",
+        "dcgmi diag -r N -j",
+        default_timeout_s=7200,
+        poll_s=5.0,
+    ),
     # Ranks here meet through a torch.distributed store: a private network namespace (servers/core/netns.py).
     JobKind(
         "bandwidth_check",
@@ -66,6 +64,7 @@ JOB_KINDS = [
         "servers.diagnostics.bandwidth:run_bandwidth_check",
         "collective bus bandwidth per node / pair of nodes / allocation, as Slurm jobs",
         default_timeout_s=6 * 3600,
+        poll_s=5.0,
     ),
 ]
 MAX_TEXT = 64 * 2**20  # captured nvidia-smi, nccl-tests and DCGM outputs are far smaller; logs are streamed
@@ -856,7 +855,7 @@ async def start_bandwidth_check(
     )  # fmt: skip
     if wait_s <= 0:
         return view
-    from servers.core.mcp_layer import wait_for
+    from servers.core.job_tools import wait_for
 
     waited = await wait_for(app, view.job_id, wait_s, ctx)
     assert waited.job is not None

@@ -4,6 +4,7 @@ the job engine running local.py's work function."""
 
 import functools
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
 from mcp.server import MCPServer
@@ -14,10 +15,11 @@ from pydantic import Field
 
 from servers.core.assemble import ServerPart, build_server
 from servers.core.errors import InputError
+from servers.core.job_tools import WaitS, summarize_job
 from servers.core.jobs import JobKind
 from servers.core.jobstore import JobRecord
 from servers.core.jobview import JobView
-from servers.core.mcp_layer import App, WaitS, agent_tool, client_name, in_thread, summarize_job, tool_result
+from servers.core.mcp_layer import App, agent_tool, client_name, in_thread, tool_result
 from servers.core.models import Model
 from servers.engines.admission import Approvals, Launch, admit, elicit_asker
 from servers.engines.backend import BackendStatus
@@ -37,9 +39,39 @@ INSTRUCTIONS = (
 )
 TRAINING_KIND = "training"
 REMOTE_KIND = "training_remote"
+def remote_poll_s(spec: Mapping[str, Any]) -> float | None:
+    """A cluster job's task poll interval: its backend's poll_s (asking more often learns nothing); None for a
+    backend that is missing or not registered here (the default then)."""
+    from servers.engines import registry
+
+    name = spec.get("backend")
+    if not isinstance(name, str):
+        return None
+    try:
+        return registry.get(name).poll_s
+    except ValueError:
+        return None
+
+
+def training_listed(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """What list_jobs shows of a training job: its backend and name, from the job's spec or its training_spec."""
+    training = spec.get("training_spec") if isinstance(spec.get("training_spec"), dict) else {}
+
+    def text(key: str) -> Any:
+        own = spec.get(key)
+        return own if isinstance(own, str) and own else training.get(key)
+
+    return {"backend": text("backend"), "name": text("name")}
+
+
 JOB_KINDS = [
     JobKind(
-        TRAINING_KIND, "servers.launch.local:run_training_job", "torchrun of a recipe or script", default_timeout_s=3600
+        TRAINING_KIND,
+        "servers.launch.local:run_training_job",
+        "torchrun of a recipe or script",
+        default_timeout_s=3600,
+        poll_s=2.0,
+        listed=training_listed,
     ),
     JobKind(
         REMOTE_KIND,
@@ -47,6 +79,8 @@ JOB_KINDS = [
         "a training job on a cluster engine, followed here",
         resumable=True,  # its follower can be lost: a new one finds the cluster's job by its key
         follows_engine=True,  # its state is the cluster engine's (QUEUED while pending there), not its follower's
+        poll_s_of=remote_poll_s,
+        listed=training_listed,
     ),
 ]
 STALE_CLAIM_S = 120.0  # an idempotency key claimed this long ago without a job: its submit died
@@ -262,7 +296,7 @@ def register_jobs(server: MCPServer, app: App) -> None:
             network=record.spec.get("network"),
         )
         if wait_s > 0:
-            from servers.core.mcp_layer import wait_for
+            from servers.core.job_tools import wait_for
 
             waited = await wait_for(app, view.job_id, wait_s, ctx)
             assert waited.job is not None

@@ -11,11 +11,12 @@ from pydantic import Field
 from servers.core.assemble import ServerPart, build_server
 from servers.core.dtypes import DtypeArg
 from servers.core.errors import InputError
+from servers.core.job_tools import WaitS, run_job, summarize_job
 from servers.core.jobfiles import JobFiles, read_json
 from servers.core.jobs import JobKind
 from servers.core.jobstore import JobState
 from servers.core.jobview import JobView
-from servers.core.mcp_layer import App, WaitS, agent_tool, in_thread, run_job, summarize_job, tool_result
+from servers.core.mcp_layer import App, agent_tool, in_thread, tool_result
 from servers.core.models import Model
 from servers.overlap.collectives import (
     BufferDtype,
@@ -78,6 +79,7 @@ JOB_KINDS = [
         "methods x chunk counts for each layer of a model",
         default_timeout_s=3 * 3600,
         isolated_network=True,
+        poll_s=5.0,
     ),
 ]
 
