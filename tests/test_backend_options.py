@@ -134,6 +134,7 @@ def test_list_backends_rows_carry_each_backends_options(monkeypatch: pytest.Monk
 
 def test_each_backends_plan_refuses_an_option_that_is_not_its_own(tmp_path: Path) -> None:
     from servers.launch.kubernetes import KubernetesBackend
+    from servers.launch.local import LocalBackend
     from servers.launch.ray_backend import RayBackend
     from servers.launch.skypilot import SkyPilotBackend
     from servers.launch.slurm import SlurmBackend
@@ -144,6 +145,7 @@ def test_each_backends_plan_refuses_an_option_that_is_not_its_own(tmp_path: Path
         (RayBackend(address=None), {"partition": "gpu"}),
         (SkyPilotBackend(), {"namespace": "ml"}),
         (KubernetesBackend(kubeconfig=str(tmp_path / "none")), {"share_gpus": True}),
+        (LocalBackend(), {"queue": "team-a"}),
     ]:
         with pytest.raises(ValueError) as caught:
             backend.plan(base | {"options": misplaced})

@@ -57,7 +57,7 @@ def quota_of_two(settings: Settings, eight_gpus: None) -> Iterator[LocalBackend]
 def submit(backend: LocalBackend, key: str, gpus: int, *, share: bool) -> list[int]:
     """Submit a sleeping job that wants `gpus` GPUs; the GPUs it was given."""
     plan = BackendPlan(backend="local", argv=["true"], cwd="/", gpus_wanted=gpus)
-    request = SubmitRequest(key=key, spec={"share_gpus": share, "seconds": 120}, timeout_s=300)
+    request = SubmitRequest(key=key, spec={"options": {"share_gpus": share}, "seconds": 120}, timeout_s=300)
     handle = backend.submit(plan, request)
     assert backend.engine is not None
     return list(backend.engine.get(handle.native_id).spec["gpus"])
@@ -97,9 +97,9 @@ def test_a_shared_job_never_lands_on_a_non_sharing_jobs_gpus(settings: Settings,
 
 def _admit(backend: LocalBackend, wanted: int, share: bool, active: list[tuple[list[int], bool]]) -> list[int]:
     plan = BackendPlan(backend="local", argv=["true"], cwd="/", gpus_wanted=wanted)
-    admit = backend._admission(plan, {"share_gpus": share})
+    admit = backend._admission(plan, {"options": {"share_gpus": share}})
     assert admit is not None
-    records: list[Any] = [SimpleNamespace(kind=KIND, spec={"gpus": g, "share_gpus": s}) for g, s in active]
+    records: list[Any] = [SimpleNamespace(kind=KIND, spec={"gpus": g, "options": {"share_gpus": s}}) for g, s in active]
     return list(admit(records)["gpus"])
 
 
@@ -120,7 +120,7 @@ def test_the_plan_refuses_a_shared_job_above_the_quota(settings: Settings, tmp_p
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     quota = settings.model_copy(update={"max_concurrent_gpus": 2})
-    spec = TrainingJobSpec(script=str(script), nproc_per_node=8, gpus_per_node=8, share_gpus=True)
+    spec = TrainingJobSpec(script=str(script), nproc_per_node=8, gpus_per_node=8, options={"share_gpus": True})
     with pytest.raises(QuotaError, match="at most 2 may be in use at once, shared or not"):
         training.plan(quota, spec, gpus_present=8, gpus_in_use=0)
 
@@ -133,7 +133,7 @@ def test_plans_count_a_shared_gpu_once_as_admission_does() -> None:
         return JobRecord(
             id=f"train-{n}",
             kind=TRAINING_KIND,
-            spec={"gpus": gpus, "share_gpus": True},
+            spec={"gpus": gpus, "options": {"share_gpus": True}},
             state=JobState.RUNNING,
             created_at=0.0,
             timeout_s=60.0,

@@ -16,7 +16,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +223,9 @@ def test_escaped_text_reaches_the_container_literally(text: str) -> None:
 
 
 def test_pet_references_expand_and_hostile_args_do_not() -> None:
-    plan = goldens.backend().plan(goldens.BASE | {"script": "/opt/t.py", "args": HOSTILE, "image": "i:1"})
+    plan = goldens.backend().plan(
+        goldens.with_options(goldens.BASE | {"script": "/opt/t.py", "args": HOSTILE, "image": "i:1"})
+    )
     env = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "4", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "j-node-0-0.j"}
     env |= {"PET_MASTER_PORT": "29400", "id": "uid=0", "HOME": "/root"}
     seen = [k8s_expand(a, env) for a in plan.argv]
@@ -253,10 +254,12 @@ def test_plan_refusals_say_what_is_accepted() -> None:
     }
     for expected, change in cases.items():
         with pytest.raises(ValueError) as caught:
-            backend.plan(spec | change)
+            backend.plan(goldens.with_options(spec | change))
         assert expected in str(caught.value), (expected, str(caught.value))
     with pytest.raises(ValueError, match="there is no default"):
-        backend.plan(spec | {"image": None})
+        backend.plan(goldens.with_options(spec | {"image": None}))
+    with pytest.raises(ValueError, match=r"options\.partition: a slurm option, not a kubernetes one; accepted for "):
+        backend.plan(goldens.with_options(spec) | {"options": {"image": "img:1", "partition": "gpu"}})
 
 
 def test_names_labels_and_deadline() -> None:
@@ -282,7 +285,14 @@ def test_training_plan_checks_the_kubernetes_fields(tmp_path: Path, monkeypatch:
         spec = TrainingJobSpec.model_validate({"recipe": "tiny-gpt", "backend": "kubernetes", **fields})
         return training.plan(settings, spec, gpus_present=0, gpus_in_use=0, backend=backend)
 
-    made = plan(image="ghcr.io/acme/t:1", nnodes=2, queue="team-a", max_wall_s=600, nproc_per_node=8, gpus_per_node=8)
+    made = plan(
+        options={"image": "ghcr.io/acme/t:1", "queue": "team-a"},
+        nnodes=2,
+        max_wall_s=600,
+        nproc_per_node=8,
+        gpus_per_node=8,
+    )
+    assert made.spec["options"] == {"image": "ghcr.io/acme/t:1", "queue": "team-a"}
     assert made.backend == "kubernetes" and made.backend_plan.nnodes == 2 and made.gpus == 8
     assert not any("no GPU here" in w for w in made.warnings)  # this machine's GPUs say nothing of the cluster's
     assert made.estimated_gpu_hours == pytest.approx(8 * 2 * 600 / 3600)
@@ -290,17 +300,14 @@ def test_training_plan_checks_the_kubernetes_fields(tmp_path: Path, monkeypatch:
     assert "numNodes: 2" in made.rendered and "kueue.x-k8s.io/queue-name: team-a" in made.rendered
     with pytest.raises(InputError, match="image: missing"):
         plan()
-    with pytest.raises(InputError, match="Slurm options"):
-        plan(image="i:1", partition="gpu")
-    with pytest.raises(InputError, match="image: accepted with backend kubernetes or skypilot only"):
-        training.plan(
-            settings,
-            TrainingJobSpec.model_validate({"recipe": "tiny-gpt", "image": "i:1"}),
-            gpus_present=0,
-            gpus_in_use=0,
+    with pytest.raises(ValueError, match="partition: a slurm option, not a kubernetes one"):
+        plan(options={"image": "i:1", "partition": "gpu"})
+    with pytest.raises(ValueError, match="image: a kubernetes and skypilot option, not a local one"):
+        TrainingJobSpec.model_validate({"recipe": "tiny-gpt", "options": {"image": "i:1"}})
+    with pytest.raises(ValueError, match="namespace: String should match pattern"):
+        TrainingJobSpec.model_validate(
+            {"recipe": "tiny-gpt", "backend": "kubernetes", "options": {"namespace": "../etc"}}
         )
-    with pytest.raises(ValueError):
-        TrainingJobSpec.model_validate({"recipe": "tiny-gpt", "backend": "kubernetes", "namespace": "../etc"})
 
 
 def test_kubeconfig_files_merge_as_kubectl_does(tmp_path: Path) -> None:
@@ -348,13 +355,9 @@ def test_without_the_client_or_a_kubeconfig_it_is_unavailable(tmp_path: Path, mo
 
 # ---- against the stand-in API ----------------------------------------------------------------------------------------
 @pytest.fixture
-def fake() -> Iterator[FakeKubernetes]:
-    need_client()
-    api = FakeKubernetes().start()
-    try:
-        yield api
-    finally:
-        api.stop()
+def fake(k8s_fake: FakeKubernetes) -> FakeKubernetes:
+    """The session's stand-in API (tests/conftest.py), with a fresh state."""
+    return k8s_fake
 
 
 @pytest.fixture
@@ -363,15 +366,18 @@ def kubeconfig(fake: FakeKubernetes, tmp_path: Path) -> Path:
 
 
 def spec_for(kind: str = "TrainJob", **extra: Any) -> dict[str, Any]:
-    return goldens.BASE | {
-        "script": str(goldens.RECIPES / "tiny_gpt.py"),
-        "recipe": "tiny-gpt",
-        "image": "ghcr.io/acme/train:1",
-        "nnodes": 2,
-        "k8s_kind": kind,
-        "max_log_bytes": 1 << 20,
-        **extra,
-    }
+    return goldens.with_options(
+        goldens.BASE
+        | {
+            "script": str(goldens.RECIPES / "tiny_gpt.py"),
+            "recipe": "tiny-gpt",
+            "image": "ghcr.io/acme/train:1",
+            "nnodes": 2,
+            "k8s_kind": kind,
+            "max_log_bytes": 1 << 20,
+            **extra,
+        }
+    )
 
 
 def submit(backend: KubernetesBackend, job: Path, key: str, kind: str = "TrainJob", **extra: Any) -> BackendHandle:
@@ -637,7 +643,7 @@ def k8s_app(fake: FakeKubernetes, kubeconfig: Path, settings: Any, monkeypatch: 
 TOOL_SPEC = {
     "recipe": "tiny-gpt",
     "backend": "kubernetes",
-    "image": "ghcr.io/acme/llm-infra-train:2.13",
+    "options": {"image": "ghcr.io/acme/llm-infra-train:2.13"},
     "nnodes": 2,
     "nproc_per_node": 1,
     "args": ["--steps", "20"],
@@ -682,7 +688,7 @@ async def test_a_failed_and_a_cancelled_job_through_the_tools(k8s_app: Any, fake
     from tests.helpers import call_error, call_ok, create_test_suite, finish_job
 
     async with Client(create_test_suite(k8s_app), mode="legacy") as client:
-        no_image = {k: v for k, v in TOOL_SPEC.items() if k != "image"}
+        no_image = {k: v for k, v in TOOL_SPEC.items() if k != "options"}
         refused = await call_error(client, "plan_training_job", {"spec": no_image})
         assert "image: missing" in refused and "no default" in refused
         fake.next_scenario = [("running", 2), ("failed", 1)]
@@ -693,7 +699,9 @@ async def test_a_failed_and_a_cancelled_job_through_the_tools(k8s_app: Any, fake
         assert ended["state"] == "FAILED" and "node 1" in ended["reason"] and "ValueError" in ended["reason"], ended
         fake.next_scenario = [("running", 1)]
         job = await call_ok(
-            client, "submit_training_job", {"spec": TOOL_SPEC | {"k8s_kind": "PyTorchJob"}, "wait_s": 3}
+            client,
+            "submit_training_job",
+            {"spec": TOOL_SPEC | {"options": TOOL_SPEC["options"] | {"k8s_kind": "PyTorchJob"}}, "wait_s": 3},
         )
         assert not job["finished"], job
         cancelled = await call_ok(client, "cancel_job", {"job_id": job["job_id"]})

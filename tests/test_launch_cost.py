@@ -25,8 +25,13 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 WIDE = {"recipe": "tiny-gpt", "nnodes": 64, "max_wall_s": 86400}  # 1,536 node-hours, no GPU asked for
 ATTACKS = {
     "slurm": {**WIDE, "backend": "slurm"},
-    "kubernetes": {**WIDE, "backend": "kubernetes", "image": "evil.example/miner:latest"},
-    "kubernetes, gpus 0": {**WIDE, "backend": "kubernetes", "image": "evil.example/miner:latest", "gpus_per_node": 0},
+    "kubernetes": {**WIDE, "backend": "kubernetes", "options": {"image": "evil.example/miner:latest"}},
+    "kubernetes, gpus 0": {
+        **WIDE,
+        "backend": "kubernetes",
+        "options": {"image": "evil.example/miner:latest"},
+        "gpus_per_node": 0,
+    },
     "skypilot": {**WIDE, "backend": "skypilot"},
 }
 
@@ -85,7 +90,8 @@ async def test_small_cluster_launches_and_gpu_launches_keep_their_rules(settings
         assert local["estimated_node_hours"] == pytest.approx(2.0) and not local["needs_confirmation"]  # this machine
     # GPUs asked for: GPU-hours decide, whatever the node-hours threshold says
     async with Client(create_test_suite(make_app(settings, confirm_above_node_hours=0)), mode="legacy") as client:
-        gpu = {"recipe": "tiny-gpt", "backend": "kubernetes", "image": "i:1", "gpus_per_node": 1, "max_wall_s": 1800}
+        gpu = {"recipe": "tiny-gpt", "backend": "kubernetes", "options": {"image": "i:1"}, "gpus_per_node": 1}
+        gpu |= {"max_wall_s": 1800}
         plan = await call_ok(client, "plan_training_job", {"spec": gpu})
         assert plan["estimated_gpu_hours"] == pytest.approx(0.5) and not plan["needs_confirmation"]
         plan = await call_ok(client, "plan_training_job", {"spec": {**gpu, "gpus_per_node": 0}})

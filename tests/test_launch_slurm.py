@@ -59,7 +59,7 @@ async def test_a_pending_slurm_job_is_queued_with_its_reason_until_cancelled(app
         check=True,
     ).stdout.strip()
     spec = {"recipe": "tiny-gpt", "nproc_per_node": 1, "nnodes": 1, "backend": "slurm", "max_wall_s": 600}
-    spec["dependency"] = blocker.split(";")[0]
+    spec["options"] = {"dependency": blocker.split(";")[0]}
     try:
         async with Client(create_test_suite(app), mode="legacy") as client:
             job = await ok(client, "submit_training_job", {"spec": spec, "wait_s": 0})
@@ -90,10 +90,13 @@ async def test_slurm_bad_inputs_submit_nothing(app: App, slurm_cluster: Path) ->
         assert "--wrap" in await error(client, "submit_training_job", {"spec": wrap})
         name = {"recipe": "tiny-gpt", "backend": "slurm", "name": "x\n#SBATCH --uid=0"}
         assert "name" in await error(client, "submit_training_job", {"spec": name})
-        unknown = {"recipe": "tiny-gpt", "backend": "slurm", "partition": "nosuchpart"}
+        unknown = {"recipe": "tiny-gpt", "backend": "slurm", "options": {"partition": "nosuchpart"}}
         assert "nosuchpart" in await error(client, "submit_training_job", {"spec": unknown})
-        assert "Slurm options" in await error(
-            client, "plan_training_job", {"spec": {"recipe": "tiny-gpt", "qos": "hi"}}
+        assert "qos: a slurm option, not a local one" in await error(
+            client, "plan_training_job", {"spec": {"recipe": "tiny-gpt", "options": {"qos": "hi"}}}
+        )
+        assert "qos: a slurm option; give it in options" in await error(
+            client, "plan_training_job", {"spec": {"recipe": "tiny-gpt", "backend": "slurm", "qos": "hi"}}
         )
         assert (await ok(client, "list_jobs", {}))["total"] == 0
 

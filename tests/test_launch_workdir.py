@@ -24,7 +24,7 @@ BACKENDS: dict[str, dict[str, Any]] = {
     "local": {},
     "slurm": {"nnodes": 2},
     "ray": {},
-    "kubernetes": {"image": "evil.example/miner:latest"},
+    "kubernetes": {"options": {"image": "evil.example/miner:latest"}},
     "skypilot": {},
 }
 ACCEPTED = "accepted: a folder inside the roots that neither is nor contains the state directory"

@@ -87,7 +87,7 @@ def test_kubernetes_manifest_values_round_trip_exactly() -> None:
         spec = variant | {"args": HOSTILE_VALUES, "env": env, "k8s_kind": kind}
         if kind == "PyTorchJob":
             spec = spec | {"runtime": None}
-        plan = goldens.backend().plan(spec)
+        plan = goldens.backend().plan(goldens.with_options(spec))
         assert yaml.safe_load(plan.rendered) == plan.manifest  # what submit checks before it creates the object
         assert {k: v for k, v in plan.env.items() if k.startswith("JOB_")} == {k: m.escape(v) for k, v in env.items()}
 

@@ -85,7 +85,8 @@ NEEDS_SKY = pytest.mark.skipif(
 
 # ---- spec variants and their golden YAML ----------------------------------------------------------------------------
 def base_spec(script: Path, **extra: Any) -> dict[str, Any]:
-    """A spec as training.plan hands it to a backend, with the SkyPilot fields read by .get()."""
+    """A spec as training.plan hands it to a backend; SkyPilot's options in `extra` go into its options."""
+    options = {k: extra.pop(k) for k in list(extra) if k in skypilot.SkyPilotOptions.model_fields}
     return {
         "script": str(script),
         "args": [],
@@ -93,7 +94,6 @@ def base_spec(script: Path, **extra: Any) -> dict[str, Any]:
         "max_restarts": 0,
         "env": {},
         "gpus_wanted": 0,
-        "share_gpus": False,
         "network": "host",
         "workdir": None,
         "max_log_bytes": 8 * 1024 * 1024,
@@ -105,6 +105,7 @@ def base_spec(script: Path, **extra: Any) -> dict[str, Any]:
         "recipe": None,
         "name": None,
         "tags": [],
+        "options": options,
     } | extra
 
 
@@ -334,8 +335,10 @@ def test_plan_refuses_what_skypilot_or_the_nodes_cannot_take(
     extra: dict[str, Any], words: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(skypilot, "skypilot_version", lambda: None)
+    fields = dict(extra)
+    script = Path(fields.pop("script", TINY_GPT))
     with pytest.raises(ValueError) as caught:
-        SkyPilotBackend().plan(base_spec(TINY_GPT, recipe="tiny-gpt") | extra, Settings(home=tmp_path))
+        SkyPilotBackend().plan(base_spec(script, recipe="tiny-gpt", **fields), Settings(home=tmp_path))
     assert words in str(caught.value)
 
 
@@ -794,7 +797,7 @@ def quick_backend(tmp_path: Path, **kwargs: Any) -> SkyPilotBackend:
 
 
 def planned(tmp_path: Path, **extra: Any) -> Any:
-    spec = base_spec(TINY_GPT, recipe="tiny-gpt", nnodes=2, gpus_per_node=8, accelerator="H100") | extra
+    spec = base_spec(TINY_GPT, recipe="tiny-gpt", **({"nnodes": 2, "gpus_per_node": 8, "accelerator": "H100"} | extra))
     return SkyPilotBackend().plan(spec, Settings(home=tmp_path / "state"))
 
 
@@ -1307,9 +1310,7 @@ async def test_the_tools_plan_a_skypilot_job_and_list_the_backend(tmp_path: Path
             "nnodes": 2,
             "nproc_per_node": 8,
             "gpus_per_node": 8,
-            "accelerator": "H100",
-            "use_spot": True,
-            "pip_packages": ["torch==2.5.1"],
+            "options": {"accelerator": "H100", "use_spot": True, "pip_packages": ["torch==2.5.1"]},
             "max_wall_s": 1800,
         }
         plan = await call_ok(client, "plan_training_job", {"spec": spec})
@@ -1317,5 +1318,7 @@ async def test_the_tools_plan_a_skypilot_job_and_list_the_backend(tmp_path: Path
         assert task["num_nodes"] == 2 and task["resources"]["accelerators"] == "H100:8"
         assert task["resources"]["use_spot"] is True and "torch==2.5.1" in task["setup"]
         assert plan["estimated_gpu_hours"] == pytest.approx(2 * 8 * 1800 / 3600)
-        refused = await call_error(client, "plan_training_job", {"spec": {"recipe": "tiny-gpt", "accelerator": "H100"}})
-        assert "accelerator: SkyPilot options; accepted with backend 'skypilot' only" in refused
+        refused = await call_error(
+            client, "plan_training_job", {"spec": {"recipe": "tiny-gpt", "options": {"accelerator": "H100"}}}
+        )
+        assert "accelerator: a skypilot option, not a local one; accepted for local: share_gpus" in refused

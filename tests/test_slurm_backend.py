@@ -31,6 +31,7 @@ from servers.launch.slurm import (
     SUBMIT_RECORD,
     SlurmBackend,
     SlurmJob,
+    SlurmOptions,
     SlurmUnavailableError,
     array_tasks,
     from_record,
@@ -51,9 +52,11 @@ HOSTILE_ARGS = ["; rm -rf /", "$(whoami)", "`id`", "a b  c", "*", "--lr", "3e-4"
 LOOPBACK = {"GLOO_SOCKET_IFNAME": "lo"}
 
 
-def spec_for(script: Path | str, **extra: object) -> dict:
+def spec_for(script: Path | str, /, **extra: object) -> dict:
+    """A spec as training.plan hands it to the backend; Slurm's options in `extra` go into its options."""
+    options = {k: extra.pop(k) for k in list(extra) if k in SlurmOptions.model_fields}
     return {
-        "script": str(script),
+        "script": str(extra.pop("script", script)),
         "args": [],
         "nnodes": 2,
         "nproc_per_node": 1,
@@ -63,6 +66,7 @@ def spec_for(script: Path | str, **extra: object) -> dict:
         "max_wall_s": 300,
         "name": "t",
         "run_id": "t1",
+        "options": options,
         **extra,
     }
 
@@ -342,7 +346,7 @@ def test_plan_refuses_what_could_smuggle_an_option_or_shell(
     tmp_path: Path, field: str, value: object, said: str
 ) -> None:
     backend = SlurmBackend(job_root=tmp_path / "root", env={"PATH": str(tmp_path)})
-    spec = {**spec_for(TINY_GPT, nproc_per_node=2), field: value}
+    spec = spec_for(TINY_GPT, **({"nproc_per_node": 2} | {field: value}))
     with pytest.raises(ValueError, match="accepted") as raised:
         backend.plan(spec)
     assert said in str(raised.value)

@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field
@@ -52,6 +52,7 @@ from servers.core.jobstore import JobState
 from servers.core.settings import Settings
 from servers.engines.backend import JOB_DIR_PLACEHOLDER, BackendHandle, BackendPlan, EngineStatus, SubmitRequest
 from servers.launch import k8s_manifests as m
+from servers.launch.options import Options, given_options
 
 BACKEND_NAME = "kubernetes"
 SUBMIT_RECORD = "k8s-submit.json"
@@ -76,6 +77,44 @@ class KubernetesApiError(RuntimeError):
     def __init__(self, what: str, status: int, reason: str, message: str) -> None:
         self.status, self.reason, self.message = status, reason, message
         super().__init__(f"{what}: {status} {reason}: {message}" if message else f"{what}: {status} {reason}")
+
+
+K8S_IMAGE = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$"
+K8S_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+K8S_RUNTIME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+
+
+class KubernetesOptions(Options):
+    """The Kubernetes backend's options (a spec's `options`)."""
+
+    image: str | None = Field(
+        default=None, pattern=K8S_IMAGE, description="Required; needs torch (+llm-infra-mcp for recipes)"
+    )
+    namespace: str | None = Field(default=None, pattern=K8S_LABEL)
+    queue: str | None = Field(default=None, pattern=K8S_LABEL, description="Kueue LocalQueue")
+    runtime: str | None = Field(default=None, pattern=K8S_RUNTIME, description="Kubeflow ClusterTrainingRuntime")
+    k8s_kind: Literal["TrainJob", "PyTorchJob"] | None = None
+
+
+def no_gpu_warning(plan: BackendPlan, runtime: str | None, node_hours: float) -> str:
+    """What the pods of a job that asks for no GPU get, read from the manifest planned, and what the job costs."""
+    if plan.env.get("NVIDIA_VISIBLE_DEVICES") == "void":
+        given = (
+            "the pods get an nvidia.com/gpu limit of 0 and NVIDIA_VISIBLE_DEVICES=void: no GPU, whatever the "
+            "runtime's template or the image say; the ranks run on CPU"
+        )
+    else:
+        given = (
+            "the pods get no nvidia.com/gpu limit ("
+            + (
+                f"unless the runtime {runtime!r} gives them some: its template decides"
+                if runtime and runtime != "torch-distributed"
+                else "the torch-distributed runtime sets none"
+            )
+            + "), so the scheduler counts none; on a GPU node whose default container runtime is NVIDIA's, an "
+            "image that sets NVIDIA_VISIBLE_DEVICES=all (CUDA images do) still sees all of the node's GPUs"
+        )
+    return f"no GPU asked for: {given}. The cost is counted in node-hours ({node_hours:.3g})"
 
 
 class KubernetesPlan(BackendPlan):
@@ -354,8 +393,9 @@ class KubernetesBackend:
         script = str(spec.get("script") or "")
         recipe = spec.get("recipe")
         target = ["-m", f"servers.launch.recipes.{Path(script).stem}"] if recipe else [script]
+        options = given_options(spec, BACKEND_NAME)  # image, namespace, queue...: KubernetesOptions' names
         kube = self.kube_context()
-        kind = str(spec.get("k8s_kind") or m.DEFAULT_KIND)
+        kind = str(options.get("k8s_kind") or m.DEFAULT_KIND)
         key = spec.get("idempotency_key") or None
         base = str(spec.get("name") or recipe or Path(script).stem or "job")
         name = m.object_name(base, key) if key else None
@@ -363,8 +403,8 @@ class KubernetesBackend:
         gpus = int(_given(spec, "gpus_per_node", 0))
         shape = m.JobShape(
             kind=kind,
-            namespace=str(spec.get("namespace") or kube.namespace),
-            image=str(spec.get("image") or ""),
+            namespace=str(options.get("namespace") or kube.namespace),
+            image=str(options.get("image") or ""),
             target=target,
             args=[str(a) for a in spec.get("args") or []],
             nnodes=int(_given(spec, "nnodes", 1)),
@@ -373,8 +413,8 @@ class KubernetesBackend:
             max_wall_s=float(_given(spec, "max_wall_s", 3600.0)),
             max_restarts=int(_given(spec, "max_restarts", 0)),
             env={str(k): str(v) for k, v in (spec.get("env") or {}).items()},
-            queue=spec.get("queue") or None,
-            runtime=spec.get("runtime") or None,
+            queue=options.get("queue") or None,
+            runtime=options.get("runtime") or None,
             name=name,
             key=key,
             run_id=spec.get("run_id") or None,

@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import Field
+
 from servers.core.jobfiles import JobContext, JobFiles
 from servers.core.jobstore import JobState
 from servers.core.netns import LOOPBACK_ENV, isolated_argv
@@ -48,6 +50,7 @@ from servers.engines.backend import (
     EngineStatus,
     SubmitRequest,
 )
+from servers.launch.options import Options, given_options
 from servers.launch.torchrun import (
     CHECKPOINT_ENV,
     JOB_ID_ENV,
@@ -109,6 +112,22 @@ def assign_gpus(nproc: int, busy: set[int], present: int, *, share_gpus: bool = 
 
 
 # ---- the backend ----------------------------------------------------------------------------------------------------
+class LocalOptions(Options):
+    """The local backend's options (a spec's `options`)."""
+
+    share_gpus: bool = Field(
+        default=False,
+        description="may use GPUs other share_gpus jobs use (not a non-sharing job's); each GPU counts once "
+        "in LLM_INFRA_MCP_MAX_CONCURRENT_GPUS",
+    )
+
+
+def shares_gpus(spec: Mapping[str, Any]) -> bool:
+    """Whether a job's spec (a backend spec or a job record's) asks for share_gpus."""
+    options = spec.get("options")
+    return isinstance(options, Mapping) and options.get("share_gpus") is True
+
+
 class LocalBackend:
     """torchrun on this machine. The job engine executes it: submit/status/cancel are thin wrappers over a
     JobEngine given at construction (the server's), with the job kind whose entry is `ENTRY`."""
@@ -137,6 +156,7 @@ class LocalBackend:
         """The exact torchrun command for a validated spec. No side effects: nothing is created or started.
         Without `job_dir` (before the job exists), paths in the job folder read `$JOB_DIR/...`; BackendPlan.bind
         fills them in, and the worker makes the same plan with the real folder."""
+        given_options(spec, self.name)  # share_gpus is admission's (shares_gpus); a misplaced option is refused
         script = Path(str(spec["script"]))
         args = spec.get("args") or []
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
@@ -263,9 +283,9 @@ class LocalBackend:
                     gpus = {g for g in record.spec.get("gpus") or [] if isinstance(g, int)}
                     for g in gpus:
                         in_use[g] = in_use.get(g, 0) + 1
-                    if not record.spec.get("share_gpus"):
+                    if not shares_gpus(record.spec):
                         held.update(gpus)
-            share = bool(spec.get("share_gpus"))
+            share = shares_gpus(spec)
             quota = "LLM_INFRA_MCP_MAX_CONCURRENT_GPUS, distinct GPUs in use by training jobs, shared or not"
             if wanted > limit:
                 raise QuotaError(

@@ -65,6 +65,7 @@ from servers.engines.backend import (
     SubmitRequest,
     map_state,
 )
+from servers.launch.options import given_options
 from servers.launch.torchrun import (
     CHECKPOINT_ENV,
     LOG_DIR_NAME,
@@ -521,6 +522,7 @@ class RayBackend:
     ) -> RayPlan:
         """The exact entrypoint and submit_job arguments for a validated spec. No side effects (no files, no
         processes, no network). Without `job_dir`, paths in the job folder read `$JOB_DIR/...` (bind fills them)."""
+        given_options(spec, "ray")  # the Ray backend takes none: a misplaced one is refused, naming its backend
         script = Path(str(spec["script"]))
         if not script.is_absolute():
             raise ValueError(f"script: the path must be absolute, got {str(script)!r}")
@@ -574,25 +576,9 @@ class RayBackend:
         notes: list[str] = [SHELL_NOTE]
 
         # The command, then the wrapper around it.
-        script_arg = str(script)
-        if working_dir is not None and script.is_relative_to(working_dir):
-            script_arg = str(script.relative_to(working_dir))  # runs from Ray's copy of the working_dir
-        if launcher == "torchrun":
-            log_dir = folder / LOG_DIR_NAME
-            command = torchrun_argv(script, list(args), nproc, max_restarts, log_dir, run_id)
-            command[0] = self.python
-            command[len(command) - len(args) - 1] = script_arg
-            output = "torchrun"
-            rank_logs = str(log_dir)
-            notes.append(
-                f"{nproc} rank(s) under torchrun on one Ray node; per-rank logs as processes rank0..rank{nproc - 1} "
-                "(copied from torchrun's files by the wrapper), torchrun's own output as process torchrun"
-            )
-        else:
-            command = [self.python, script_arg, *args]
-            output = "rank0"
-            rank_logs = ""
-            notes.append("one rank, run by python without torchrun (no RANK/WORLD_SIZE); its output as process rank0")
+        command, output, rank_logs = self._command(
+            script, list(args), launcher, nproc, max_restarts, folder, run_id, working_dir, notes
+        )
         cwd = "" if working_dir is not None else str(folder / RUN_DIR_NAME)
         argv = [
             self.python,
@@ -634,28 +620,7 @@ class RayBackend:
             )
         else:
             notes.append(f"working directory {folder / RUN_DIR_NAME} (a folder apart from the job's own files)")
-        notes.append(
-            f"the job folder {folder} must be on a file system the Ray node sees at the same path (true for a head "
-            "on this machine; a shared file system otherwise): metrics (LLM_INFRA_MCP_METRICS), checkpoints "
-            "(LLM_INFRA_MCP_CHECKPOINT_DIR), logs and the exit record are written there"
-        )
-        notes.append(
-            f"{WRAPPER_NAME}: a fixed wrapper (servers/launch/ray_wrapper.py and torchrun.py beside it, standard "
-            f"library only, sha256 {wrapper_sha256()[:16]}) that submit writes into the job folder; it runs the "
-            "command after '--' (no shell), copies its logs, "
-            + (f"ends it after max_wall_s {max_wall_s:g} s, " if max_wall_s else "")
-            + f"and writes {EXIT_RECORD} when it ends"
-        )
-        notes.append(f"the interpreter {self.python} and the script must exist at these paths on the Ray node")
-        if max_wall_s is None:
-            notes.append("no wall-time limit: the spec gives no max_wall_s")
-        if max_restarts:
-            notes.append(f"torchrun restarts all ranks in place up to {max_restarts} time(s) after a failure")
-        notes.append(NETWORK_NOTE)
-        if self.raw_address:
-            notes.append(f"submits to the Ray Jobs API at {self.raw_address}")
-        else:
-            notes.append(f"no Ray address is set yet ({ADDRESS_SETTING} or {ADDRESS_ENV})")
+        notes += self._notes(folder, max_wall_s, max_restarts)
         metadata = {"llm_infra_mcp_run_id": run_id}
         if spec.get("name"):
             metadata["name"] = str(spec["name"])[:128]
@@ -680,6 +645,68 @@ class RayBackend:
             max_wall_s=max_wall_s,
             launcher=launcher,
         )
+
+    def _command(
+        self,
+        script: Path,
+        args: list[str],
+        launcher: str,
+        nproc: int,
+        max_restarts: int,
+        folder: Path,
+        run_id: str,
+        working_dir: Path | None,
+        notes: list[str],
+    ) -> tuple[list[str], str, str]:
+        """(the command the wrapper runs, the process its output is, torchrun's log folder or ""); `notes` says how
+        the ranks run."""
+        script_arg = str(script)
+        if working_dir is not None and script.is_relative_to(working_dir):
+            script_arg = str(script.relative_to(working_dir))  # runs from Ray's copy of the working_dir
+        if launcher == "torchrun":
+            log_dir = folder / LOG_DIR_NAME
+            command = torchrun_argv(script, list(args), nproc, max_restarts, log_dir, run_id)
+            command[0] = self.python
+            command[len(command) - len(args) - 1] = script_arg
+            output = "torchrun"
+            rank_logs = str(log_dir)
+            notes.append(
+                f"{nproc} rank(s) under torchrun on one Ray node; per-rank logs as processes rank0..rank{nproc - 1} "
+                "(copied from torchrun's files by the wrapper), torchrun's own output as process torchrun"
+            )
+        else:
+            command = [self.python, script_arg, *args]
+            output = "rank0"
+            rank_logs = ""
+            notes.append("one rank, run by python without torchrun (no RANK/WORLD_SIZE); its output as process rank0")
+        return command, output, rank_logs
+
+    def _notes(self, folder: Path, max_wall_s: float | None, max_restarts: int) -> list[str]:
+        """What the Ray node must share with this machine, the wrapper, the limits, where the job goes."""
+        notes: list[str] = []
+        notes.append(
+            f"the job folder {folder} must be on a file system the Ray node sees at the same path (true for a head "
+            "on this machine; a shared file system otherwise): metrics (LLM_INFRA_MCP_METRICS), checkpoints "
+            "(LLM_INFRA_MCP_CHECKPOINT_DIR), logs and the exit record are written there"
+        )
+        notes.append(
+            f"{WRAPPER_NAME}: a fixed wrapper (servers/launch/ray_wrapper.py and torchrun.py beside it, standard "
+            f"library only, sha256 {wrapper_sha256()[:16]}) that submit writes into the job folder; it runs the "
+            "command after '--' (no shell), copies its logs, "
+            + (f"ends it after max_wall_s {max_wall_s:g} s, " if max_wall_s else "")
+            + f"and writes {EXIT_RECORD} when it ends"
+        )
+        notes.append(f"the interpreter {self.python} and the script must exist at these paths on the Ray node")
+        if max_wall_s is None:
+            notes.append("no wall-time limit: the spec gives no max_wall_s")
+        if max_restarts:
+            notes.append(f"torchrun restarts all ranks in place up to {max_restarts} time(s) after a failure")
+        notes.append(NETWORK_NOTE)
+        if self.raw_address:
+            notes.append(f"submits to the Ray Jobs API at {self.raw_address}")
+        else:
+            notes.append(f"no Ray address is set yet ({ADDRESS_SETTING} or {ADDRESS_ENV})")
+        return notes
 
     # ---- submit ----
     def submission_id(self, key: str) -> str:

@@ -39,6 +39,8 @@ INSTRUCTIONS = (
 )
 TRAINING_KIND = "training"
 REMOTE_KIND = "training_remote"
+
+
 def remote_poll_s(spec: Mapping[str, Any]) -> float | None:
     """A cluster job's task poll interval: its backend's poll_s (asking more often learns nothing); None for a
     backend that is missing or not registered here (the default then)."""
@@ -87,8 +89,19 @@ STALE_CLAIM_S = 120.0  # an idempotency key claimed this long ago without a job:
 PLAN_TOKEN_PATTERN = r"^[A-Za-z0-9_\-]+\.[0-9a-f]{32}$"
 
 
+class BackendRow(BackendStatus):
+    options: dict[str, str] = Field(default_factory=dict, description="Its spec.options: name -> 'type: what'")
+
+
 class BackendList(Model):
-    backends: list[BackendStatus]
+    backends: list[BackendRow]
+
+
+def backend_rows(settings: Any) -> list[BackendRow]:
+    """Every registered backend's detection, with the options a spec gives it."""
+    from servers.launch.options import describe
+
+    return [BackendRow(**b.model_dump(), options=describe(b.name)) for b in detect_all(settings)]
 
 
 class RecipeArgument(Model):
@@ -169,11 +182,13 @@ def register_catalog(server: MCPServer, app: App) -> None:
         server, title="List launch backends", read_only=True, destructive=False, idempotent=True, open_world=False
     )
     async def list_backends() -> Annotated[CallToolResult, BackendList]:
-        """Which spec.backend values work on this machine, with what was found for each or why not. Instant."""
-        backends = await in_thread(detect_all, app.settings)
+        """Which spec.backend values work on this machine, with what was found for each or why not, and the
+        spec.options each takes. Instant."""
+        backends = await in_thread(backend_rows, app.settings)
         lines = [
             f"- {b.name}: {'found' if b.detected else 'missing'} ({b.detail})"
             + ("" if b.launch_supported else f"; {b.launch_note}")
+            + (f"; options: {', '.join(b.options)}" if b.options else "")
             for b in backends
         ]
         return tool_result(BackendList(backends=backends), "\n".join(lines))
@@ -404,7 +419,8 @@ def job_launch(plan: TrainingPlan) -> Launch:
     from servers.launch.training import plan_summary
 
     nnodes = plan.spec.get("nnodes") or 1
-    image = f", image {quoted(plan.spec['image'])}" if plan.spec.get("image") else ""
+    options = plan.spec.get("options") or {}
+    image = f", image {quoted(options['image'])}" if options.get("image") else ""
     return Launch(
         plan_id=plan.plan_id,
         gpu_hours=plan.estimated_gpu_hours,
@@ -415,7 +431,7 @@ def job_launch(plan: TrainingPlan) -> Launch:
             f"most {plan.spec['max_wall_s']:g} s: up to {plan.estimated_gpu_hours:,.4g} GPU-hours, "
             f"{plan.estimated_node_hours:,.4g} node-hours. Command: {quoted_list(plan.argv)}"
             + (f". Env: {', '.join(visible(k) for k in plan.spec['env'])}" if plan.spec.get("env") else "")
-            + (f". pip: {quoted_list(plan.spec['pip_packages'])}" if plan.spec.get("pip_packages") else "")
+            + (f". pip: {quoted_list(options['pip_packages'])}" if options.get("pip_packages") else "")
             + (f". workdir: {quoted(plan.backend_spec['workdir'])}" if plan.backend_spec.get("workdir") else "")
         ),
         summary=plan_summary(plan),

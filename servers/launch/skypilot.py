@@ -58,9 +58,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import Field
 
 from servers.core.jobfiles import atomic_write_json, read_json
 from servers.core.jobstore import JobState
@@ -75,6 +76,7 @@ from servers.engines.backend import (
     SubmitRequest,
     map_state,
 )
+from servers.launch.options import Options, given_options
 from servers.launch.torchrun import CHECKPOINT_ENV, MAX_NPROC, METRICS_ENV
 
 BACKEND_NAME = "skypilot"
@@ -165,6 +167,28 @@ CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # tab and newline are fine in
 MAX_NODES = 64
 MAX_PIP_PACKAGES = 32
 MAX_RESTARTS_ON_ERRORS = 100
+SKY_IMAGE = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$"
+SKY_ACCELERATOR = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$"
+SKY_INFRA = r"^[A-Za-z0-9*][A-Za-z0-9_.:@*-]{0,127}(/[A-Za-z0-9_.:@*-]{1,127}){0,8}$"
+PIP_REQUIREMENT = (
+    r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(\[[A-Za-z0-9._,-]{1,200}\])?"
+    r"((==|>=|<=|~=|!=|<|>)[A-Za-z0-9.*+!_-]{1,64}(,(==|>=|<=|~=|!=|<|>)[A-Za-z0-9.*+!_-]{1,64}){0,7})?$"
+)
+
+
+class SkyPilotOptions(Options):
+    """The SkyPilot backend's options (a spec's `options`)."""
+
+    image: str | None = Field(default=None, pattern=SKY_IMAGE, description="Docker image; needs torch")
+    accelerator: str | None = Field(default=None, pattern=SKY_ACCELERATOR, description="GPU type, e.g. H100")
+    infra: str | None = Field(default=None, pattern=SKY_INFRA, description="cloud[/region] or k8s[/context]")
+    use_spot: bool = False
+    job_recovery: Literal["FAILOVER", "EAGER_NEXT_REGION"] | None = None
+    max_restarts_on_errors: int = Field(default=0, ge=0, le=MAX_RESTARTS_ON_ERRORS)
+    pip_packages: list[Annotated[str, Field(max_length=300, pattern=PIP_REQUIREMENT)]] = Field(
+        default_factory=list, max_length=MAX_PIP_PACKAGES
+    )
+
 
 # Task fields and resources fields this backend renders (the structural check without SkyPilot).
 TASK_FIELDS = ("name", "num_nodes", "resources", "envs", "workdir", "file_mounts", "setup", "run")
@@ -594,6 +618,207 @@ def _not_sent(exc: BaseException) -> bool:
     return bool(names & {"ApiServerConnectionError", "ApiServerAuthenticationError"})
 
 
+# ---- reading a spec -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Job:
+    """The fields every backend reads, checked."""
+
+    script: Path
+    args: list[str]
+    nnodes: int
+    nproc: int
+    gpus: int
+    max_restarts: int
+    max_wall_s: float | None
+
+
+@dataclass(frozen=True)
+class _Sky:
+    """The spec's SkyPilot options, checked."""
+
+    accelerator: str | None
+    infra: Any
+    use_spot: Any
+    strategy: str | None
+    on_errors: Any
+    image: Any
+    packages: list[str]
+
+    def resources(self, gpus: int) -> dict[str, Any]:
+        """The task's resources section."""
+        resources: dict[str, Any] = {}
+        if self.infra is not None:
+            resources["infra"] = str(self.infra)
+        if self.accelerator is not None:
+            resources["accelerators"] = f"{self.accelerator}:{gpus}"
+        if self.use_spot:
+            resources["use_spot"] = True
+        if self.strategy is not None or self.on_errors:
+            recovery: dict[str, Any] = {}
+            if self.strategy is not None:
+                recovery["strategy"] = self.strategy
+            if self.on_errors:
+                recovery["max_restarts_on_errors"] = self.on_errors
+            resources["job_recovery"] = recovery
+        if self.image is not None:
+            resources["image_id"] = f"docker:{self.image}"
+        return resources
+
+
+def _read_job(spec: Mapping[str, Any]) -> _Job:
+    script = Path(str(spec.get("script") or ""))
+    if not script.is_absolute():
+        raise ValueError(f"script: the path must be absolute, got {str(script)!r}")
+    _check_local_path("script", str(script))
+    args = [str(a) for a in spec.get("args") or []]
+    for arg in args:
+        if CONTROL.search(arg):
+            raise ValueError("args: control characters (other than tab and newline) are not carried to the nodes")
+        if JOB_DIR_PLACEHOLDER in arg or GPUS_PLACEHOLDER in arg:
+            raise ValueError(
+                f"args: {arg!r} names {JOB_DIR_PLACEHOLDER} or {GPUS_PLACEHOLDER}, this machine's job folder and "
+                "GPUs, which SkyPilot's nodes do not have; the script finds its folders in "
+                f"{METRICS_ENV} and {CHECKPOINT_ENV}"
+            )
+    nnodes = int(spec.get("nnodes") or 1)
+    if not 1 <= nnodes <= MAX_NODES:
+        raise ValueError(f"nnodes: {nnodes}; accepted: 1 to {MAX_NODES}")
+    nproc = int(spec.get("nproc_per_node") or 1)
+    if not 1 <= nproc <= MAX_NPROC:
+        raise ValueError(f"nproc_per_node: {nproc}; accepted: 1 to {MAX_NPROC}")
+    given = spec.get("gpus_per_node")
+    gpus = int(given) if given is not None else int(spec.get("gpus_wanted") or 0)
+    if gpus < 0:
+        raise ValueError(f"gpus_per_node: {gpus}; accepted: 0 or more")
+    if gpus and nproc > gpus:
+        raise ValueError(f"nproc_per_node: {nproc} ranks need {nproc} GPUs per node, and the spec asks for {gpus}")
+    max_restarts = int(spec.get("max_restarts") or 0)
+    if max_restarts < 0:
+        raise ValueError(f"max_restarts: {max_restarts}; accepted: 0 or more")
+    wall = spec.get("max_wall_s")
+    max_wall_s = float(wall) if wall is not None else None
+    if max_wall_s is not None and not (max_wall_s > 0 and math.isfinite(max_wall_s)):
+        raise ValueError(f"max_wall_s: {wall!r}; accepted: a number of seconds > 0")
+    return _Job(script, args, nnodes, nproc, gpus, max_restarts, max_wall_s)
+
+
+def _read_options(options: Mapping[str, Any], gpus: int) -> _Sky:
+    """The SkyPilotOptions of a spec, each checked again (a caller may hand the backend any mapping)."""
+    accelerator = options.get("accelerator")
+    if accelerator is not None:
+        accelerator = str(accelerator)
+        if not ACCELERATOR_PATTERN.fullmatch(accelerator):
+            raise ValueError(f"accelerator: {accelerator!r}; accepted: {ACCELERATOR_ACCEPTED}")
+        if gpus == 0:
+            raise ValueError(
+                f"gpus_per_node: 0 with accelerator {accelerator}; accepted: gpus_per_node >= 1 with an "
+                "accelerator, or no accelerator for CPU nodes"
+            )
+    elif gpus:
+        raise ValueError(
+            f"accelerator: missing for {gpus} GPU(s) per node; accepted: {ACCELERATOR_ACCEPTED} "
+            "(SkyPilot asks for GPUs by name and count, e.g. H100:8)"
+        )
+    infra = options.get("infra")
+    if infra is not None and not INFRA_PATTERN.fullmatch(str(infra)):
+        raise ValueError(f"infra: {infra!r}; accepted: {INFRA_ACCEPTED}")
+    use_spot = options.get("use_spot")
+    if use_spot is not None and not isinstance(use_spot, bool):
+        raise ValueError(f"use_spot: {use_spot!r}; accepted: true or false")
+    strategy = options.get("job_recovery")
+    if strategy is not None:
+        strategy = str(strategy).upper()
+        if strategy not in RECOVERY_STRATEGIES:
+            raise ValueError(
+                f"job_recovery: {options.get('job_recovery')!r}; accepted: {', '.join(RECOVERY_STRATEGIES)}"
+            )
+    on_errors = options.get("max_restarts_on_errors")
+    if on_errors is not None and (
+        not isinstance(on_errors, int) or isinstance(on_errors, bool) or not 0 <= on_errors <= MAX_RESTARTS_ON_ERRORS
+    ):
+        raise ValueError(f"max_restarts_on_errors: {on_errors!r}; accepted: 0 to {MAX_RESTARTS_ON_ERRORS}")
+    image = options.get("image")
+    if image is not None and not IMAGE_PATTERN.fullmatch(str(image)):
+        raise ValueError(f"image: {image!r}; accepted: {IMAGE_ACCEPTED}")
+    packages = [str(p) for p in options.get("pip_packages") or []]
+    if len(packages) > MAX_PIP_PACKAGES:
+        raise ValueError(f"pip_packages: {len(packages)} given; accepted: at most {MAX_PIP_PACKAGES}")
+    for package in packages:
+        if not PIP_PATTERN.fullmatch(package):
+            raise ValueError(f"pip_packages: {package!r}; accepted: {PIP_ACCEPTED}")
+    return _Sky(accelerator, infra, use_spot, strategy, on_errors, image, packages)
+
+
+def _read_env(spec: Mapping[str, Any]) -> dict[str, Any]:
+    user_env = dict(spec.get("env") or {})
+    for key, value in user_env.items():
+        if not isinstance(key, str) or not ENV_NAME_PATTERN.fullmatch(key) or not isinstance(value, str):
+            raise ValueError("env: must map variable names to string values")
+        if key.startswith(RESERVED_ENV_PREFIXES):
+            raise ValueError(f"env: {key} is reserved ({', '.join(p + '*' for p in RESERVED_ENV_PREFIXES)})")
+        if "\x00" in value or JOB_DIR_PLACEHOLDER in value or GPUS_PLACEHOLDER in value:
+            raise ValueError(f"env: {key} holds a NUL byte or a placeholder of this machine ($JOB_DIR...)")
+    return user_env
+
+
+def _files(
+    spec: Mapping[str, Any], script: Path, settings: Settings | None, notes: list[str]
+) -> tuple[Path | None, dict[str, str], str]:
+    """(workdir, file_mounts, the script's path on the nodes): the recipe (with the siblings and ../metrics.py it
+    loads by path), or the script; a workdir. What is copied is said in `notes`."""
+    file_mounts: dict[str, str] = {}
+    workdir: Path | None = None
+    if spec.get("workdir"):
+        roots = (settings or Settings()).roots()
+        workdir = resolve_inside_roots(str(spec["workdir"]), roots, what="workdir")
+        _check_local_path("workdir", str(workdir))
+    is_recipe = bool(spec.get("recipe")) or script.parent == RECIPES_DIR
+    if is_recipe:
+        if script.parent != RECIPES_DIR:
+            raise ValueError(f"script: the recipe {spec.get('recipe')!r} is not in {RECIPES_DIR}")
+        _check_local_path("recipes", str(RECIPES_DIR))
+        file_mounts[f"{REMOTE_LAUNCH}/recipes"] = str(RECIPES_DIR)
+        file_mounts[f"{REMOTE_LAUNCH}/metrics.py"] = str(METRICS_FILE)
+        remote_script = f"{REMOTE_LAUNCH}/recipes/{script.name}"
+        notes.append(
+            f"files: the bundled recipes folder {RECIPES_DIR} and its metrics.py are copied to "
+            f"{REMOTE_LAUNCH}/ on every node (file_mounts); the run starts {remote_script}"
+        )
+    elif workdir is not None and script.is_relative_to(workdir):
+        remote_script = str(script.relative_to(workdir))
+        notes.append(f"files: the script is {remote_script} in the workdir")
+    else:
+        remote_script = f"{REMOTE_SCRIPTS}/{script.name}"
+        file_mounts[remote_script] = str(script)
+        notes.append(
+            f"files: the script {script} alone is copied to {remote_script} on every node (file_mounts); files "
+            "it imports from its own folder are not: give a workdir holding them and the script"
+        )
+    if workdir is not None:
+        notes.append(f"files: the workdir {workdir} is copied to {SKY_WORKDIR} on every node; the run starts there")
+    notes.append(
+        "a managed job carries local files through cloud storage: SkyPilot uploads the workdir and file_mounts "
+        "to the bucket jobs.bucket of its config, else to a temporary bucket it makes for the job and deletes "
+        "after it (the account needs object storage)"
+    )
+    return workdir, file_mounts, remote_script
+
+
+def _validation_note(rendered: str) -> str:
+    """The task validated by SkyPilot when it is installed (ValueError if it refuses it), or why it was not."""
+    if skypilot_version() is not None:
+        version = validate_with_skypilot(rendered)
+        return (
+            f"validated offline by SkyPilot {version} (sky.Task.from_yaml_str: its schema and names); the "
+            "accelerator and infra are checked by the API server against SkyPilot's catalog at launch"
+        )
+    return (
+        "not validated by SkyPilot: it is not installed here (pip install 'llm-infra-mcp[skypilot]'); checked "
+        "structurally only (the fields and types this backend renders); the accelerator and infra are checked "
+        "by the API server at launch"
+    )
+
+
 # ---- the backend ----------------------------------------------------------------------------------------------------
 class SkyPilotBackend:
     """Training jobs as SkyPilot managed jobs. See the module docstring.
@@ -659,162 +884,23 @@ class SkyPilotBackend:
     def plan(self, spec: Mapping[str, Any], settings: Settings | None = None) -> BackendPlan:
         """The task YAML for a validated spec (see the module docstring). No side effects beyond SkyPilot's own
         ~/.sky when it validates the task. ValueError: 'field: what is wrong; accepted: ...'."""
-        script = Path(str(spec.get("script") or ""))
-        if not script.is_absolute():
-            raise ValueError(f"script: the path must be absolute, got {str(script)!r}")
-        _check_local_path("script", str(script))
-        args = [str(a) for a in spec.get("args") or []]
-        for arg in args:
-            if CONTROL.search(arg):
-                raise ValueError("args: control characters (other than tab and newline) are not carried to the nodes")
-            if JOB_DIR_PLACEHOLDER in arg or GPUS_PLACEHOLDER in arg:
-                raise ValueError(
-                    f"args: {arg!r} names {JOB_DIR_PLACEHOLDER} or {GPUS_PLACEHOLDER}, this machine's job folder and "
-                    "GPUs, which SkyPilot's nodes do not have; the script finds its folders in "
-                    f"{METRICS_ENV} and {CHECKPOINT_ENV}"
-                )
-        nnodes = int(spec.get("nnodes") or 1)
-        if not 1 <= nnodes <= MAX_NODES:
-            raise ValueError(f"nnodes: {nnodes}; accepted: 1 to {MAX_NODES}")
-        nproc = int(spec.get("nproc_per_node") or 1)
-        if not 1 <= nproc <= MAX_NPROC:
-            raise ValueError(f"nproc_per_node: {nproc}; accepted: 1 to {MAX_NPROC}")
-        if spec.get("gpus_per_node") is not None:
-            gpus = int(spec["gpus_per_node"])
-        else:
-            gpus = int(spec.get("gpus_wanted") or 0)
-        if gpus < 0:
-            raise ValueError(f"gpus_per_node: {gpus}; accepted: 0 or more")
-        if gpus and nproc > gpus:
-            raise ValueError(f"nproc_per_node: {nproc} ranks need {nproc} GPUs per node, and the spec asks for {gpus}")
-        max_restarts = int(spec.get("max_restarts") or 0)
-        if max_restarts < 0:
-            raise ValueError(f"max_restarts: {max_restarts}; accepted: 0 or more")
-        wall = spec.get("max_wall_s")
-        max_wall_s = float(wall) if wall is not None else None
-        if max_wall_s is not None and not (max_wall_s > 0 and math.isfinite(max_wall_s)):
-            raise ValueError(f"max_wall_s: {wall!r}; accepted: a number of seconds > 0")
-
-        accelerator = spec.get("accelerator")
-        if accelerator is not None:
-            accelerator = str(accelerator)
-            if not ACCELERATOR_PATTERN.fullmatch(accelerator):
-                raise ValueError(f"accelerator: {accelerator!r}; accepted: {ACCELERATOR_ACCEPTED}")
-            if gpus == 0:
-                raise ValueError(
-                    f"gpus_per_node: 0 with accelerator {accelerator}; accepted: gpus_per_node >= 1 with an "
-                    "accelerator, or no accelerator for CPU nodes"
-                )
-        elif gpus:
-            raise ValueError(
-                f"accelerator: missing for {gpus} GPU(s) per node; accepted: {ACCELERATOR_ACCEPTED} "
-                "(SkyPilot asks for GPUs by name and count, e.g. H100:8)"
-            )
-        infra = spec.get("infra")
-        if infra is not None and not INFRA_PATTERN.fullmatch(str(infra)):
-            raise ValueError(f"infra: {infra!r}; accepted: {INFRA_ACCEPTED}")
-        use_spot = spec.get("use_spot")
-        if use_spot is not None and not isinstance(use_spot, bool):
-            raise ValueError(f"use_spot: {use_spot!r}; accepted: true or false")
-        strategy = spec.get("job_recovery")
-        if strategy is not None:
-            strategy = str(strategy).upper()
-            if strategy not in RECOVERY_STRATEGIES:
-                raise ValueError(
-                    f"job_recovery: {spec.get('job_recovery')!r}; accepted: {', '.join(RECOVERY_STRATEGIES)}"
-                )
-        on_errors = spec.get("max_restarts_on_errors")
-        if on_errors is not None and (
-            not isinstance(on_errors, int)
-            or isinstance(on_errors, bool)
-            or not 0 <= on_errors <= MAX_RESTARTS_ON_ERRORS
-        ):
-            raise ValueError(f"max_restarts_on_errors: {on_errors!r}; accepted: 0 to {MAX_RESTARTS_ON_ERRORS}")
-        image = spec.get("image")
-        if image is not None and not IMAGE_PATTERN.fullmatch(str(image)):
-            raise ValueError(f"image: {image!r}; accepted: {IMAGE_ACCEPTED}")
-        packages = [str(p) for p in spec.get("pip_packages") or []]
-        if len(packages) > MAX_PIP_PACKAGES:
-            raise ValueError(f"pip_packages: {len(packages)} given; accepted: at most {MAX_PIP_PACKAGES}")
-        for package in packages:
-            if not PIP_PATTERN.fullmatch(package):
-                raise ValueError(f"pip_packages: {package!r}; accepted: {PIP_ACCEPTED}")
-
-        user_env = dict(spec.get("env") or {})
-        for key, value in user_env.items():
-            if not isinstance(key, str) or not ENV_NAME_PATTERN.fullmatch(key) or not isinstance(value, str):
-                raise ValueError("env: must map variable names to string values")
-            if key.startswith(RESERVED_ENV_PREFIXES):
-                raise ValueError(f"env: {key} is reserved ({', '.join(p + '*' for p in RESERVED_ENV_PREFIXES)})")
-            if "\x00" in value or JOB_DIR_PLACEHOLDER in value or GPUS_PLACEHOLDER in value:
-                raise ValueError(f"env: {key} holds a NUL byte or a placeholder of this machine ($JOB_DIR...)")
-
-        # Files: the recipe (with the siblings and ../metrics.py it loads by path), or the script; a workdir.
+        job = _read_job(spec)
+        sky = _read_options(given_options(spec, BACKEND_NAME), job.gpus)
+        user_env = _read_env(spec)
         notes: list[str] = []
-        file_mounts: dict[str, str] = {}
-        workdir: Path | None = None
-        if spec.get("workdir"):
-            roots = (settings or Settings()).roots()
-            workdir = resolve_inside_roots(str(spec["workdir"]), roots, what="workdir")
-            _check_local_path("workdir", str(workdir))
-        is_recipe = bool(spec.get("recipe")) or script.parent == RECIPES_DIR
-        if is_recipe:
-            if script.parent != RECIPES_DIR:
-                raise ValueError(f"script: the recipe {spec.get('recipe')!r} is not in {RECIPES_DIR}")
-            _check_local_path("recipes", str(RECIPES_DIR))
-            file_mounts[f"{REMOTE_LAUNCH}/recipes"] = str(RECIPES_DIR)
-            file_mounts[f"{REMOTE_LAUNCH}/metrics.py"] = str(METRICS_FILE)
-            remote_script = f"{REMOTE_LAUNCH}/recipes/{script.name}"
-            notes.append(
-                f"files: the bundled recipes folder {RECIPES_DIR} and its metrics.py are copied to "
-                f"{REMOTE_LAUNCH}/ on every node (file_mounts); the run starts {remote_script}"
-            )
-        elif workdir is not None and script.is_relative_to(workdir):
-            remote_script = str(script.relative_to(workdir))
-            notes.append(f"files: the script is {remote_script} in the workdir")
-        else:
-            remote_script = f"{REMOTE_SCRIPTS}/{script.name}"
-            file_mounts[remote_script] = str(script)
-            notes.append(
-                f"files: the script {script} alone is copied to {remote_script} on every node (file_mounts); files "
-                "it imports from its own folder are not: give a workdir holding them and the script"
-            )
-        if workdir is not None:
-            notes.append(f"files: the workdir {workdir} is copied to {SKY_WORKDIR} on every node; the run starts there")
-        notes.append(
-            "a managed job carries local files through cloud storage: SkyPilot uploads the workdir and file_mounts "
-            "to the bucket jobs.bucket of its config, else to a temporary bucket it makes for the job and deletes "
-            "after it (the account needs object storage)"
-        )
-
-        resources: dict[str, Any] = {}
-        if infra is not None:
-            resources["infra"] = str(infra)
-        if accelerator is not None:
-            resources["accelerators"] = f"{accelerator}:{gpus}"
-        if use_spot:
-            resources["use_spot"] = True
-        if strategy is not None or on_errors:
-            recovery: dict[str, Any] = {}
-            if strategy is not None:
-                recovery["strategy"] = strategy
-            if on_errors:
-                recovery["max_restarts_on_errors"] = on_errors
-            resources["job_recovery"] = recovery
-        if image is not None:
-            resources["image_id"] = f"docker:{image}"
-
+        workdir, file_mounts, remote_script = _files(spec, job.script, settings, notes)
         env = {**user_env}
         env.setdefault("PYTHONUNBUFFERED", "1")
         run = run_script(
             script=remote_script,
-            args=args,
-            nproc_per_node=nproc,
-            max_restarts=max_restarts,
-            max_wall_s=max_wall_s,
+            args=job.args,
+            nproc_per_node=job.nproc,
+            max_restarts=job.max_restarts,
+            max_wall_s=job.max_wall_s,
             in_workdir=workdir is not None,
         )
-        task: dict[str, Any] = {"name": task_name_for(spec), "num_nodes": nnodes}
+        task: dict[str, Any] = {"name": task_name_for(spec), "num_nodes": job.nnodes}
+        resources = sky.resources(job.gpus)
         if resources:
             task["resources"] = resources
         task["envs"] = env
@@ -822,75 +908,76 @@ class SkyPilotBackend:
             task["workdir"] = str(workdir)
         if file_mounts:
             task["file_mounts"] = file_mounts
-        if packages:
-            task["setup"] = setup_script(packages)
+        if sky.packages:
+            task["setup"] = setup_script(sky.packages)
         task["run"] = run
         rendered = render_yaml(task)
 
         problems = check_structure(task)
         if problems:  # a renderer bug, never the caller's: say so plainly
             raise ValueError("the rendered task is malformed: " + "; ".join(problems))
-        if skypilot_version() is not None:
-            version = validate_with_skypilot(rendered)
-            notes.insert(
-                0,
-                f"validated offline by SkyPilot {version} (sky.Task.from_yaml_str: its schema and names); the "
-                "accelerator and infra are checked by the API server against SkyPilot's catalog at launch",
-            )
-        else:
-            notes.insert(
-                0,
-                "not validated by SkyPilot: it is not installed here (pip install 'llm-infra-mcp[skypilot]'); checked "
-                "structurally only (the fields and types this backend renders); the accelerator and infra are checked "
-                "by the API server at launch",
-            )
-
-        # What a person should know: how it runs, what it assumes, what it costs.
+        notes.insert(0, _validation_note(rendered))
         key = spec.get("idempotency_key")
         job_name = job_name_for(str(key)) if key else NAME_LATER
-        notes.append(
+        notes += self._notes(job, sky, job_name)
+        return BackendPlan(
+            backend=self.name,
+            argv=["sky", "jobs", "launch", "--yes", "--name", job_name, f"{JOB_DIR_PLACEHOLDER}/{TASK_FILE}"],
+            env=env,
+            cwd=JOB_DIR_PLACEHOLDER,
+            gpus=None,
+            gpus_wanted=0,  # GPUs of SkyPilot's nodes, not of this machine
+            nnodes=job.nnodes,
+            nproc_per_node=job.nproc,
+            rendered=rendered,
+            notes=notes,
+        )
+
+    def _notes(self, job: "_Job", sky: "_Sky", job_name: str) -> list[str]:
+        """What a person should know: how it runs, what it assumes, what it costs."""
+        nnodes, nproc, gpus = job.nnodes, job.nproc, job.gpus
+        strategy, on_errors = sky.strategy, sky.on_errors
+        notes = [
             f"a SkyPilot managed job (sky jobs launch) named {job_name}: the jobs controller provisions the cluster, "
             "tears it down at the end, and relaunches it after a preemption"
-            + (" (use_spot: spot/preemptible instances)" if use_spot else "")
+            + (" (use_spot: spot/preemptible instances)" if sky.use_spot else "")
             + (
                 f"; job_recovery {strategy or 'the default strategy (EAGER_NEXT_REGION)'}"
                 + (f", relaunched up to {on_errors} time(s) after the job's own failures" if on_errors else "")
                 if strategy is not None or on_errors
                 else ""
-            )
-        )
-        notes.append(
+            ),
             f"{nnodes} node(s) x {nproc} rank(s): every node runs the same run commands; torchrun's static rendezvous "
             "takes the node rank from SKYPILOT_NODE_RANK and the rank-0 node's address from the first line of "
             f"SKYPILOT_NODE_IPS, port {MASTER_PORT}, which the nodes must reach on each other (SkyPilot puts a "
-            "cluster's nodes in one network)"
-        )
-        if accelerator is not None:
-            notes.append(f"resources: {accelerator}:{gpus} per node ({gpus * nnodes} GPU(s) in all)")
+            "cluster's nodes in one network)",
+        ]
+        if sky.accelerator is not None:
+            notes.append(f"resources: {sky.accelerator}:{gpus} per node ({gpus * nnodes} GPU(s) in all)")
             if nproc < gpus:
                 notes.append(f"nproc_per_node {nproc} < {gpus} GPUs per node: {gpus - nproc} GPU(s) per node idle")
         else:
             notes.append(
                 "resources: no accelerator: SkyPilot's default CPU instance (the bundled recipes then use gloo)"
             )
-        if infra is None:
+        if sky.infra is None:
             notes.append("infra: not given: SkyPilot picks among the clouds and clusters enabled on its API server")
         notes.append(
             "assumed on every node: `python` on PATH with torch (and what the script imports), "
-            + (f"from the image {image}" if image else "from the node's image")
-            + (f" or setup's pip install of {', '.join(packages)}" if packages else "")
+            + (f"from the image {sky.image}" if sky.image else "from the node's image")
+            + (f" or setup's pip install of {', '.join(sky.packages)}" if sky.packages else "")
             + "; and coreutils `timeout`"
         )
-        if max_wall_s is not None:
+        if job.max_wall_s is not None:
             notes.append(
-                f"max_wall_s {max_wall_s:g} s: `timeout` ends torchrun on each node (SIGTERM, SIGKILL {KILL_AFTER_S} s "
-                "later; exit 124: FAILED); SkyPilot has no wall-time limit of its own, and the limit restarts with "
-                "each recovery"
+                f"max_wall_s {job.max_wall_s:g} s: `timeout` ends torchrun on each node (SIGTERM, SIGKILL "
+                f"{KILL_AFTER_S} s later; exit 124: FAILED); SkyPilot has no wall-time limit of its own, and the "
+                "limit restarts with each recovery"
             )
         else:
             notes.append("no wall-time limit: the spec gives no max_wall_s")
-        if max_restarts:
-            notes.append(f"torchrun restarts the ranks in place up to {max_restarts} time(s) after a failure")
+        if job.max_restarts:
+            notes.append(f"torchrun restarts the ranks in place up to {job.max_restarts} time(s) after a failure")
         notes.append(
             f"metrics ({METRICS_ENV}) and checkpoints ({CHECKPOINT_ENV}) are written on the nodes under "
             f"{REMOTE_RUN_DIR}, not copied back: read_job_metrics has none for this job, and a recovery starts on "
@@ -903,18 +990,7 @@ class SkyPilotBackend:
         )
         endpoint, source = api_endpoint()
         notes.append(f"submits to the SkyPilot API server {redact(endpoint)} ({source})")
-        return BackendPlan(
-            backend=self.name,
-            argv=["sky", "jobs", "launch", "--yes", "--name", job_name, f"{JOB_DIR_PLACEHOLDER}/{TASK_FILE}"],
-            env=env,
-            cwd=JOB_DIR_PLACEHOLDER,
-            gpus=None,
-            gpus_wanted=0,  # GPUs of SkyPilot's nodes, not of this machine
-            nnodes=nnodes,
-            nproc_per_node=nproc,
-            rendered=rendered,
-            notes=notes,
-        )
+        return notes
 
     # ---- submit ----
     def _folder_for(self, plan: BackendPlan, name: str, job_dir: Path | str | None) -> Path:

@@ -52,6 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from servers.core.jobfiles import JobFiles, atomic_write_json, read_json
 from servers.core.jobstore import JobState
 from servers.core.settings import Settings
@@ -65,6 +67,7 @@ from servers.engines.backend import (
     map_state,
 )
 from servers.launch.envpolicy import env_refusal
+from servers.launch.options import Options, given_options
 from servers.launch.torchrun import (
     CHECKPOINT_ENV,
     LOG_DIR_NAME,
@@ -187,6 +190,21 @@ MAX_NODES = 4096
 MAX_WALL_S = 30 * 86400
 DEFAULT_WALL_S = 3600.0
 OPTIONAL_FIELDS = ("partition", "account", "qos", "constraint", "exclude", "nodelist")
+SLURM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class SlurmOptions(Options):
+    """The Slurm backend's options (a spec's `options`): each becomes an #SBATCH line."""
+
+    partition: str | None = Field(default=None, pattern=SLURM_NAME)
+    account: str | None = Field(default=None, pattern=SLURM_NAME)
+    qos: str | None = Field(default=None, pattern=SLURM_NAME)
+    constraint: str | None = Field(default=None, max_length=2048)
+    exclude: str | None = Field(default=None, max_length=1024)
+    nodelist: str | None = Field(default=None, max_length=1024)
+    dependency: str | None = Field(default=None, pattern=r"^[0-9]{1,12}$", description="Slurm job ID to succeed first")
+
+
 COMMAND_TIMEOUT_S = 30.0
 CANCEL_WAIT_S = 15.0
 POLL_S = 0.5
@@ -616,8 +634,67 @@ class SlurmBackend:
         folder = str(job_dir) if job_dir is not None else JOB_DIR_PLACEHOLDER
         if job_dir is not None:
             check_job_dir(Path(folder))
+        notes = self._placement_notes(options["partition"], nnodes, check_partition=check_partition)
+        job_env = dict(env)
+        job_env[METRICS_ENV] = f"{folder}/metrics.jsonl"
+        job_env[CHECKPOINT_ENV] = f"{folder}/checkpoints"
+        job_env.setdefault("PYTHONUNBUFFERED", "1")
+        job_env.setdefault("OMP_NUM_THREADS", "1")
+        if not gpus_per_node:
+            job_env["CUDA_VISIBLE_DEVICES"] = ""
+        cwd = workdir or f"{folder}/{RUN_DIR_NAME}"
+        key_text = key if isinstance(key, str) else KEY_LATER
+
+        directives = _directives(
+            name=name,
+            nnodes=nnodes,
+            cpus_per_task=cpus_per_task,
+            max_wall_s=max_wall_s,
+            folder=folder,
+            key_text=key_text,
+            gpus_per_node=gpus_per_node,
+            options=options,
+            dependency=dependency,
+        )
+        rendered = self._render(
+            directives=directives,
+            folder=folder,
+            cwd=cwd,
+            env=job_env,
+            nnodes=nnodes,
+            nproc=nproc,
+            max_restarts=max_restarts,
+            cap=None if cap is None else int(cap) // nnodes,
+            script=script,
+            args=args,
+        )
+        notes += self._plan_notes(
+            folder=folder,
+            nnodes=nnodes,
+            nproc=nproc,
+            max_wall_s=max_wall_s,
+            gpus_per_node=gpus_per_node,
+            max_restarts=max_restarts,
+            dependency=dependency,
+            key_given=key is not None,
+            network=spec.get("network"),
+        )
+        return BackendPlan(
+            backend=self.name,
+            argv=["sbatch", "--parsable", f"{folder}/{SCRIPT_NAME}"],
+            env=job_env,
+            cwd=cwd,
+            gpus=None,
+            nnodes=nnodes,
+            nproc_per_node=nproc,
+            rendered=rendered,
+            notes=notes,
+        )
+
+    def _placement_notes(self, partition: str | None, nnodes: int, *, check_partition: bool) -> list[str]:
+        """The partition checked against sinfo, and nnodes against the partitions' sizes (ValueError when a job
+        could never be placed); notes saying what was not checked."""
         notes: list[str] = []
-        partition = options["partition"]
         if partition is not None and check_partition:
             try:
                 known = self.partitions()
@@ -640,51 +717,24 @@ class SlurmBackend:
             else:
                 if never is not None:
                     raise ValueError(f"nnodes: {never}; accepted: at most the nodes of a partition (sinfo)")
+        return notes
 
-        job_env = dict(env)
-        job_env[METRICS_ENV] = f"{folder}/metrics.jsonl"
-        job_env[CHECKPOINT_ENV] = f"{folder}/checkpoints"
-        job_env.setdefault("PYTHONUNBUFFERED", "1")
-        job_env.setdefault("OMP_NUM_THREADS", "1")
-        if not gpus_per_node:
-            job_env["CUDA_VISIBLE_DEVICES"] = ""
-        cwd = workdir or f"{folder}/{RUN_DIR_NAME}"
-        key_text = key if isinstance(key, str) else KEY_LATER
-
-        directives = [
-            f"--job-name={name}",
-            f"--nodes={nnodes}",
-            "--ntasks-per-node=1",
-            f"--cpus-per-task={cpus_per_task}",
-            f"--time={time_minutes(max_wall_s)}",
-            f"--output={folder}/logs/batch.log",
-            f"--error={folder}/logs/batch.log",
-            "--open-mode=append",
-            "--export=NONE",
-            f"--comment={COMMENT_PREFIX}{key_text}",
-        ]
-        if gpus_per_node:
-            directives.append(f"--gpus-per-node={gpus_per_node}")
-        for field in OPTIONAL_FIELDS:
-            if options[field] is not None:
-                directives.append(f"--{field}={options[field]}")
-        if dependency is not None:
-            directives.append(f"--dependency=afterok:{dependency}")
-
-        rendered = self._render(
-            directives=directives,
-            folder=folder,
-            cwd=cwd,
-            env=job_env,
-            nnodes=nnodes,
-            nproc=nproc,
-            max_restarts=max_restarts,
-            cap=None if cap is None else int(cap) // nnodes,
-            script=script,
-            args=args,
-        )
+    def _plan_notes(
+        self,
+        *,
+        folder: str,
+        nnodes: int,
+        nproc: int,
+        max_wall_s: float,
+        gpus_per_node: int,
+        max_restarts: int,
+        dependency: str | None,
+        key_given: bool,
+        network: Any,
+    ) -> list[str]:
+        """What a person should know about the batch job: layout, limits, what the nodes must share, the trust."""
         world = nnodes * nproc
-        notes += [
+        notes = [
             f"{nnodes} node(s) x {nproc} rank(s) = {world}; per-rank logs as processes rank0..rank{world - 1} (every "
             "node's), the batch output as main, each node's torchrun output as torchrun-node<N>",
             f"time limit {time_minutes(max_wall_s)} min (sbatch --time, max_wall_s rounded up to whole minutes)",
@@ -700,7 +750,7 @@ class SlurmBackend:
             f"state: Slurm while it knows the job, then the exit record {folder}/{EXIT_RECORD} the batch script "
             "writes at its end (also on cancel and timeout)",
         ]
-        if spec.get("network") == "isolated":
+        if network == "isolated":
             notes.append(
                 "LLM_INFRA_MCP_JOB_NETWORK=isolated (a private loopback namespace) applies to local jobs only: a "
                 "multi-node job needs the cluster network"
@@ -714,19 +764,9 @@ class SlurmBackend:
             notes.append(f"torchrun restarts all ranks up to {max_restarts} time(s) after a failure")
         if dependency is not None:
             notes.append(f"starts only after Slurm job {dependency} succeeded (--dependency=afterok:{dependency})")
-        if key is None:
+        if not key_given:
             notes.append("the idempotency key is filled in at submit (--comment)")
-        return BackendPlan(
-            backend=self.name,
-            argv=["sbatch", "--parsable", f"{folder}/{SCRIPT_NAME}"],
-            env=job_env,
-            cwd=cwd,
-            gpus=None,
-            nnodes=nnodes,
-            nproc_per_node=nproc,
-            rendered=rendered,
-            notes=notes,
-        )
+        return notes
 
     def _render(
         self,
@@ -1120,12 +1160,48 @@ class SlurmBackend:
             time.sleep(POLL_S)
 
 
+def _directives(
+    *,
+    name: str,
+    nnodes: int,
+    cpus_per_task: int,
+    max_wall_s: float,
+    folder: str,
+    key_text: str,
+    gpus_per_node: int,
+    options: Mapping[str, str | None],
+    dependency: str | None,
+) -> list[str]:
+    """The batch script's #SBATCH options, each value checked already."""
+    directives = [
+        f"--job-name={name}",
+        f"--nodes={nnodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={cpus_per_task}",
+        f"--time={time_minutes(max_wall_s)}",
+        f"--output={folder}/logs/batch.log",
+        f"--error={folder}/logs/batch.log",
+        "--open-mode=append",
+        "--export=NONE",
+        f"--comment={COMMENT_PREFIX}{key_text}",
+    ]
+    if gpus_per_node:
+        directives.append(f"--gpus-per-node={gpus_per_node}")
+    for field in OPTIONAL_FIELDS:
+        if options[field] is not None:
+            directives.append(f"--{field}={options[field]}")
+    if dependency is not None:
+        directives.append(f"--dependency=afterok:{dependency}")
+    return directives
+
+
 # ---- spec reading ----------------------------------------------------------------------------------------------------
 class _SpecReader:
     """Strict readers of the spec's fields; each ValueError names the field and what is accepted."""
 
     def __init__(self, spec: Mapping[str, Any]) -> None:
         self.spec = spec
+        self.options = given_options(spec, "slurm")  # partition, account...: SlurmOptions' names
 
     def integer(self, field: str, default: int, low: int, high: int) -> int:
         value = self.spec.get(field)
@@ -1172,7 +1248,7 @@ class _SpecReader:
         return value
 
     def option(self, field: str) -> str | None:
-        value = self.spec.get(field)
+        value = self.options.get(field)
         if value is None or value == "":
             return None
         pattern, accepted = {
@@ -1188,7 +1264,7 @@ class _SpecReader:
         return value
 
     def dependency(self) -> str | None:
-        value = self.spec.get("dependency")
+        value = self.options.get("dependency")
         if value is None or value == "":
             return None
         text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
