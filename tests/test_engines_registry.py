@@ -264,3 +264,63 @@ def test_a_stored_plan_is_read_back_as_the_backends_plan_model() -> None:
     assert type(registry.get("slurm").load_plan(plan)) is BackendPlan
     ray = {**plan, "runtime_env": {"env_vars": {}}, "entrypoint_num_cpus": 1, "entrypoint_num_gpus": 0}
     assert type(registry.get("ray").load_plan(ray)) is RayPlan
+
+
+class Scripted:
+    """A backend whose job runs for three statuses, then succeeds; it can sync logs, whether declared or not."""
+
+    name = "scripted"
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self.statuses = 0
+        self.synced: list[bool] = []
+        self.cancelled = False
+
+    def status(self, handle: BackendHandle) -> EngineStatus:
+        self.statuses += 1
+        if self.cancelled:
+            return EngineStatus(state=JobState.CANCELLED, native_state="CANCELLED")
+        if self.statuses < 3:
+            return EngineStatus(state=JobState.RUNNING, native_state="RUNNING")
+        return EngineStatus(state=JobState.SUCCEEDED, native_state="DONE")
+
+    def cancel(self, handle: BackendHandle) -> JobState:
+        self.cancelled = True
+        return JobState.CANCELLED
+
+    def sync_logs(self, handle: BackendHandle, job_dir: Path | str, *, final: bool = False) -> None:
+        self.synced.append(final)
+
+
+class Context:
+    def __init__(self, folder: Path) -> None:
+        self.files = JobFiles(folder)
+        self.said: list[str] = []
+        self.states: list[str] = []
+
+    def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        self.said.append(message or "")
+
+    def report_state(self, state: str, reason: str | None = None, started_at: float | None = None) -> None:
+        self.states.append(state)
+
+
+def test_follow_syncs_logs_only_for_a_backend_that_declares_it(tmp_path: Path) -> None:
+    import threading
+
+    from servers.engines.follow import follow
+
+    handle = BackendHandle(backend="scripted", key="k", native_id="1", job_dir=str(tmp_path))
+    for capabilities, synced in ((frozenset({"log_sync"}), [False, False, True]), (frozenset(), [])):
+        info = BackendInfo(name="scripted", summary="x", factory=Scripted, poll_s=0.01, capabilities=capabilities)
+        backend, ctx = Scripted({}), Context(tmp_path)
+        status = follow(backend, handle, ctx, threading.Event(), info=info)  # type: ignore[arg-type]
+        assert status.state is JobState.SUCCEEDED and backend.statuses == 3
+        assert backend.synced == synced  # declared, never found by getattr
+        assert ctx.states == ["RUNNING"] and ctx.said == ["scripted RUNNING"]
+    stop = threading.Event()
+    stop.set()
+    backend = Scripted({})
+    info = BackendInfo(name="scripted", summary="x", factory=Scripted, poll_s=0.01)
+    assert follow(backend, handle, Context(tmp_path), stop, info=info).state is JobState.CANCELLED  # type: ignore[arg-type]
+    assert backend.cancelled

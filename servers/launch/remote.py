@@ -1,8 +1,10 @@
-"""Training jobs on a cluster engine (Ray, Slurm, Kubernetes), followed by the job engine like any other job.
+"""Training jobs on another engine (every backend the job engine does not run itself: Slurm, Ray, Kubernetes,
+SkyPilot, one registered from outside), followed by the job engine like any other job.
 
 The job engine runs `run_remote_job` in a worker process under a supervisor, as it runs torchrun locally: the worker
-submits the stored plan through the backend (idempotent: the submission is keyed, so a restarted worker finds the
-job it submitted instead of submitting it twice), then follows it: the engine's state and its reason (a pending
+builds the backend from the declaration the server stored with the job (engines/registry.py), submits the stored
+plan through it (idempotent: the submission is keyed, so a restarted worker finds the job it submitted instead of
+submitting it twice), then follows it (engines/follow.py): the engine's state and its reason (a pending
 reason, how it ended) become the job's state (QUEUED while the engine holds it pending: engine_state.py) and its
 progress, the ranks' logs land in the job folder where read_job_logs serves them, and the job ends as the engine
 says: SUCCEEDED with a result, or FAILED/CANCELLED with the engine's reason.
