@@ -193,3 +193,17 @@ def test_json_input_is_checked_as_strictly_as_the_common_fields() -> None:
             TrainingJobSpec.model_validate_json(text % (backend, name, value), strict=True)
     parsed = TrainingJobSpec.model_validate_json(text % ("slurm", "dependency", '"1234"'), strict=True)
     assert parsed.options == {"dependency": "1234"}
+
+
+def test_a_plan_token_of_the_flat_spec_is_refused_as_old(tmp_path: Path) -> None:
+    from servers.core.errors import InputError
+    from servers.core.settings import Settings
+    from servers.launch.training import sign, spec_from_token
+
+    state = Settings(home=tmp_path / "state", allowed_roots=[tmp_path])
+    flat = {"recipe": "tiny-gpt", "backend": "slurm", "partition": "gpu", "share_gpus": False}
+    token = sign(state, "plan", {"spec": flat, "plan": "0123456789abcdef"})
+    with pytest.raises(InputError, match="plan_token is from an older version; make a new plan"):
+        spec_from_token(state, token)
+    now = sign(state, "plan", {"spec": spec(backend="slurm", options={"partition": "gpu"}).model_dump(), "plan": "x"})
+    assert spec_from_token(state, now)[0].options == {"partition": "gpu"}

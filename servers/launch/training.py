@@ -220,7 +220,10 @@ def spec_from_token(settings: Settings, token: str) -> tuple[TrainingJobSpec, st
     data = unsign(settings, "plan", token, name="plan_token", remedy="make a new plan with plan_training_job")
     if not isinstance(data.get("plan"), str) or not isinstance(data.get("spec"), dict):
         raise InputError("plan_token is from an older version; make a new plan")
-    return TrainingJobSpec.model_validate(data["spec"]), data["plan"]
+    try:
+        return TrainingJobSpec.model_validate(data["spec"]), data["plan"]
+    except ValueError:  # a spec of an older shape (flat backend fields) or of a backend no longer registered
+        raise InputError("plan_token is from an older version; make a new plan with plan_training_job") from None
 
 
 _KEYS_SCHEMA = """
