@@ -1,57 +1,27 @@
-"""The bundled backends: one BackendInfo each. Their modules (servers/launch/*) are imported on first use."""
+"""The bundled backends: one BackendInfo each. Their modules (servers/launch/*) are named by "module:attribute"
+references, imported on first use: this layer imports no server package (the factories, taking a backend's stored
+config, live beside the detection in servers/launch/backends.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from servers.engines.registry import BackendInfo, register
-
-
-def _local(config: Mapping[str, Any]) -> Any:
-    """The local backend runs its jobs in the job engine given in the config ("engine", "kind")."""
-    from servers.launch.local import LocalBackend
-
-    return LocalBackend(config["engine"], kind=config.get("kind", "training"))
-
-
-def _slurm(config: Mapping[str, Any]) -> Any:
-    from servers.launch.slurm import SlurmBackend
-
-    return SlurmBackend(job_root=config.get("job_root") or None)
 
 
 def _slurm_config(settings: Any) -> dict[str, Any]:
     return {"job_root": str(settings.home / "slurm-jobs")}
 
 
-def _ray(config: Mapping[str, Any]) -> Any:
-    from servers.launch.ray_backend import RayBackend
-
-    return RayBackend(address=config.get("address") or None)
-
-
 def _ray_config(settings: Any) -> dict[str, Any]:
     return {"address": settings.ray_address}
-
-
-def _kubernetes(config: Mapping[str, Any]) -> Any:
-    from servers.launch.kubernetes import KubernetesBackend
-
-    return KubernetesBackend(kubeconfig=config.get("kubeconfig") or None)
-
-
-def _skypilot(config: Mapping[str, Any]) -> Any:
-    from servers.launch.skypilot import SkyPilotBackend
-
-    return SkyPilotBackend()
 
 
 register(
     BackendInfo(
         name="local",
         summary="torchrun on this machine, run by the job engine",
-        factory=_local,
+        factory="servers.launch.backends:make_local",
         options="servers.launch.local:LocalOptions",
         detect="servers.launch.backends:detect_local",
         poll_s=0.5,
@@ -62,7 +32,7 @@ register(
     BackendInfo(
         name="slurm",
         summary="sbatch on a Slurm cluster",
-        factory=_slurm,
+        factory="servers.launch.backends:make_slurm",
         config=_slurm_config,
         options="servers.launch.slurm:SlurmOptions",
         detect="servers.launch.backends:detect_slurm",
@@ -74,7 +44,7 @@ register(
     BackendInfo(
         name="ray",
         summary="a Ray cluster's Jobs API",
-        factory=_ray,
+        factory="servers.launch.backends:make_ray",
         config=_ray_config,
         options=None,  # the Ray backend takes no options of its own
         plan_model="servers.launch.ray_backend:RayPlan",
@@ -87,7 +57,7 @@ register(
     BackendInfo(
         name="kubernetes",
         summary="a Kubeflow TrainJob or PyTorchJob",
-        factory=_kubernetes,
+        factory="servers.launch.backends:make_kubernetes",
         options="servers.launch.kubernetes:KubernetesOptions",
         plan_model="servers.launch.kubernetes:KubernetesPlan",
         detect="servers.launch.backends:detect_kubernetes",
@@ -99,7 +69,7 @@ register(
     BackendInfo(
         name="skypilot",
         summary="a SkyPilot managed job",
-        factory=_skypilot,
+        factory="servers.launch.backends:make_skypilot",
         options="servers.launch.skypilot:SkyPilotOptions",
         detect="servers.launch.backends:detect_skypilot",
         poll_s=10.0,  # each status is a request to the API server, which asks its controller

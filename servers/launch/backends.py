@@ -1,13 +1,57 @@
-"""What launch engines this machine offers: the bundled backends' detection (their BackendInfo's `detect`, in
-servers/engines/builtin.py), each taking the server's Settings. Detection only: nothing is started and nothing
-heavy imported."""
+"""The bundled backends' factories and detection (their BackendInfo's `factory` and `detect`, declared in
+servers/engines/builtin.py). A factory takes the backend's stored config; a detection takes the server's Settings and
+starts nothing. A backend's own module is imported only when it is built or detected."""
 
 import importlib.metadata
 import importlib.util
 import shutil
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from servers.core.settings import Settings
 from servers.engines.backend import BackendStatus
+
+if TYPE_CHECKING:
+    from servers.launch.kubernetes import KubernetesBackend
+    from servers.launch.local import LocalBackend
+    from servers.launch.ray_backend import RayBackend
+    from servers.launch.skypilot import SkyPilotBackend
+    from servers.launch.slurm import SlurmBackend
+
+
+# ---- factories: a backend from its stored config ---------------------------------------------------------------------
+def make_local(config: Mapping[str, Any]) -> "LocalBackend":
+    """The local backend runs its jobs in the job engine given in the config ("engine", "kind")."""
+    from servers.launch.local import LocalBackend
+
+    return LocalBackend(config["engine"], kind=config.get("kind", "training"))
+
+
+def make_slurm(config: Mapping[str, Any]) -> "SlurmBackend":
+    from servers.launch.slurm import SlurmBackend
+
+    return SlurmBackend(job_root=config.get("job_root") or None)
+
+
+def make_ray(config: Mapping[str, Any]) -> "RayBackend":
+    from servers.launch.ray_backend import RayBackend
+
+    return RayBackend(address=config.get("address") or None)
+
+
+def make_kubernetes(config: Mapping[str, Any]) -> "KubernetesBackend":
+    from servers.launch.kubernetes import KubernetesBackend
+
+    return KubernetesBackend(kubeconfig=config.get("kubeconfig") or None)
+
+
+def make_skypilot(config: Mapping[str, Any]) -> "SkyPilotBackend":
+    from servers.launch.skypilot import SkyPilotBackend
+
+    return SkyPilotBackend()
+
+
+# ---- detection: what this machine offers -----------------------------------------------------------------------------
 
 
 def _version(distribution: str) -> str | None:
