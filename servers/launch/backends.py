@@ -2,7 +2,6 @@
 servers/engines/builtin.py). A factory takes the backend's stored config; a detection takes the server's Settings and
 starts nothing. A backend's own module is imported only when it is built or detected."""
 
-import importlib.metadata
 import importlib.util
 import shutil
 from collections.abc import Mapping
@@ -54,30 +53,16 @@ def make_skypilot(config: Mapping[str, Any]) -> "SkyPilotBackend":
 # ---- detection: what this machine offers -----------------------------------------------------------------------------
 
 
-def _version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def detect_local(settings: Settings | None = None) -> BackendStatus:
-    torch_version = _version("torch")
-    if torch_version is None or importlib.util.find_spec("torch") is None:
-        return BackendStatus(
-            name="local",
-            detected=False,
-            detail="torch is not installed, so torchrun is missing",
-            launch_supported=False,
-            launch_note="install torch to launch locally",
-        )
-    where = shutil.which("torchrun") or "python -m torch.distributed.run"
+    from servers.launch.local import LocalBackend
+
+    found, detail = LocalBackend().available()
     return BackendStatus(
         name="local",
-        detected=True,
-        detail=f"torch {torch_version}; torchrun: {where}",
-        launch_supported=True,
-        launch_note=None,
+        detected=found,
+        detail=detail,
+        launch_supported=found,
+        launch_note=None if found else "install torch to launch locally",
     )
 
 

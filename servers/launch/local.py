@@ -139,12 +139,17 @@ class LocalBackend:
         self.kind = kind
 
     def available(self) -> tuple[bool, str]:
-        if importlib.util.find_spec("torch") is None:
-            return False, "torch is not installed, so torchrun is missing"
-        from servers.launch.backends import detect_local
+        """torch installed here (so torchrun), and which torchrun runs; imports nothing heavy."""
+        import shutil
+        from importlib import metadata
 
-        status = detect_local()
-        return status.detected, status.detail
+        try:
+            version: str | None = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            version = None
+        if version is None or importlib.util.find_spec("torch") is None:
+            return False, "torch is not installed, so torchrun is missing"
+        return True, f"torch {version}; torchrun: {shutil.which('torchrun') or 'python -m torch.distributed.run'}"
 
     def plan(
         self,
