@@ -118,8 +118,7 @@ class EngineStatus(Model):
 
 
 class BackendStatus(Model):
-    """What list_backends says of one engine on this machine."""
-
+    # What list_backends says of one engine on this machine (no docstring: it would enter the published schema).
     name: str
     detected: bool = Field(description="Whether what this engine needs is present on this machine")
     detail: str = Field(description="What was found, or what is missing")
