@@ -6,8 +6,9 @@ how to build it and how to detect it. References to a backend's module are "modu
 on first use, so that the registry costs nothing at start-up and a server imports only the engines it uses.
 
 Capabilities (`CAPABILITIES`):
-- ``in_engine``: the job engine runs the job itself here (local torchrun); otherwise a worker follows the engine's
-  job (launch/remote.py);
+- ``in_engine``: the job engine runs the job itself here (local torchrun): its factory is given the server's job
+  engine and job kind ({"engine": ..., "kind": ...}) rather than a stored config; otherwise a worker follows the
+  engine's job (launch/remote.py);
 - ``multi_node``: nnodes > 1; ``cluster_nodes``: the ranks run on the engine's nodes, never this machine;
 - ``images``: a container image runs the job; ``arrays``: a sweep can go as one job array;
 - ``node_pinning``: a job can be pinned to named nodes (what the bandwidth probes need);
