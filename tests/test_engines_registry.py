@@ -324,3 +324,20 @@ def test_follow_syncs_logs_only_for_a_backend_that_declares_it(tmp_path: Path) -
     info = BackendInfo(name="scripted", summary="x", factory=Scripted, poll_s=0.01)
     assert follow(backend, handle, Context(tmp_path), stop, info=info).state is JobState.CANCELLED  # type: ignore[arg-type]
     assert backend.cancelled
+
+
+def test_every_bundled_backend_implements_what_it_declares(tmp_path: Path) -> None:
+    from servers.engines.backend import ArrayBackend, LogSyncBackend
+
+    settings = Settings(home=tmp_path / "state", allowed_roots=[tmp_path])
+    for name in ("local", "slurm", "ray", "kubernetes", "skypilot"):
+        info = registry.get(name)
+        in_engine = {"engine": None, "kind": "training"}  # built, never used: no job engine needed
+        backend = info.build(in_engine if info.can("in_engine") else info.config_for(settings))
+        assert backend.name == name and isinstance(backend, Backend)
+        if info.can("log_sync"):
+            assert isinstance(backend, LogSyncBackend), name
+        if info.can("arrays"):
+            assert isinstance(backend, ArrayBackend), name
+        else:
+            assert not isinstance(backend, ArrayBackend), name  # an array a sweep would never use
