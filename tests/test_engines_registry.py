@@ -341,3 +341,14 @@ def test_every_bundled_backend_implements_what_it_declares(tmp_path: Path) -> No
             assert isinstance(backend, ArrayBackend), name
         else:
             assert not isinstance(backend, ArrayBackend), name  # an array a sweep would never use
+
+
+def test_a_remote_job_names_its_backend_by_its_stored_declaration_else_by_name() -> None:
+    from servers.launch.remote import declared
+
+    assert declared({"backend": "slurm"}) is registry.get("slurm")  # a job stored before declarations travelled
+    stored = BackendInfo(name="elsewhere", summary="x", factory=ToyBackend, poll_s=3.0).record()
+    rebuilt = declared({"backend": "elsewhere", "backend_info": stored})  # never registered in this process
+    assert rebuilt.name == "elsewhere" and rebuilt.poll_s == 3.0 and isinstance(rebuilt.build({}), ToyBackend)
+    with pytest.raises(ValueError, match="not a known backend"):
+        declared({"backend": "elsewhere"})
