@@ -15,14 +15,12 @@ refuses to run or runs in the host's network only when the person chose that (LL
 """
 
 import ctypes
-import ctypes.util
 import errno
 import fcntl
 import functools
 import os
 import socket
 import struct
-import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -40,8 +38,14 @@ class IsolationError(OSError):
 
 
 def _libc() -> ctypes.CDLL:
-    name = ctypes.util.find_library("c") or "libc.so.6"
-    return ctypes.CDLL(name, use_errno=True)
+    """The C library: the process's own symbols (libc is linked into Python on Linux), else the library found by
+    name (ctypes.util.find_library runs ldconfig: slower, so only when needed)."""
+    own = ctypes.CDLL(None, use_errno=True)
+    if hasattr(own, "unshare"):
+        return own
+    from ctypes.util import find_library
+
+    return ctypes.CDLL(find_library("c") or "libc.so.6", use_errno=True)
 
 
 def _write(path: str, text: str) -> None:
@@ -98,7 +102,7 @@ def isolated_argv(argv: list[str]) -> list[str]:
     """ARGV run in a private network namespace (by this module as a launcher)."""
     from servers.core.procs import child_command
 
-    return [*child_command("servers.core.netns"), "--", *argv]
+    return [*child_command("servers.core.netns", site=False), "--", *argv]
 
 
 @dataclass(frozen=True)
@@ -112,9 +116,11 @@ def probe() -> Probe:
     """Whether this machine lets a job have its own network namespace: tried once per process, for real."""
     if not sys.platform.startswith("linux"):
         return Probe(False, f"network namespaces are a Linux feature; this is {sys.platform}")
+    import subprocess
+
     from servers.core.procs import child_command
 
-    argv = child_command("servers.core.netns", "--probe")
+    argv = child_command("servers.core.netns", "--probe", site=False)
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError) as exc:

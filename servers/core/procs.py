@@ -18,14 +18,15 @@ from pathlib import Path
 _PROC = Path("/proc")
 
 
-def child_command(module: str, *args: str) -> list[str]:
-    """argv that runs `module`'s main(args) with this package importable, installed or not."""
+def child_command(module: str, *args: str, site: bool = True) -> list[str]:
+    """argv that runs `module`'s main(args) with this package importable, installed or not. Without `site`, Python
+    starts with -S (no site-packages, no .pth files run): quicker, for modules that need the standard library only."""
     package_root = str(Path(__file__).resolve().parents[2])
     bootstrap = (
         "import sys; sys.path.insert(0, sys.argv[1]); import importlib; "
         f"sys.exit(importlib.import_module({module!r}).main(sys.argv[2:]))"
     )
-    return [sys.executable, "-c", bootstrap, package_root, *args]
+    return [sys.executable, *([] if site else ["-S"]), "-c", bootstrap, package_root, *args]
 
 
 def boot_id() -> str:
@@ -149,6 +150,38 @@ def terminate_group(
             break
         time.sleep(poll_s)
     return "killed"
+
+
+def exit_watch(pid: int | None, start_time: int | None) -> int | None:
+    """A descriptor that becomes readable when this very process (pid, start time) ends (a pidfd, Linux 5.3+); None
+    where it cannot be watched: no pidfd here, no such process, a zombie already, or the pid now another's."""
+    if pid is None or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    # Opened first, checked after: the descriptor then names the process that was checked, never a later one.
+    if not ProcessIdentity(pid, start_time, boot_id()).is_alive():
+        os.close(fd)
+        return None
+    return fd
+
+
+async def sleep_until_exit(pid: int | None, start_time: int | None, timeout_s: float) -> None:
+    """Sleep `timeout_s`, or less: until the process (pid, start time) ends, when it can be watched (exit_watch).
+    A job's waiter polls with it, so that the end its supervisor records just before exiting is seen at once."""
+    import anyio
+
+    fd = exit_watch(pid, start_time)
+    if fd is None:
+        await anyio.sleep(timeout_s)
+        return
+    try:
+        with anyio.move_on_after(timeout_s):
+            await anyio.wait_readable(fd)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

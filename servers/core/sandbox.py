@@ -32,10 +32,8 @@ import functools
 import os
 import signal
 import stat
-import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from servers.core.netns import CLONE_NEWNET, CLONE_NEWUSER, IsolationError, Probe, _libc, _loopback_up, _write
 
@@ -118,6 +116,8 @@ class Layout:
 def code_folders() -> tuple[str, ...]:
     """Folders whose files a later server start runs: this package's folder and the Python installation (its
     prefix, the base installation of a virtual environment). A job may read them, never write them."""
+    from pathlib import Path
+
     package = Path(__file__).resolve().parents[2]
     found: list[str] = []
     for path in (package, Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix)):
@@ -132,7 +132,7 @@ def sandbox_argv(argv: list[str], layout: Layout) -> list[str]:
     """ARGV run inside the sandbox (by this module as a launcher)."""
     from servers.core.procs import child_command
 
-    return [*child_command("servers.core.sandbox"), *layout.args(), "--", *argv]
+    return [*child_command("servers.core.sandbox", site=False), *layout.args(), "--", *argv]
 
 
 # ---- the syscalls ----------------------------------------------------------------------------------------------------
@@ -399,7 +399,9 @@ def probe(network: str = "isolated") -> Probe:
     that it is empty and locked inside, and that its /proc shows only its own processes)."""
     if not sys.platform.startswith("linux"):
         return Probe(False, f"the job sandbox needs Linux namespaces; this is {sys.platform}")
+    import subprocess
     import tempfile
+    from pathlib import Path
 
     from servers.core.procs import child_command
 
@@ -410,7 +412,9 @@ def probe(network: str = "isolated") -> Probe:
         os.makedirs(readonly)
         Path(hidden, "secret").write_text("x")
         layout = Layout(hide=(hidden,), readonly=(readonly, *code_folders()), writable=(shown,), network=network)
-        argv = sandbox_argv(child_command("servers.core.sandbox", "--check", hidden, shown, readonly), layout)
+        argv = sandbox_argv(
+            child_command("servers.core.sandbox", "--check", hidden, shown, readonly, site=False), layout
+        )
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -424,6 +428,8 @@ def probe(network: str = "isolated") -> Probe:
 def _check(hidden: str, shown: str, readonly: str) -> int:
     """Run inside the probe's sandbox: the hidden folder shows only `shown`, which is writable, cannot be unmounted,
     the read-only folder cannot be written, and /proc lists only this namespace's processes."""
+    from pathlib import Path
+
     problems = []
     with contextlib.suppress(OSError):
         Path(readonly, "w").write_text("x")
