@@ -96,6 +96,30 @@ def ray_head() -> Iterator[Any]:
         head.stop()
 
 
+@pytest.fixture(scope="session")
+def k8s_api() -> Iterator[Any]:
+    """One stand-in Kubernetes API on 127.0.0.1 for the session (tests/fixtures/k8s/fake_api.py); take it through
+    `k8s_fake`, which gives each test a fresh state. Without the kubernetes client the tests that use it skip,
+    except under CI=true."""
+    from servers.launch.kubernetes import kubernetes_installed
+    from tests.fixtures.k8s.fake_api import FakeKubernetes
+
+    if not kubernetes_installed():
+        skip_unless_present("the kubernetes client is not installed (pip install -e '.[dev]' or '.[kubernetes]')")
+    api = FakeKubernetes().start()
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+@pytest.fixture
+def k8s_fake(k8s_api: Any) -> Any:
+    """The session's stand-in Kubernetes API, reset to a new one's state (no objects, no requests recorded)."""
+    k8s_api.reset()
+    return k8s_api
+
+
 # ---- a real Slurm cluster (tests/test_slurm_backend.py) -------------------------------------------------------------
 SLURM_CLUSTER_SCRIPT = REPO_ROOT / "scripts" / "slurm-cluster.sh"
 SLURM_BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")

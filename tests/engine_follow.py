@@ -1,12 +1,14 @@
-"""A scripted stand-in for a cluster engine, followed in a real worker process by the real `follow`: the test
-writes what the engine says (an EngineStatus as JSON) into a control file, the stand-in answers status() with it.
-What it answers is built by the test from each backend's own state table or status code; this module invents none.
+"""Following engines in tests: the one way a test waits on a backend's job (`wait_status`, `wait_until`), and a
+scripted stand-in for a cluster engine, followed in a real worker process by the real `follow`: the test writes what
+the engine says (an EngineStatus as JSON) into a control file, the stand-in answers status() with it. What it answers
+is built by the test from each backend's own state table or status code; this module invents none.
 """
 
 import json
 import time
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from servers.core.jobfiles import JobContext
 from servers.core.jobs import JobKind
@@ -17,6 +19,54 @@ from servers.engines.follow import follow
 from servers.engines.registry import BackendInfo
 
 FOLLOW_KIND = "test_follow_engine"
+
+
+class Asked(Protocol):
+    def status(self, handle: BackendHandle) -> EngineStatus: ...
+
+
+def wait_until(done: Callable[[], object], timeout_s: float, what: str, *, every_s: float = 0.2) -> Any:
+    """Ask `done` until it returns something true (returned); an AssertionError saying `what` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = done()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what}")
+        time.sleep(every_s)
+
+
+def wait_status(
+    backend: Asked,
+    handle: BackendHandle,
+    until: Collection[JobState] | Callable[[EngineStatus], object] | None = None,
+    *,
+    timeout_s: float,
+    every_s: float = 0.2,
+    said: Callable[[], str] | None = None,
+) -> EngineStatus:
+    """Ask backend.status(handle) until `until` holds: one of these states, a predicate on the status, or (None) the
+    job ended. The status is returned; after timeout_s, or when the job ended in a state not wanted, an
+    AssertionError with the last status and what `said` adds (e.g. the job's log)."""
+    if until is None:
+        wanted: Callable[[EngineStatus], object] = lambda s: s.state.terminal  # noqa: E731
+    elif callable(until):
+        wanted = until
+    else:
+        states = frozenset(until)
+        wanted = lambda s: s.state in states  # noqa: E731
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = backend.status(handle)
+        if wanted(status):
+            return status
+        ended = status.state.terminal and until is not None and not callable(until)
+        if ended or time.monotonic() > deadline:
+            why = "ended" if ended else f"not within {timeout_s:g} s"
+            extra = f"\n{said()}" if said is not None else ""
+            raise AssertionError(f"job {handle.native_id} of {handle.backend}: {why}; last {status!r}{extra}")
+        time.sleep(every_s)
 
 
 class ScriptedEngine:
