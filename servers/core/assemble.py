@@ -30,7 +30,12 @@ class ServerPart:
 def build_server(name: str, instructions: str, parts: Sequence[ServerPart], app: App | None = None) -> MCPServer:
     """One MCPServer carrying `parts`, the job tools once if any part starts jobs, the resources and prompts."""
     app = app or App(owner=name)
-    server = new_server(name, instructions, app, serves_jobs=any(part.starts_jobs for part in parts))
+    features = None
+    if any(part.starts_jobs for part in parts):
+        from servers.core.tasks import JobFeatures  # the tasks extension and job subscriptions: only for jobs
+
+        features = JobFeatures(app)
+    server = new_server(name, instructions, app, features=features)
     cache = toolcache.attach(server, app.settings.home / "cache")
     for part in parts:
         for kind in part.job_kinds:

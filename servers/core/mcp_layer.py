@@ -16,7 +16,7 @@ import sqlite3
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from mcp.server import MCPServer
@@ -35,6 +35,9 @@ from servers.core.jobs import JobEngine, JobKind
 from servers.core.jobview import JobView, shown_to_agent
 from servers.core.schemas import description_text, published_input, published_output
 from servers.core.settings import Settings
+
+if TYPE_CHECKING:
+    from servers.core.tasks import JobFeatures
 
 log = logging.getLogger(__name__)
 
@@ -123,15 +126,10 @@ class _Server(MCPServer):
         return await super().get_prompt(name, arguments, context)
 
 
-def new_server(name: str, instructions: str, app: App, *, serves_jobs: bool = False) -> MCPServer:
-    """An MCPServer that reconciles the job table when it starts. One that `serves_jobs` also offers the MCP tasks
-    extension and subscriptions to its jobs' resources (servers.core.tasks): a client that declares neither sees
-    no difference."""
-    features = None
-    if serves_jobs:
-        from servers.core.tasks import JobFeatures
-
-        features = JobFeatures(app)
+def new_server(name: str, instructions: str, app: App, *, features: "JobFeatures | None" = None) -> MCPServer:
+    """An MCPServer that reconciles the job table when it starts. One given `features` (a server that serves jobs:
+    servers.core.tasks.JobFeatures, made by assemble.build_server) also offers the MCP tasks extension and
+    subscriptions to its jobs' resources: a client that declares neither sees no difference."""
 
     @asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncIterator[dict[str, Any]]:
