@@ -36,6 +36,7 @@ from servers.core.jobview import (
 )
 from servers.core.mcp_layer import App, agent_tool, client_name, in_thread, tool_result
 from servers.core.models import Model
+from servers.core.procs import sleep_until_exit
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +227,8 @@ async def wait_for(app: App, job_id: str, timeout_s: float, ctx: Context | None)
                 note += f": {view.progress.done:g}{total} {view.progress.message or ''}".rstrip()
             # progress counts seconds waited: it must rise with every notification, job progress may not
             await ctx.report_progress(round(waited, 2), timeout_s, note)
-        await anyio.sleep(min(0.25, max(0.0, timeout_s - waited)))
+        # woken at once by the supervisor's exit: it records the job's end just before
+        await sleep_until_exit(record.supervisor_pid, record.supervisor_start, min(0.25, max(0.0, timeout_s - waited)))
         record = await in_thread(app.engine.get, job_id)
     waited = round(time.monotonic() - start, 3)
     return JobWait(job=job_view(record), waited_s=waited, timed_out=not record.state.terminal)
