@@ -34,11 +34,7 @@ CROSS_SERVER_EXCEPTIONS: dict[tuple[str, str], str] = {
     "metrics.jsonl with the reader of the server that wrote it",
 }
 # Circles outside servers/launch that exist today, each with its reason; exactly these (launch has none at all).
-KNOWN_CIRCLES: dict[tuple[str, ...], str] = {
-    ("servers.core.job_tools", "servers.core.mcp_layer", "servers.core.tasks"): "the App builds the tasks "
-    "extension (tasks.JobFeatures) when a server declares job kinds, and tasks serves the job tools through the App: "
-    "a lazy import in mcp_layer closes the circle",
-}
+KNOWN_CIRCLES: dict[tuple[str, ...], str] = {}
 
 
 def module_name(path: Path) -> str:
