@@ -1,1 +1,2 @@
-"""Training jobs: local torchrun first, then Slurm, Kubernetes and SkyPilot, and bundled recipes."""
+"""Training jobs: torchrun here and on Slurm, Ray, Kubernetes and SkyPilot (through servers/engines), sweeps, and
+the bundled recipes."""
