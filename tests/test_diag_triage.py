@@ -230,6 +230,17 @@ def test_old_nccl_tests_bus_numbers_join_when_unique() -> None:
     assert report.node_evidence[0].severity == "warning" and "FAIL" in report.node_evidence[0].what
 
 
+def test_the_node_verdict_says_what_nccl_tests_says_of_the_node() -> None:
+    """A bandwidth FAIL (a warning by severity) makes the node unhealthy, as nccl-tests' own verdict says, not
+    'degraded'; healthy GPUs do not soften it."""
+    from servers.diagnostics.nccl_tests import parse_nccl_tests
+
+    text = read(FIXTURES / "nccl" / "all_reduce_perf.8xH100.below-floor.txt")
+    assert parse_nccl_tests(text).verdict.status == "FAIL"
+    report = triage_node(nccl_tests=text)
+    assert report.verdict == "unhealthy"
+
+
 def test_live_snapshots_and_dcgm_ids_joined_by_index_when_no_serial_ties_them() -> None:
     snapshots = [
         GpuSnapshot(

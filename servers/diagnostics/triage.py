@@ -215,6 +215,7 @@ class _Join:
         self.by_serial: dict[str, _Gpu] = {}
         self.warnings: list[str] = []
         self.node_evidence: list[TriageEvidence] = []
+        self.node_statuses: list[Status] = []  # what each finding about the node judges it: its status, else severity
         self.notes: list[str] = []
         self.summaries: dict[str, str] = {}
         self.missing_means: dict[str, str] = {}  # the sources that list every GPU: what a GPU missing from one means
@@ -321,6 +322,7 @@ class _Join:
             evidence = _evidence(finding)
             if finding.gpu is None:
                 self.node_evidence.append(evidence)
+                self.node_statuses.append(finding.status or severity_status(finding.severity))
                 continue
             gpu = self.place(source, finding.gpu, placing)
             if gpu is None:
@@ -722,8 +724,9 @@ def triage_node(
     results, warnings = _gpu_results(join)
     node_evidence = sorted(join.node_evidence, key=lambda e: -SEVERITY_RANK[e.severity])
     counts = {s: sum(1 for g in results if g.verdict == s) for s in STATUSES}
-    # a finding about the node counts by its severity (nccl-tests' bandwidth FAIL is a warning: degraded)
-    node_status = worst_status([g.verdict for g in results] + [severity_status(e.severity) for e in node_evidence])
+    # a finding about the node counts by its own status where it has one (nccl-tests' FAIL: unhealthy, as it says),
+    # else by its severity
+    node_status = worst_status([g.verdict for g in results] + join.node_statuses)
     if not results and not node_evidence:
         node_status = "unknown"
     smi = inputs.get("nvidia_smi")
