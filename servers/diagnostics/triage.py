@@ -11,7 +11,7 @@ Sources, any of them (each parsed by its own module, never re-parsed here):
 Each source is a check registered in servers.diagnostics.findings (CHECKS): its module turns its parsed input into a
 CheckReport of Findings (one status and severity alphabet), and triage joins the findings, whatever the check; a
 check registered elsewhere takes its input through ``others``. A finding about a GPU is evidence on it and, with its
-status, that source's verdict; a finding about the node counts by its severity.
+status, that source's verdict; a finding about the node counts by its status (by its severity when it has none).
 
 The join key is the PCI bus id, normalised by ``normalise_bus_id`` to ``dddd:bb:dd`` (lowercase, the function
 dropped: a GPU is function 0), so the kernel log's ``0000:9b:00`` and nvidia-smi's ``00000000:9B:00.0`` are one GPU.
