@@ -47,7 +47,7 @@ def _backend_names(schema: dict[str, Any]) -> None:
 
 class TrainingJobSpec(Model):
     """Exactly one of recipe or script. The fields every backend reads; what one backend alone takes is in
-    `options`, validated against that backend's options model (servers/launch/options.py)."""
+    `options`, checked against that backend's own (list_backends shows them)."""
 
     recipe: Annotated[str, Field(max_length=64)] | None = Field(default=None, description="See list_recipes")
     script: Annotated[str, Field(max_length=4096)] | None = Field(
