@@ -1,16 +1,24 @@
 """What keeps a job's start and end quick (benchmarks/launch.py): the processes on every job's path import only what
 they need, and an ended process is noticed when it ends, not at the next poll."""
 
+import atexit
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
+from servers.core.jobfiles import JobContext
+from servers.core.jobs import JobEngine, JobKind
+from servers.core.jobstore import JobRecord, JobState
 from servers.core.procs import exit_watch, process_start_time, sleep_until_exit
+from servers.core.settings import Settings
+from tests.conftest import CHILD_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,3 +91,63 @@ def test_a_process_that_cannot_be_watched_gives_a_plain_sleep() -> None:
             alive.wait(timeout=30)
     finally:
         proc.wait(timeout=30)
+
+
+# ---- the worker's quick exit: what a normal exit would do still happens -------------------------------------------
+_kept: list[Any] = []
+
+
+def leave_files_open(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Work that writes to files it never closes (buffered, not flushed) and registers an atexit handler."""
+    text = open(ctx.files.run_dir / "unclosed.txt", "w")  # noqa: SIM115 - left open on purpose
+    text.write("written, never flushed\n")
+    raw = open(ctx.files.run_dir / "unclosed.bin", "wb")  # noqa: SIM115
+    raw.write(b"bytes, never flushed")
+    _kept.extend([text, raw])
+    atexit.register(lambda: (ctx.files.run_dir / "atexit.txt").write_text("ran"))
+    return {}
+
+
+def leave_a_thread(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Work whose non-daemon thread is still working when the function returns: the process waits for it."""
+
+    def late() -> None:
+        time.sleep(0.5)
+        (ctx.files.run_dir / "thread.txt").write_text("finished")
+
+    threading.Thread(target=late).start()
+    return {}
+
+
+def _engine(settings: Settings) -> JobEngine:
+    engine = JobEngine(settings, owner="test", child_env=CHILD_ENV)
+    for name in ("leave_files_open", "leave_a_thread"):
+        engine.register_kind(JobKind(name=name, entry=f"tests.test_launch_latency:{name}", description=name))
+    return engine
+
+
+def _done(engine: JobEngine, job_id: str, limit_s: float = 60) -> JobRecord:
+    deadline = time.monotonic() + limit_s
+    while (record := engine.get(job_id)).state.terminal is False:
+        assert time.monotonic() < deadline, f"job {job_id} still {record.state}"
+        time.sleep(0.05)
+    return record
+
+
+@pytest.mark.timeout(120)
+def test_the_quick_exit_flushes_open_files_and_runs_atexit_handlers(settings: Settings) -> None:
+    engine = _engine(settings)
+    record = _done(engine, engine.submit("leave_files_open", {}).id)
+    assert record.state == JobState.SUCCEEDED, record.reason
+    run = Path(record.job_dir) / "run"
+    assert (run / "unclosed.txt").read_text() == "written, never flushed\n"
+    assert (run / "unclosed.bin").read_bytes() == b"bytes, never flushed"
+    assert (run / "atexit.txt").read_text() == "ran"
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_waits_for_the_threads_its_work_left_running(settings: Settings) -> None:
+    engine = _engine(settings)
+    record = _done(engine, engine.submit("leave_a_thread", {}).id)
+    assert record.state == JobState.SUCCEEDED, record.reason
+    assert (Path(record.job_dir) / "run" / "thread.txt").read_text() == "finished"
