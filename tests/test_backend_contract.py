@@ -19,6 +19,7 @@ Kubernetes' manifests, SkyPilot's launch requests) stays in its own test file.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
@@ -103,6 +104,13 @@ def logs_of(handle: BackendHandle) -> str:
     return "".join(files.log(p).read_text(errors="replace") for p in files.processes() if files.log(p).exists())
 
 
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def tree(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")} if root.exists() else set()
 
@@ -127,16 +135,17 @@ def local_engine(root: Path) -> Iterator[Engine]:
     def spec(kind: str) -> dict[str, Any]:
         if kind == "quick":
             return base_spec(QUICK)
-        return base_spec(FIXTURES / "wait_go.py", env={"JOB_GO_FILE": str(root / "never")})
+        return base_spec(FIXTURES / "wait_go.py", nproc_per_node=2, env={"JOB_GO_FILE": str(root / "never")})
 
     ranks: dict[str, list[Any]] = {}
 
     def started(backend: LocalBackend, handle: BackendHandle) -> bool:
-        logged = [int(m) for m in re.findall(r"pid (\d+)", logs_of(handle))]
-        if "waiting" not in logs_of(handle) or not logged:
+        said = logs_of(handle)
+        logged = [int(m) for m in re.findall(r"pid (\d+)", said)]
+        if said.count("waiting") < 2 or len(logged) < 2:
             return False
         ranks[handle.key] = [ProcessIdentity.of(pid) for pid in host_pids(logged, "wait_go.py")]  # own PID namespace
-        return bool(ranks[handle.key]) and all(p.is_alive() for p in ranks[handle.key])
+        return len(ranks[handle.key]) == 2 and all(p.is_alive() for p in ranks[handle.key])  # both ranks
 
     def jobs() -> set[str]:
         engine = engines[0] if engines else make().engine
@@ -160,7 +169,7 @@ def local_engine(root: Path) -> Iterator[Engine]:
 def slurm_engine(root: Path, cluster: Path) -> Iterator[Engine]:
     import subprocess
 
-    from servers.launch.slurm import SlurmBackend
+    from servers.launch.slurm import EXIT_RECORD, SlurmBackend
 
     job_root = root / "slurm-jobs"
     loopback = {"GLOO_SOCKET_IFNAME": "lo"}  # the test cluster's nodes are all 127.0.0.1
@@ -175,8 +184,11 @@ def slurm_engine(root: Path, cluster: Path) -> Iterator[Engine]:
         return set(out.stdout.split())
 
     def gone(handle: BackendHandle) -> bool:
+        """Slurm ended the job, and its batch script recorded the cancel in its exit record."""
         job = SlurmBackend(job_root=job_root).query(handle.native_id)
-        return job is None or job.state in ("CANCELLED", "COMPLETED", "FAILED")
+        record = read_json(Path(str(handle.job_dir)) / EXIT_RECORD)
+        ended = job is None or job.state in ("CANCELLED", "COMPLETED", "FAILED")
+        return ended and isinstance(record, dict) and record.get("state") == "CANCELLED"
 
     def forget(handle: BackendHandle) -> None:
         """Until slurmctld purged the ended job (MinJobAge, then its purge pass)."""
@@ -200,6 +212,7 @@ def slurm_engine(root: Path, cluster: Path) -> Iterator[Engine]:
 def ray_engine(root: Path, head: Any) -> Iterator[Engine]:
     import contextlib
 
+    from servers.launch.ray_backend import EXIT_RECORD as RAY_EXIT_RECORD
     from servers.launch.ray_backend import RayBackend
 
     job_root = root / "ray-jobs"
@@ -239,10 +252,12 @@ def ray_engine(root: Path, head: Any) -> Iterator[Engine]:
         return pid is not None and Path(f"/proc/{pid}").exists()
 
     def gone(handle: BackendHandle) -> bool:
+        """Ray ended the job, its rank is gone, and the wrapper recorded that SIGTERM stopped it."""
         pid = rank_pid(handle)
-        return head.client().get_job_status(handle.native_id).is_terminal() and not (
-            pid is not None and Path(f"/proc/{pid}").exists()
-        )
+        record = read_json(Path(str(handle.job_dir)) / RAY_EXIT_RECORD)
+        stopped = isinstance(record, dict) and record.get("stopped_by") == "SIGTERM" and record.get("exit_code") != 0
+        alive = pid is not None and Path(f"/proc/{pid}").exists()
+        return head.client().get_job_status(handle.native_id).is_terminal() and stopped and not alive
 
     def forget(handle: BackendHandle) -> None:
         time.sleep(1)  # let Ray's job monitor finish with it (a delete while it still runs makes Ray re-record it)

@@ -31,7 +31,6 @@ from servers.engines.backend import Backend, BackendHandle, SubmitRequest
 from servers.launch import k8s_manifests as m
 from servers.launch.kubernetes import (
     CANCEL_RECORD,
-    STATE_RECORD,
     KubernetesApiError,
     KubernetesBackend,
     KubernetesPlan,
@@ -513,25 +512,6 @@ def test_status_maps_each_condition_and_pod_state(
     fake.next_scenario = [("deadline", 1)]
     late = backend.status(submit(backend, tmp_path / "late", "late", kind))
     assert late.state == JobState.FAILED and "wall-time limit was reached (activeDeadlineSeconds 3600" in late.reason
-
-
-@pytest.mark.timeout(60)
-def test_an_object_gone_is_lost_unless_its_end_or_cancel_was_seen(
-    fake: FakeKubernetes, kubeconfig: Path, tmp_path: Path
-) -> None:
-    backend = KubernetesBackend(kubeconfig=str(kubeconfig))
-    fake.next_scenario = [("complete", 1)]
-    seen = submit(backend, tmp_path / "seen", "seen")
-    assert backend.status(seen).state == JobState.SUCCEEDED
-    assert json.loads((tmp_path / "seen" / STATE_RECORD).read_text())["native_id"] == seen.native_id
-    fake.next_scenario = [("running", 1)]
-    unseen = submit(backend, tmp_path / "unseen", "unseen")
-    with fake.lock:
-        fake.objects.clear()  # deleted behind this server's back (or by a TTL)
-    kept = backend.status(seen)
-    assert kept.state == JobState.SUCCEEDED and "no longer exists; as this server last saw it" in kept.reason
-    lost = backend.status(unseen)
-    assert lost.state == JobState.LOST and "never saw it end" in lost.reason
 
 
 @pytest.mark.timeout(60)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from servers.core.errors import InputError
 from servers.core.jobfiles import JobFiles
 from servers.core.jobstore import JobState
 from servers.core.settings import Settings
-from servers.engines.backend import JOB_DIR_PLACEHOLDER, Backend, BackendHandle, EngineStatus, SubmitRequest, map_state
+from servers.engines.backend import JOB_DIR_PLACEHOLDER, Backend, BackendHandle, SubmitRequest, map_state
 from servers.launch.ray_backend import (
     CANCEL_RECORD,
     EXIT_RECORD,
@@ -32,6 +32,7 @@ from servers.launch.ray_backend import (
     submission_id_for,
     write_wrapper,
 )
+from tests.engine_follow import wait_status
 from tests.hostile import HOSTILE_ARGS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,17 +60,9 @@ def make_spec(script: Path, args: list[str] | None = None, **extra: Any) -> dict
     } | extra
 
 
-def wait_for(backend: RayBackend, handle: BackendHandle, states: set[JobState], timeout_s: float) -> EngineStatus:
-    """Poll until the job is in one of `states`; fail with what it says (and its logs) otherwise."""
-    deadline = time.monotonic() + timeout_s
-    status = backend.status(handle)
-    while status.state not in states:
-        if status.state.terminal or time.monotonic() > deadline:
-            said = log_of(handle, "torchrun")[-8000:]
-            pytest.fail(f"job {handle.native_id} is {status} (wanted {sorted(s.value for s in states)}):\n{said}")
-        time.sleep(0.2)
-        status = backend.status(handle)
-    return status
+def torchrun_log(handle: BackendHandle) -> Callable[[], str]:
+    """What a failed wait shows: the end of the job's torchrun log."""
+    return lambda: log_of(handle, "torchrun")[-8000:]
 
 
 # ---- no Ray needed ---------------------------------------------------------------------------------------------------
@@ -238,7 +231,7 @@ def test_ray_tiny_grpo_succeeds_with_metrics_and_logs(ray_head: Any, ray_jobs: l
     job = tmp_path / "job"
     handle = submit(backend, spec, job, "tiny-grpo", ray_jobs)
     assert handle.job_dir == str(job.resolve()) and handle.backend == "ray"
-    status = wait_for(backend, handle, {JobState.SUCCEEDED}, 180)
+    status = wait_status(backend, handle, {JobState.SUCCEEDED}, timeout_s=180, said=torchrun_log(handle))
     assert status.exit_code == 0 and status.native_state == "SUCCEEDED"
     assert status.started_at and status.ended_at and status.ended_at >= status.started_at
 
@@ -252,34 +245,6 @@ def test_ray_tiny_grpo_succeeds_with_metrics_and_logs(ray_head: Any, ray_jobs: l
     assert {"rank0", "torchrun"} <= set(JobFiles(job).processes())
     assert backend.cancel(handle) == JobState.SUCCEEDED  # a cancel after the end changes nothing
     assert backend.status(handle).state == JobState.SUCCEEDED
-
-
-@pytest.mark.timeout(180)
-def test_ray_cancel_of_a_long_run(ray_head: Any, ray_jobs: list[str], tmp_path: Path) -> None:
-    backend = backend_for(ray_head)
-    pid_file = tmp_path / "rank.pid"
-    spec = make_spec(FIXTURES / "ray_sleep.py", env={"JOB_PID_FILE": str(pid_file), "JOB_SLEEP_S": "300"})
-    handle = submit(backend, spec, tmp_path / "job", "long-run", ray_jobs)
-    wait_for(backend, handle, {JobState.RUNNING}, 60)
-    deadline = time.monotonic() + 60
-    while not pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    rank_pid = int(pid_file.read_text())
-    assert Path(f"/proc/{rank_pid}").exists()
-
-    assert backend.cancel(handle) == JobState.CANCELLED
-    status = backend.status(handle)
-    assert status.state == JobState.CANCELLED and status.native_state == "STOPPED"
-    assert backend.cancel(handle) == JobState.CANCELLED  # idempotent
-    deadline = time.monotonic() + 30
-    while Path(f"/proc/{rank_pid}").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not Path(f"/proc/{rank_pid}").exists(), "the rank outlived the cancel"
-    record = json.loads((tmp_path / "job" / EXIT_RECORD).read_text())  # written before Ray said STOPPED
-    assert record["stopped_by"] == "SIGTERM" and record["exit_code"] != 0
-    assert ray_head.client().delete_job(handle.native_id)  # Ray forgets: the records still say how it ended
-    forgotten = backend.status(handle)
-    assert forgotten.state == JobState.CANCELLED and "no longer knows" in (forgotten.reason or "")
 
 
 @pytest.mark.timeout(180)
@@ -301,7 +266,7 @@ def test_ray_submit_is_idempotent(ray_head: Any, ray_jobs: list[str], tmp_path: 
         t.join(timeout=60)
     assert len(results) == 3 and len({h.model_dump_json() for h in results}) == 1
     first = results[0]
-    wait_for(backend, first, {JobState.SUCCEEDED}, 60)
+    wait_status(backend, first, {JobState.SUCCEEDED}, timeout_s=60, said=torchrun_log(first))
     again = backend_for(ray_head).submit(plan, request, job_dir=job)  # a restarted server retrying
     assert again == first
     sids = [j.submission_id for j in ray_head.client().list_jobs()]
@@ -340,7 +305,7 @@ def test_ray_hostile_args_reach_the_script_literally(ray_head: Any, ray_jobs: li
     job = tmp_path / "job"
     spec = make_spec(FIXTURES / "ray_echo_args.py", HOSTILE_ARGS, env={"JOB_ECHO_ARGS_OUT": str(out)})
     handle = submit(backend, spec, job, "hostile", ray_jobs)  # torchrun, the default launcher
-    wait_for(backend, handle, {JobState.SUCCEEDED}, 120)
+    wait_status(backend, handle, {JobState.SUCCEEDED}, timeout_s=120, said=torchrun_log(handle))
     seen = json.loads(out.read_text())
     assert seen["args"] == HOSTILE_ARGS and seen["rank"] == "0"
     assert seen["cwd"] == str(job.resolve() / "run")
@@ -352,7 +317,7 @@ def test_ray_hostile_args_reach_the_script_literally(ray_head: Any, ray_jobs: li
 def test_ray_failure_names_the_root_cause(ray_head: Any, ray_jobs: list[str], tmp_path: Path) -> None:
     backend = backend_for(ray_head)
     handle = submit(backend, make_spec(FIXTURES / "ray_fail.py"), tmp_path / "job", "fails", ray_jobs)
-    status = wait_for(backend, handle, {JobState.FAILED}, 120)
+    status = wait_status(backend, handle, {JobState.FAILED}, timeout_s=120, said=torchrun_log(handle))
     assert status.native_state == "FAILED" and status.exit_code == 1
     assert status.reason and "rank 0 failed" in status.reason and "ValueError: bad batch at step 3" in status.reason
     assert "ValueError: bad batch at step 3" in log_of(handle, "rank0")
@@ -365,39 +330,8 @@ def test_ray_wall_time_limit_ends_the_job(ray_head: Any, ray_jobs: list[str], tm
         FIXTURES / "ray_sleep.py", env={"JOB_PID_FILE": str(tmp_path / "pid")}, launcher="python", max_wall_s=2.0
     )
     handle = submit(backend, spec, tmp_path / "job", "too-long", ray_jobs)
-    status = wait_for(backend, handle, {JobState.FAILED}, 90)
+    status = wait_status(backend, handle, {JobState.FAILED}, timeout_s=90, said=torchrun_log(handle))
     assert status.reason and "wall-time limit" in status.reason
-
-
-@pytest.mark.timeout(120)
-def test_ray_forgotten_job_keeps_its_end_and_is_never_relaunched(
-    ray_head: Any, ray_jobs: list[str], tmp_path: Path
-) -> None:
-    backend = backend_for(ray_head)
-    out = tmp_path / "args.json"
-    spec = make_spec(FIXTURES / "ray_echo_args.py", env={"JOB_ECHO_ARGS_OUT": str(out)}, launcher="python")
-    job = tmp_path / "job"
-    handle = submit(backend, spec, job, "forgotten", ray_jobs)
-    wait_for(backend, handle, {JobState.SUCCEEDED}, 60)
-    time.sleep(1)  # let Ray's job monitor finish with it (a delete while it still runs makes Ray re-record it)
-    assert ray_head.client().delete_job(handle.native_id)  # as a restarted cluster would: Ray forgets the job
-    status = backend.status(handle)
-    assert status.state == JobState.SUCCEEDED and "exit record" in (status.reason or "")
-    out.unlink()
-    assert backend.submit(backend.plan(spec, job_dir=job), SubmitRequest(key="forgotten", spec=spec)) == handle
-    time.sleep(2)
-    assert not out.exists(), "a retried submit launched the forgotten job again"
-    with contextlib.suppress(RuntimeError):  # 404: Ray holds nothing; else only what it re-recorded, not a new run
-        info = ray_head.client().get_job_info(handle.native_id)
-        assert info.status.is_terminal() and "ray_entry.py" not in (info.entrypoint or "")
-    assert backend.status(handle).state == JobState.SUCCEEDED
-
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    unknown = BackendHandle(backend="ray", key="x", native_id=submission_id_for("never-submitted"), job_dir=str(empty))
-    lost = backend.status(unknown)
-    assert lost.state == JobState.LOST and "does not know" in (lost.reason or "")
-    assert backend.cancel(unknown) == JobState.LOST
 
 
 @pytest.mark.timeout(120)
@@ -440,7 +374,7 @@ def test_ray_working_dir_goes_through_the_sdk_and_following_imports_no_ray(
     handle = backend.submit(
         backend.plan(spec, settings, job_dir=tmp_path / "job"), SubmitRequest(key="workdir", spec=spec)
     )
-    wait_for(backend, handle, {JobState.SUCCEEDED}, 120)
+    wait_status(backend, handle, {JobState.SUCCEEDED}, timeout_s=120, said=torchrun_log(handle))
     assert "sees ['data.txt', 'train.py']" in log_of(handle, "rank0")
     code = (
         "import sys, json; from servers.launch.ray_backend import RayBackend; from servers.engines.backend import "

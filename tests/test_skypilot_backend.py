@@ -60,6 +60,7 @@ from servers.launch.skypilot import (
     check_structure,
     job_name_for,
 )
+from tests.engine_follow import wait_until
 from tests.hostile import HOSTILE_ARGS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -1014,15 +1015,6 @@ def test_cancel_of_an_ended_job_changes_nothing(fake_sky: FakeSky, tmp_path: Pat
 
 
 # ---- logs -----------------------------------------------------------------------------------------------------------
-def wait_file(path: Path, timeout_s: float = 5.0) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.is_file():
-            return path.read_text()
-        time.sleep(0.02)
-    raise AssertionError(f"{path} did not appear")
-
-
 def test_logs_are_copied_into_the_job_folder(fake_sky: FakeSky, tmp_path: Path) -> None:
     backend = quick_backend(tmp_path)
     handle = backend.submit(planned(tmp_path).bind(tmp_path / "job"), request_for())
@@ -1032,7 +1024,9 @@ def test_logs_are_copied_into_the_job_folder(fake_sky: FakeSky, tmp_path: Path) 
     assert fake_sky.calls_named("jobs.tail_logs") == []  # a job not running yet: its log would block
     fake_sky.script(job_id, ManagedJobStatus.RUNNING)
     backend.status(handle)
-    assert wait_file(tmp_path / "job" / "logs" / "skypilot.log") == fake_sky.job_log
+    copied = tmp_path / "job" / "logs" / "skypilot.log"
+    wait_until(copied.is_file, 5, f"{copied} appears")
+    assert copied.read_text() == fake_sky.job_log
     (_, kwargs) = fake_sky.calls_named("jobs.tail_logs")[0]
     assert kwargs == {"job_id": job_id, "follow": False, "controller": False}
     fake_sky.job_log += "(head, rank=0, pid=1) done\n"

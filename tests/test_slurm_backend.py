@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,6 @@ from servers.engines.backend import (
     Backend,
     BackendHandle,
     BackendPlan,
-    EngineStatus,
     SubmitRequest,
     map_state,
 )
@@ -43,6 +41,7 @@ from servers.launch.slurm import (
     worker_ranks,
     write_exit_record,
 )
+from tests.engine_follow import wait_status, wait_until
 
 FIXTURES = Path(__file__).parent / "fixtures" / "launch"
 RECORDED = FIXTURES / "slurm"
@@ -80,31 +79,6 @@ def submit(backend: SlurmBackend, spec: dict, key: str | None = None) -> Backend
     # Without the plan's sinfo checks: some tests submit what the plan refuses (nnodes 3 on 2 nodes), as a partition
     # that shrank after the plan would leave it; test_a_request_no_partition_can_hold_is_refused_at_plan_time has them.
     return backend.submit(backend.plan(spec, check_partition=False), SubmitRequest(key=key, spec=spec))
-
-
-def wait_until(
-    backend: SlurmBackend, handle: BackendHandle, done: Callable[[EngineStatus], object], limit_s: float
-) -> EngineStatus:
-    deadline = time.monotonic() + limit_s
-    while True:
-        status = backend.status(handle)
-        if done(status) or time.monotonic() > deadline:
-            return status
-        time.sleep(0.5)
-
-
-def wait_end(backend: SlurmBackend, handle: BackendHandle, limit_s: float = 180) -> EngineStatus:
-    status = wait_until(backend, handle, lambda s: s.state.terminal, limit_s)
-    assert status.state.terminal, f"job {handle.native_id} did not end within {limit_s} s: {status}"
-    return status
-
-
-def wait_forgotten(backend: SlurmBackend, handle: BackendHandle, limit_s: float = 150) -> None:
-    """Until slurmctld purged the ended job (MinJobAge, then its purge pass)."""
-    deadline = time.monotonic() + limit_s
-    while backend.query(handle.native_id) is not None:
-        assert time.monotonic() < deadline, f"Slurm still knows job {handle.native_id} after {limit_s} s"
-        time.sleep(1)
 
 
 def jobs_in_squeue() -> list[str]:
@@ -409,7 +383,7 @@ def test_tiny_gpt_on_two_nodes_succeeds_with_rank_logs_of_both_nodes_and_metrics
     plan = backend.plan(spec)
     assert "partition debug (checked with sinfo)" in plan.notes
     handle = backend.submit(plan, SubmitRequest(key=unique_key("tiny"), spec=spec))
-    status = wait_end(backend, handle, 240)
+    status = wait_status(backend, handle, timeout_s=240)
     assert status.state == JobState.SUCCEEDED, status
     assert status.exit_code == 0 and status.native_state == "COMPLETED"
     folder = Path(handle.job_dir or "")
@@ -428,7 +402,7 @@ def test_hostile_args_reach_the_script_literally_across_nodes(backend: SlurmBack
     out = tmp_path / "argv.json"
     spec = spec_for(FIXTURES / "echo_args.py", args=HOSTILE_ARGS, env={**LOOPBACK, "JOB_ECHO_ARGS_OUT": str(out)})
     handle = submit(backend, spec)
-    status = wait_end(backend, handle, 240)
+    status = wait_status(backend, handle, timeout_s=240)
     assert status.state == JobState.SUCCEEDED, status
     assert json.loads(out.read_text()) == HOSTILE_ARGS
     assert "rank 0 of 2: sum 2" in log_of(handle, "rank0")
@@ -438,7 +412,7 @@ def test_hostile_args_reach_the_script_literally_across_nodes(backend: SlurmBack
 @pytest.mark.timeout(300)
 def test_a_failing_rank_on_the_other_node_is_named_with_its_exception(backend: SlurmBackend) -> None:
     handle = submit(backend, spec_for(FIXTURES / "fail_rank1.py", name="fail"))
-    status = wait_end(backend, handle, 240)
+    status = wait_status(backend, handle, timeout_s=240)
     assert status.state == JobState.FAILED, status
     assert "rank 1 failed (exit 1): ValueError: bad batch at step 3" in (status.reason or ""), status.reason
     assert "ValueError: bad batch at step 3" in log_of(handle, "rank1")
@@ -450,7 +424,7 @@ def test_a_job_past_its_time_limit_fails_with_timeout(backend: SlurmBackend) -> 
     # --time=1 (whole minutes): Slurm ends it at its next time-limit check, about 60-90 s after the start here.
     started = time.monotonic()
     handle = submit(backend, spec_for(FIXTURES / "sleep_forever.py", name="sleepy", max_wall_s=60))
-    status = wait_end(backend, handle, 240)
+    status = wait_status(backend, handle, timeout_s=240)
     assert status.state == JobState.FAILED, status
     assert status.native_state == "TIMEOUT" and "TIMEOUT" in (status.reason or "")
     assert 55 < time.monotonic() - started < 240
@@ -462,20 +436,13 @@ def test_a_job_past_its_time_limit_fails_with_timeout(backend: SlurmBackend) -> 
 @pytest.mark.timeout(180)
 def test_a_job_that_cannot_start_is_queued_with_its_reason_then_cancelled(backend: SlurmBackend) -> None:
     handle = submit(backend, spec_for(FIXTURES / "sleep_forever.py", nnodes=3, name="three"))
-    status = wait_until(backend, handle, lambda s: s.reason and "PartitionConfig" in s.reason, 60)
+    status = wait_status(backend, handle, lambda s: s.reason and "PartitionConfig" in s.reason, timeout_s=60)
     assert status.state == JobState.QUEUED and status.native_state == "PENDING", status
     assert "PartitionConfig" in (status.reason or "") and "more nodes than it has" in (status.reason or "")
     assert backend.cancel(handle) == JobState.CANCELLED
     assert backend.cancel(handle) == JobState.CANCELLED  # idempotent
     assert backend.status(handle).state == JobState.CANCELLED
-    # A running job too, and its batch script records the cancel.
-    running = submit(backend, spec_for(FIXTURES / "sleep_forever.py", name="running"))
-    status = wait_until(backend, running, lambda s: "sleeping" in log_of(running, "rank1"), 120)
-    assert status.state == JobState.RUNNING, status
-    assert backend.cancel(running) == JobState.CANCELLED
-    record = wait_until(backend, running, lambda s: (Path(running.job_dir or "") / EXIT_RECORD).exists(), 30)
-    assert record.state == JobState.CANCELLED
-    assert json.loads((Path(running.job_dir or "") / EXIT_RECORD).read_text())["state"] == "CANCELLED"
+    # A running job cancelled, and its exit record: tests/test_backend_contract.py.
 
 
 @pytest.mark.timeout(240)
@@ -520,8 +487,8 @@ def test_states_are_exact_after_slurm_forgot_the_job(backend: SlurmBackend, tmp_
     bad = submit(backend, spec_for(FIXTURES / "quick.py", args=["3"], nnodes=1, name="bad"))
     never = submit(backend, spec_for(FIXTURES / "quick.py", nnodes=3, name="never"))
     assert backend.cancel(never) == JobState.CANCELLED
-    for handle in (ok, bad, never):
-        wait_forgotten(backend, handle)
+    for handle in (ok, bad, never):  # until slurmctld purged the ended job (MinJobAge, then its purge pass)
+        wait_until(lambda h=handle: backend.query(h.native_id) is None, 150, f"Slurm forgets job {handle.native_id}")
     # Ask only now: the backend never saw them end, so what it says comes from the job folder.
     for handle in (ok, bad, never):
         (Path(handle.job_dir or "") / STATE_RECORD).unlink(missing_ok=True)
