@@ -65,7 +65,6 @@ class Engine:
     forget: Callable[[BackendHandle], None] | None = None
     forget_why: str = ""
     keeps_end: bool = True
-    resubmit_defect: str = ""  # a known defect: a submit after the engine forgot the job starts it again
     settings: Settings | None = None
     end_s: float = 120.0  # how long a quick job may take to end, queue and start included
     notes: dict[str, Any] = field(default_factory=dict)
@@ -314,10 +313,6 @@ def kubernetes_engine(root: Path, fake: Any) -> Iterator[Engine]:
         drive=drive,
         gone=lambda handle: fake.stored(handle.native_id.rsplit("/", 1)[-1]) is None,
         forget=forget,
-        resubmit_defect=(
-            "KubernetesBackend.submit creates the object again when it is gone (a TTL, a delete), although the job "
-            "folder records that it was submitted and ended: a restarted follower would run the training again"
-        ),
     )
 
 
@@ -505,8 +500,6 @@ def test_after_a_restart_the_job_is_found_by_its_key_and_its_end_kept(engine: En
         forgotten = engine.jobs()
         assert engine.make().submit(plan, request) == handle
         if engine.jobs() != forgotten:
-            if engine.resubmit_defect:
-                pytest.xfail(engine.resubmit_defect)
             pytest.fail(f"{engine.name}: a submit of the key of a job the engine forgot started it again")
     if handle.job_dir and engine.keeps_end:
         shutil.rmtree(handle.job_dir)  # the job's own records gone too: nothing is left to tell its end

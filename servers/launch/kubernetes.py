@@ -563,6 +563,15 @@ class KubernetesBackend:
             native_id=f"{plan.namespace}/{kind.plural}/{name}",
             job_dir=str(folder) if folder is not None else None,
         )
+        submitted = self._read_record(folder, SUBMIT_RECORD, handle.native_id)
+        if (
+            submitted is not None
+            and submitted.get("key") == request.key
+            and self._get(plan.namespace, kind, name) is None
+        ):
+            # This folder's job was created once already and its object is gone (a TTL, a delete): the job ended or
+            # was lost there, and `status` says which from the records. Creating it again would run it twice.
+            return handle
         what = f"create {kind.kind} {plan.namespace}/{name}"
         try:
             created = self._call(
