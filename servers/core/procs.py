@@ -7,6 +7,7 @@ boot, together with the boot id, since start times restart at every boot.
 
 import contextlib
 import os
+import select
 import signal
 import sys
 import threading
@@ -150,6 +151,34 @@ def terminate_group(
             break
         time.sleep(poll_s)
     return "killed"
+
+
+class ExitWaiter:
+    """Waits of at most a given time that end early when the child `pid` ends (its pidfd, Linux 5.3+) or one of
+    `wake_fds` becomes readable (what they hold is read and dropped), so that an end is acted on at once instead of
+    at the next poll. Without pidfd, a wait lasts its whole time. `pid` must be the caller's own unreaped child (its
+    pid cannot name another process until it is waited for)."""
+
+    def __init__(self, pid: int, *wake_fds: int) -> None:
+        self._poller = select.poll()  # not select(): it refuses descriptors past FD_SETSIZE
+        self._wake_fds = wake_fds
+        self._pidfd: int | None = None
+        for fd in wake_fds:
+            self._poller.register(fd, select.POLLIN)
+        with contextlib.suppress(AttributeError, OSError):  # no pidfd here: the end is seen at the next step
+            self._pidfd = os.pidfd_open(pid)
+            self._poller.register(self._pidfd, select.POLLIN)
+
+    def __call__(self, timeout_s: float) -> None:
+        if self._poller.poll(max(0.0, timeout_s) * 1000):
+            for fd in self._wake_fds:
+                with contextlib.suppress(OSError):  # drained (a pidfd stays readable: the caller sees the end)
+                    os.read(fd, 512)
+
+    def close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
 
 def exit_watch(pid: int | None, start_time: int | None) -> int | None:

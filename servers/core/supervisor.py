@@ -12,22 +12,20 @@ does a server cancel by SIGTERM (before, SIGTERM would kill it unrecorded). It r
 right after, so a cancel asked for while it started is not missed.
 """
 
-import contextlib
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from servers.core.jobfiles import JobFiles, atomic_write_json, read_json, worker_error
 from servers.core.jobrow import JobRow, JobState
 from servers.core.procs import (
+    ExitWaiter,
     boot_id,
     child_command,
     group_alive,
@@ -80,22 +78,6 @@ def _handle_signals() -> tuple[threading.Event, int]:
     signal.signal(signal.SIGINT, lambda *_: cancel.set())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     return cancel, wake_r
-
-
-def _waiter(worker_pid: int, wake_fd: int) -> Callable[[float], None]:
-    """A wait of at most a given time that ends early when the worker ends (its pidfd, Linux 5.3+) or a signal
-    arrives (`wake_fd`), so that the end is recorded at once instead of at the next poll."""
-    poller = select.poll()  # not select(): it refuses descriptors past FD_SETSIZE
-    poller.register(wake_fd, select.POLLIN)
-    with contextlib.suppress(AttributeError, OSError):  # no pidfd here: the worker's end is seen at the next step
-        poller.register(os.pidfd_open(worker_pid), select.POLLIN)
-
-    def wait(timeout_s: float) -> None:
-        if poller.poll(timeout_s * 1000):
-            with contextlib.suppress(OSError):  # drain the signals' bytes (a pidfd stays readable: the loop ends)
-                os.read(wake_fd, 512)
-
-    return wait
 
 
 class _Run:
@@ -198,7 +180,7 @@ class _Run:
         deadline = time.monotonic() + self.timeout_s
         engine_started = False
         next_db_check = time.monotonic() + _DB_POLL_S
-        wait = _waiter(worker.pid, wake_fd)
+        wait = ExitWaiter(worker.pid, wake_fd)  # wakes on the worker's end and on signals
         while (returncode := worker.poll()) is None:
             if self.cancel.is_set():
                 return "cancelled", None

@@ -38,7 +38,7 @@ from pydantic import Field
 from servers.core.jobfiles import JobContext, JobFiles
 from servers.core.jobstore import JobState
 from servers.core.netns import LOOPBACK_ENV, isolated_argv
-from servers.core.procs import stop_on_sigterm
+from servers.core.procs import ExitWaiter, stop_on_sigterm
 from servers.core.sandbox import Layout, code_folders, sandbox_argv
 from servers.core.settings import ENV_PREFIX as SETTINGS_PREFIX
 from servers.core.settings import Settings
@@ -419,19 +419,22 @@ def _follow(
     proc: subprocess.Popen[bytes], mirror: RankLogMirror, ctx: JobContext, stop: threading.Event, total: float | None
 ) -> int:
     last_step: int | None = None
-    while True:
-        try:
-            return proc.wait(timeout=POLL_S)
-        except subprocess.TimeoutExpired:
-            pass
-        if stop.is_set():
-            return _stop(proc)
-        mirror.sync()
-        step = _last_step(ctx.files.metrics)
-        if step is not None and step != last_step:
-            last_step = step
-            attempt = len(attempt_dirs(mirror.log_dir)) - 1
-            ctx.progress(step, total, f"step {step}" + (f" (after {attempt} restart(s))" if attempt > 0 else ""))
+    wait = ExitWaiter(proc.pid)  # torchrun's end is seen when it happens, not at the next poll
+    try:
+        while True:
+            wait(POLL_S)
+            if (returncode := proc.poll()) is not None:
+                return returncode
+            if stop.is_set():
+                return _stop(proc)
+            mirror.sync()
+            step = _last_step(ctx.files.metrics)
+            if step is not None and step != last_step:
+                last_step = step
+                attempt = len(attempt_dirs(mirror.log_dir)) - 1
+                ctx.progress(step, total, f"step {step}" + (f" (after {attempt} restart(s))" if attempt > 0 else ""))
+    finally:
+        wait.close()
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> int:
