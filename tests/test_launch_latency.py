@@ -39,6 +39,9 @@ def test_the_supervisor_and_the_launchers_import_no_model_library() -> None:
     # The sandbox and network launchers start with -S (no site-packages): they must need the standard library only.
     for module in ("servers.core.sandbox", "servers.core.netns"):
         assert not heavy & _imported(module, "-S")
+    # A local training job's worker imports its work function's module before torchrun starts: not the settings
+    # machinery (~70 ms), nor the MCP SDK or torch.
+    assert not {"pydantic_settings", "mcp", "anyio", "torch"} & _imported("servers.launch.local")
 
 
 @pytest.mark.timeout(60)

@@ -5,3 +5,7 @@ The MCP side: `mcp_layer` (the app, servers and tool registration), `arguments` 
 `job_tools` (the shared job tools), `tasks` (jobs as MCP tasks and subscriptions), `assemble`, `resources`,
 `transport`; `sdk` is the one module that touches what the SDK does not expose publicly. The rest is plain Python.
 """
+
+# The prefix of every setting's environment variable (settings.py), here so that what a job's worker imports (the
+# local training job scrubs these from its environment) need not load the settings machinery (pydantic_settings).
+ENV_PREFIX = "LLM_INFRA_MCP_"

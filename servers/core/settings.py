@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-ENV_PREFIX = "LLM_INFRA_MCP_"
+from servers.core import ENV_PREFIX
 
 
 def default_home() -> Path:

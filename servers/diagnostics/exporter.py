@@ -20,9 +20,9 @@ from typing import Any
 import anyio
 from pydantic import Field
 
+from servers.core import ENV_PREFIX
 from servers.core.errors import InputError
 from servers.core.models import Model
-from servers.core.settings import ENV_PREFIX
 from servers.diagnostics.bounds import MAX_NOTES, MAX_STR, cap_notes, clip, clip_str, fit, pick, scaled
 from servers.diagnostics.findings import ATTENTION_RANK, Status
 from servers.diagnostics.health import evaluate

@@ -31,13 +31,15 @@ CANCELLED -> CANCELLED; anything unknown maps to LOST rather than being guessed.
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import Field
 
 from servers.core.jobstore import JobState
 from servers.core.models import Model
-from servers.core.settings import Settings
+
+if TYPE_CHECKING:
+    from servers.core.settings import Settings
 
 # The placeholder a plan made before its job folder exists uses for that folder; binding replaces it.
 JOB_DIR_PLACEHOLDER = "$JOB_DIR"
@@ -145,7 +147,7 @@ class Backend(Protocol):
         """(usable here, what was found or what is missing). Cheap; starts nothing."""
         ...
 
-    def plan(self, spec: Mapping[str, Any], settings: Settings | None = None) -> BackendPlan:
+    def plan(self, spec: Mapping[str, Any], settings: "Settings | None" = None) -> BackendPlan:
         """The exact command for a validated spec. No side effects."""
         ...
 

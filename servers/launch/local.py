@@ -35,13 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
+from servers.core import ENV_PREFIX as SETTINGS_PREFIX
 from servers.core.jobfiles import JobContext, JobFiles
 from servers.core.jobstore import JobState
 from servers.core.netns import LOOPBACK_ENV, isolated_argv
 from servers.core.procs import ExitWaiter, stop_on_sigterm
 from servers.core.sandbox import Layout, code_folders, sandbox_argv
-from servers.core.settings import ENV_PREFIX as SETTINGS_PREFIX
-from servers.core.settings import Settings
 from servers.engines.backend import (
     GPUS_PLACEHOLDER,
     JOB_DIR_PLACEHOLDER,
@@ -66,6 +65,7 @@ from servers.launch.torchrun import (
 
 if TYPE_CHECKING:
     from servers.core.jobs import JobEngine
+    from servers.core.settings import Settings
 
 ENTRY = "servers.launch.local:run_training_job"
 NETWORKS = ("isolated", "host")
@@ -154,7 +154,7 @@ class LocalBackend:
     def plan(
         self,
         spec: Mapping[str, Any],
-        settings: Settings | None = None,
+        settings: "Settings | None" = None,
         *,
         job_dir: Path | None = None,
     ) -> BackendPlan:
@@ -214,6 +214,8 @@ class LocalBackend:
         if sandbox not in SANDBOXES:
             raise ValueError(f"sandbox must be one of {', '.join(SANDBOXES)}, got {sandbox!r}")
         if sandbox == "on":
+            from servers.core.settings import Settings
+
             state_dir = spec.get("state_dir") or str((settings or Settings()).home)
             writable = (cwd, str(log_dir), str(files.checkpoints), str(files.metrics))
             layout = Layout(hide=(str(state_dir),), readonly=code_folders(), writable=writable, network=network)
