@@ -60,6 +60,7 @@ register(
         factory="servers.launch.backends:make_kubernetes",
         options="servers.launch.kubernetes:KubernetesOptions",
         plan_model="servers.launch.kubernetes:KubernetesPlan",
+        plan_warnings="servers.launch.kubernetes:plan_warnings",
         detect="servers.launch.backends:detect_kubernetes",
         poll_s=2.0,
         capabilities=frozenset({"multi_node", "cluster_nodes", "images", "log_sync"}),

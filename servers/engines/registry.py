@@ -64,6 +64,9 @@ class BackendInfo:
       built from its config is asked `available()`;
     - ``plan_model``: the BackendPlan subclass (or its reference) the backend's plans are, what a stored plan is
       read back as; None: BackendPlan;
+    - ``plan_warnings``: a callable (or reference) taking the backend's plan and the spec it was made from and
+      returning what the launch's plan warns of for this backend alone (e.g. what pods asking for no GPU get);
+      None: nothing;
     - ``poll_s``: the slowest a follower asks the engine about one job;
     - ``grace_s``: how long past the job's wall-time limit its follower keeps following (a queue, a provisioning).
     """
@@ -75,6 +78,7 @@ class BackendInfo:
     options: Any = None
     detect: Callable[[Any], Any] | str | None = None
     plan_model: Any = None
+    plan_warnings: Callable[[Any, Mapping[str, Any]], list[str]] | str | None = None
     poll_s: float = 1.0
     grace_s: float = 600.0
     capabilities: frozenset[str] = field(default_factory=frozenset)
@@ -104,6 +108,10 @@ class BackendInfo:
 
     def options_model(self) -> Any:
         return resolve(self.options) if self.options is not None else None
+
+    def warnings_for(self, plan: Any, spec: Mapping[str, Any]) -> list[str]:
+        """What the launch's plan warns of for this backend alone (``plan_warnings``)."""
+        return list(resolve(self.plan_warnings)(plan, spec)) if self.plan_warnings is not None else []
 
     def load_plan(self, data: Mapping[str, Any]) -> Any:
         """A stored plan read back as the backend's plan model (a BackendPlan)."""

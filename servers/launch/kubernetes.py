@@ -96,6 +96,16 @@ class KubernetesOptions(Options):
     k8s_kind: Literal["TrainJob", "PyTorchJob"] | None = None
 
 
+def plan_warnings(plan: BackendPlan, spec: Mapping[str, Any]) -> list[str]:
+    """What a Kubernetes launch's plan warns of (its BackendInfo's plan_warnings): for a job asking for no GPU, what
+    its pods get, read from the manifest planned, and what the job costs."""
+    if spec.get("gpus_per_node"):
+        return []
+    node_hours = int(spec.get("nnodes") or 1) * float(spec.get("max_wall_s") or 0) / 3600
+    runtime = (spec.get("options") or {}).get("runtime")
+    return [no_gpu_warning(plan, runtime, node_hours)]
+
+
 def no_gpu_warning(plan: BackendPlan, runtime: str | None, node_hours: float) -> str:
     """What the pods of a job that asks for no GPU get, read from the manifest planned, and what the job costs."""
     if plan.env.get("NVIDIA_VISIBLE_DEVICES") == "void":

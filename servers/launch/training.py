@@ -444,10 +444,7 @@ def plan(
         raise InputError(str(exc)) from exc
     estimated = gpus * spec.nnodes * spec.max_wall_s / 3600
     node_hours = spec.nnodes * spec.max_wall_s / 3600
-    if spec.backend == "kubernetes" and not gpus:  # what the pods get, read from the manifest planned
-        from servers.launch.kubernetes import no_gpu_warning
-
-        warnings.append(no_gpu_warning(backend_plan, options.get("runtime"), node_hours))
+    warnings += info.warnings_for(backend_plan, backend_spec)
     if any(a.strip().startswith(("$(", "`")) or ";" in a or "&&" in a or "|" in a for a in spec.args):
         warnings.append("some args look like shell syntax: they reach the script as literal strings, no shell runs")
     digest = plan_digest(normalised, backend_plan)
