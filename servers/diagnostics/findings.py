@@ -19,10 +19,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import import_module
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, WithJsonSchema
+
+from servers.core.refs import resolve
 
 Severity = Literal["info", "warning", "critical"]
 Status = Literal["healthy", "degraded", "unhealthy", "unknown"]
@@ -165,10 +166,7 @@ class Check:
     run: str | Callable[[Any], CheckReport]
 
     def report(self, value: Any) -> CheckReport:
-        run = self.run
-        if isinstance(run, str):
-            module, _, attr = run.partition(":")
-            run = getattr(import_module(module), attr)
+        run = resolve(self.run)
         assert callable(run)
         result = run(value)
         if not isinstance(result, CheckReport) or result.check != self.name:

@@ -36,18 +36,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from servers.core.refs import resolve
+
 CAPABILITIES = frozenset({"in_engine", "multi_node", "cluster_nodes", "images", "arrays", "node_pinning", "log_sync"})
-
-
-def resolve(reference: str | Any) -> Any:
-    """A "module:attribute" reference imported, or the object itself."""
-    if not isinstance(reference, str):
-        return reference
-    module, _, attribute = reference.partition(":")
-    target: Any = importlib.import_module(module)
-    for part in attribute.split("."):
-        target = getattr(target, part)
-    return target
 
 
 @dataclass(frozen=True)

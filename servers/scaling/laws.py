@@ -11,7 +11,6 @@ A new law is one module that declares a Law (its parameters, its curve, its fitt
 `laws.register(MY_LAW)`; every tool asks the registry (get, names) instead of naming laws.
 """
 
-import importlib
 import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ from pydantic import Field
 from servers.core import toolcache
 from servers.core.errors import InputError
 from servers.core.models import Model
+from servers.core.refs import resolve
 
 if TYPE_CHECKING:
     from servers.scaling.fitting import FitOutcome
@@ -115,14 +115,6 @@ class Law:
 
     def fit(self, task: "FitTask") -> "FitOutcome":
         return resolve(self.fitter)(task)
-
-
-def resolve(ref: Callable[..., Any] | str) -> Callable[..., Any]:
-    """A callable, or the function a "module:function" string names (imported when first used)."""
-    if isinstance(ref, str):
-        module, _, attr = ref.partition(":")
-        return getattr(importlib.import_module(module), attr)
-    return ref
 
 
 _LAWS: dict[str, Law] = {}
