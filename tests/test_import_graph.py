@@ -5,9 +5,9 @@ inside functions alike (a lazy import is a dependency all the same; making an im
 circle), except those under `if TYPE_CHECKING:`, which never run and exist only for annotations. A reference
 written as a "module:attr" string (the engines' registry resolves those when asked) is not an import.
 
-The layers, lowest first: servers/core (imports no other servers package), servers/engines (servers.core only,
-besides the standard library and third-party packages), then the servers (launch, diagnostics, scaling, overlap,
-loop), which reach one another only through servers/engines or servers/core. The top (servers/cli.py,
+The layers, lowest first: servers/core (imports no other servers package), servers/engines and servers/runs (each
+servers.core only, besides the standard library and third-party packages), then the servers (launch, diagnostics, scaling, overlap,
+loop), which reach one another only through servers/engines, servers/runs or servers/core. The top (servers/cli.py,
 servers/suite.py, servers/docs.py) assembles the servers and may import any of them.
 """
 
@@ -168,11 +168,11 @@ def layering_violations(graph: dict[str, set[str]]) -> list[str]:
                 continue
             if here == "core" and there != "core":
                 problems.append(f"{module} imports {target}: servers/core imports no other servers package")
-            elif here == "engines" and there not in ("core", "engines"):
-                problems.append(f"{module} imports {target}: servers/engines imports servers/core only")
+            elif here in ("engines", "runs") and there not in ("core", here):
+                problems.append(f"{module} imports {target}: servers/{here} imports servers/core only")
             elif (
                 here in SERVER_PACKAGES
-                and there not in (here, "core", "engines")
+                and there not in (here, "core", "engines", "runs")
                 and (module, target) not in CROSS_SERVER_EXCEPTIONS
             ):
                 problems.append(
