@@ -5,10 +5,11 @@ inside functions alike (a lazy import is a dependency all the same; making an im
 circle), except those under `if TYPE_CHECKING:`, which never run and exist only for annotations. A reference
 written as a "module:attr" string (the engines' registry resolves those when asked) is not an import.
 
-The layers, lowest first: servers/core (imports no other servers package), servers/engines and servers/runs (each
-servers.core only, besides the standard library and third-party packages), then the servers (launch, diagnostics, scaling, overlap,
-loop), which reach one another only through servers/engines, servers/runs or servers/core. The top (servers/cli.py,
-servers/suite.py, servers/docs.py) assembles the servers and may import any of them.
+The layers, lowest first: servers/core (imports no other servers package), servers/engines and servers/runs
+(each servers.core only, besides the standard library and third-party packages), then the servers (launch,
+diagnostics, scaling, overlap, loop), which reach one another only through servers/engines, servers/runs or
+servers/core. The top (servers/cli.py, servers/suite.py, servers/docs.py) assembles the servers and may import any
+of them.
 """
 
 import ast
