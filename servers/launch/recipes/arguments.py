@@ -53,3 +53,30 @@ def tiny_grpo() -> argparse.ArgumentParser:
     p.add_argument("--ckpt-every", type=int, default=100, help="steps between checkpoints (0: only at the end)")
     add_straggler_arguments(p)
     return p
+
+
+def trl_grpo() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="TRL's GRPOTrainer on a tiny random-weight causal LM (CPU or GPU).")
+    p.add_argument("--steps", type=int, default=8, help="GRPO steps (GRPOConfig.max_steps)")
+    p.add_argument("--prompts-per-step", type=int, default=2, help="prompts per device per step")
+    p.add_argument("--num-generations", type=int, default=4, help="completions per prompt (the GRPO group)")
+    p.add_argument("--max-completion-length", type=int, default=6, help="tokens generated per completion")
+    p.add_argument("--lr", type=float, default=3e-3, help="GRPOConfig.learning_rate")
+    p.add_argument("--beta", type=float, default=0.04, help="KL coefficient (GRPOConfig.beta; 0: no reference)")
+    p.add_argument("--letters", type=int, default=4, help="letters in the task's vocabulary (2-26)")
+    p.add_argument("--prompts", type=int, default=64, help="prompts in the seeded prompt set")
+    p.add_argument("--hidden-size", type=int, default=32, help="model width (LlamaConfig.hidden_size)")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers")
+    p.add_argument("--heads", type=int, default=2, help="attention heads (must divide --hidden-size)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights, the prompts and the sampling")
+    p.add_argument("--save-every", type=int, default=0, help="steps between checkpoint-N/ folders (0: at the end)")
+    p.add_argument("--output-dir", default=None, help="TRL's output_dir (default: trl/ in the job's folder)")
+    p.add_argument(
+        "--grpo-arg",
+        action="append",
+        default=None,
+        metavar="FIELD=VALUE",
+        help="any other GRPOConfig field (repeatable; VALUE as JSON, else text)",
+    )
+    p.add_argument("--check", action="store_true", help="build and validate the GRPOConfig, then stop")
+    return p
