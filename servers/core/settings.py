@@ -152,6 +152,43 @@ class Settings(BaseSettings):
                 raise ValueError(f"exporter URL {url!r} must not carry a query or fragment")
         return value
 
+    tracking_hosts: Annotated[list[str], NoDecode] = Field(
+        default=["127.0.0.1", "localhost", "::1"],
+        description="The only hosts a run source URI (an MLflow tracking server, anything remote) may name, "
+        "separated by commas or spaces; a URI on another host is refused before any connection. Default: loopback. "
+        "Empty: none.",
+    )
+
+    @field_validator("tracking_hosts", mode="before")
+    @classmethod
+    def _split_tracking_hosts(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part for part in value.replace(",", " ").split() if part]
+        return value
+
+    @field_validator("tracking_hosts", mode="after")
+    @classmethod
+    def _check_tracking_hosts(cls, value: list[str]) -> list[str]:
+        import ipaddress
+        import re
+
+        hosts = []
+        for host in value:
+            bare = host.strip().lower()
+            if bare.startswith("[") and bare.endswith("]"):
+                bare = bare[1:-1]
+            try:
+                ok = bool(ipaddress.ip_address(bare)) if ":" in bare else bool(re.fullmatch(r"[a-z0-9._-]+", bare))
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(
+                    f"tracking host {host!r} is not a host name or IP address; accepted: names like node-7 or "
+                    "mlflow.lab, IPv4 or IPv6 addresses, without scheme, port or path"
+                )
+            hosts.append(bare)
+        return list(dict.fromkeys(hosts))
+
     toolsets: Annotated[list[str], NoDecode] = Field(
         default=[],
         description="The parts the suite serves, separated by commas (scaling, diagnostics, overlap, launch); the job "
