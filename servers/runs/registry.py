@@ -108,14 +108,15 @@ def is_uri(text: str) -> bool:
 
 
 def target(text: str, *, roots: Iterable[Path], hosts: Iterable[str] = DEFAULT_HOSTS) -> Target:
-    """The Target for `text`: a URI kept as it is (its reader checks the host), a file:// URI or a path resolved
-    inside the roots (InputError outside them)."""
+    """The Target for `text`: a URI kept as it is (its reader checks the host), a file:// or sqlite:// URI or a
+    path resolved inside the roots (InputError outside them; the text, query included, is kept)."""
     hosts = tuple(hosts)
     if is_uri(text):
         parts = urlsplit(text)
-        if parts.scheme != "file":
+        if parts.scheme not in ("file", "sqlite"):
             return Target(text, uri=text, hosts=hosts)
-        text_path = parts.path
+        # sqlite:///rel.db is relative and sqlite:////abs.db absolute (SQLAlchemy's form, which MLflow uses)
+        text_path = parts.path[1:] if parts.scheme == "sqlite" else parts.path
     else:
         text_path = text
     path = resolve_inside_roots(os.path.expanduser(text_path), roots, what="run source")
