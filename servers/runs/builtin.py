@@ -33,11 +33,12 @@ BUILTIN: tuple[ReaderInfo, ...] = (
     ),
     ReaderInfo(
         "mlflow",
-        "an MLflow run: mlflow+http://HOST:PORT/RUN_ID (a tracking server on an allowed host) or a local store "
-        "directory (mlruns/) or mlflow:PATH?run=RUN_ID",
+        "an MLflow run: mlflow+http://HOST:PORT/RUN_ID or the UI's http://HOST:PORT/#/experiments/E/runs/RUN_ID "
+        "(a tracking server on an allowed host), or a local store (mlruns/ or a run folder in it, mlflow.db, "
+        "sqlite:///mlflow.db); ?run=RUN_ID picks a run, else the latest is read",
         "servers.runs.mlflow_reader:detect",
         "servers.runs.mlflow_reader:read",
-        package="mlflow-skinny",
+        package="mlflow",
     ),
     ReaderInfo(
         "tensorboard",
