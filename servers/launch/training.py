@@ -31,6 +31,7 @@ from servers.engines.admission import confirmation_needed
 from servers.engines.backend import Backend, BackendPlan
 from servers.launch import options as backend_options
 from servers.launch.envpolicy import check_env
+from servers.runs.jobs import RUN_SOURCE_KEY, run_source
 
 KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 # What `options` takes, per bundled backend (the options models in their modules; a test keeps this in step).
@@ -415,6 +416,7 @@ def plan(
 
     if not remote:  # the cluster's network otherwise: the backend's notes state the trust it assumes
         warnings += _isolation(settings, spec, workdir)
+    checked, declared_run = recipe_checks(recipe, spec.args)
     normalised = spec.model_copy(update={"nproc_per_node": nproc, "gpus_per_node": gpus, "options": options})
     backend_spec = {
         "script": str(script),
@@ -438,6 +440,8 @@ def plan(
         "name": spec.name,
         "tags": list(spec.tags),
     }
+    if declared_run is not None:
+        backend_spec[RUN_SOURCE_KEY] = declared_run
     try:
         backend_plan = (backend or _default_backend()).plan(backend_spec, settings)
     except ValueError as exc:
@@ -457,7 +461,7 @@ def plan(
         cwd=backend_plan.cwd,
         env=backend_plan.env,
         rendered=backend_plan.rendered,
-        notes=backend_plan.notes,
+        notes=[*backend_plan.notes, *checked],
         backend_spec=backend_spec,
         backend_plan=backend_plan,
         script_path=str(script),
@@ -480,6 +484,25 @@ def plan(
         quotas=quotas,
         warnings=warnings,
     )
+
+
+def recipe_checks(recipe: str | None, args: list[str]) -> tuple[list[str], dict[str, str] | None]:
+    """A bundled recipe's plan-time check of the job's args (its note for the plan; InputError with its refusal)
+    and the run its framework writes, declared for the job's spec (servers/runs/jobs.py)."""
+    if recipe is None:
+        return [], None
+    from servers.core.refs import resolve
+    from servers.launch.recipes import RECIPES
+
+    info = RECIPES[recipe]
+    notes: list[str] = []
+    if info.plan_check is not None:
+        try:
+            notes.append(resolve(info.plan_check)(list(args)))
+        except ValueError as exc:
+            raise InputError(f"args: {exc}") from None
+    declared = run_source(info.run_reader, info.run_path) if info.run_reader and info.run_path else None
+    return notes, declared
 
 
 def _ranks(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servers.launch.recipes.arguments import tiny_gpt, tiny_grpo
+from servers.launch.recipes.arguments import tiny_gpt, tiny_grpo, trl_grpo
 
 HERE = Path(__file__).resolve().parent
 
@@ -37,6 +37,11 @@ class RecipeInfo:
     metrics: tuple[str, ...]
     checkpoints: bool = True
     metric_notes: tuple[tuple[str, str], ...] = ()
+    # The run the framework writes, for a job's spec (servers/runs/jobs.py): reader name, path in the job folder.
+    run_reader: str | None = None
+    run_path: str | None = None
+    # "module:attr" of a plan-time check of the job's args: returns the plan's note, raises ValueError to refuse.
+    plan_check: str | None = None
 
 
 _TYPE_NAMES: dict[Any, str] = {int: "int", float: "float", str: "str", None: "str"}
@@ -117,7 +122,40 @@ TINY_GRPO = RecipeInfo(
     ),
 )
 
-RECIPES: dict[str, RecipeInfo] = {r.name: r for r in (TINY_GPT, TINY_GRPO)}
+TRL_GRPO = RecipeInfo(
+    name="trl-grpo",
+    path=HERE / "trl_grpo.py",
+    description=(
+        "TRL's own GRPOTrainer on a tiny Llama with random weights (2 layers, width 32; nothing downloaded) and a "
+        "word-level tokenizer built in the script: prompts 'repeat X :', reward the share of completion tokens that "
+        "are X. report_to tensorboard, logging_steps 1. Any other GRPOConfig field via --grpo-arg FIELD=VALUE. The "
+        "plan validates the args: the recipe's parser, then TRL's GRPOConfig built from them (unknown or invalid "
+        "fields fail with TRL's error). The job's run (trainer_state.json, event files) is checkpoints/trl, read "
+        "by the trl reader."
+    ),
+    arguments=arguments_of(trl_grpo()),
+    expected_time_cpu="about 10-20 s with 1 rank at the defaults, most of it importing transformers and TRL",
+    expected_time_gpu="about the same: start-up dominates",
+    metrics=(
+        "reward",
+        "reward_std",
+        "kl",
+        "entropy",
+        "completions/mean_length",
+        "num_tokens",
+        "step_time",
+        "loss",
+        "grad_norm",
+        "learning_rate",
+        "split",
+    ),
+    metric_notes=(("step_time", "TRL's seconds per step"), ("num_tokens", "TRL's cumulative tokens seen")),
+    run_reader="trl",
+    run_path="checkpoints/trl",
+    plan_check="servers.launch.recipes.trl_grpo:plan_check",
+)
+
+RECIPES: dict[str, RecipeInfo] = {r.name: r for r in (TINY_GPT, TINY_GRPO, TRL_GRPO)}
 
 
 def recipe_path(name: str) -> Path:

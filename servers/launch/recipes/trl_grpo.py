@@ -10,7 +10,7 @@ word "repeat", ":", and [PAD] / [EOS] / [UNK]) wrapped in transformers' PreTrain
 
 Task ("repeat the letter"): a prompt is "repeat X :" for a letter X drawn from --letters letters with --seed; the
 reward of a completion (verifiable, in [0, 1]) is the share of its --max-completion-length token slots that are
-the letter X. A random policy scores about 1 / (letters + 3); the best scores 1.
+the letter X. A random policy scores below 1 / (letters + 5), one over the vocabulary's size; the best scores 1.
 
 Training: GRPOConfig built from the flags (report_to tensorboard, logging_steps 1, max_steps --steps, use_cpu when
 no GPU is present, the seed) plus any --grpo-arg FIELD=VALUE (VALUE read as JSON, else as text). The config is
@@ -19,7 +19,8 @@ stops right there (the launch server plans with it). Fields the recipe sets itse
 logging_steps, max_steps, seed, use_cpu, ...) and the hub's are refused in --grpo-arg.
 
 Where the run goes (the contract with the launch server): TRL's output_dir is --output-dir, else the folder
-"trl" next to LLM_INFRA_MCP_METRICS (the job's folder), else ./trl-grpo. It holds trainer_state.json (log_history:
+"trl" in LLM_INFRA_MCP_CHECKPOINT_DIR (the job's checkpoints/, so the job's run source is checkpoints/trl), else
+./trl-grpo; HF_HOME defaults to .hf-home in it. It holds trainer_state.json (log_history:
 one entry per step), the saved model (config.json, model.safetensors), checkpoint-N/ every --save-every steps and
 TensorBoard event files under runs/. Rank 0 also appends each logged step to LLM_INFRA_MCP_METRICS (reward, loss,
 kl, completions/mean_length, ...) so that the job's progress shows.
@@ -88,7 +89,11 @@ OWN_FIELDS = frozenset(
         "model_init_kwargs",
     }
 )
+# Suffixes and prefixes of fields that name files, hosts or services (read at config time, or reached by the job).
+REFUSED_SHAPES = ("_dir", "_path", "_file", "_url", "_config", "_host", "_port", "_token", "hub_", "push_", "vllm_")
+REFUSED_NAMES = frozenset({"deepspeed", "fsdp", "resume_from_checkpoint"})
 SPECIAL = ("[PAD]", "[EOS]", "[UNK]")
+CHECK_TIMEOUT_S = 120.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,10 +110,15 @@ def extra_fields(items: list[str] | None) -> dict[str, Any]:
         name = name.strip()
         if not sep or not name.isidentifier():
             raise ValueError(f"--grpo-arg {item!r}: expected FIELD=VALUE with FIELD a GRPOConfig field name")
-        if name in OWN_FIELDS:
+        if name in OWN_FIELDS or name in REFUSED_NAMES:
             raise ValueError(
-                f"--grpo-arg {name}: the recipe sets this field itself (from its own flags, or it reaches outside "
-                f"the job); refused fields: {', '.join(sorted(OWN_FIELDS))}"
+                f"--grpo-arg {name}: refused, the recipe sets it from its own flags (see its arguments) or it "
+                "reaches outside the job (output, logging, saving, the hub, vLLM, DeepSpeed/FSDP files)"
+            )
+        if name.endswith(REFUSED_SHAPES[:8]) or name.startswith(REFUSED_SHAPES[8:]):
+            raise ValueError(
+                f"--grpo-arg {name}: fields naming files, hosts or services are refused (names ending "
+                f"{', '.join(REFUSED_SHAPES[:8])} or starting {', '.join(REFUSED_SHAPES[8:])})"
             )
         try:
             fields[name] = json.loads(raw)
@@ -118,10 +128,12 @@ def extra_fields(items: list[str] | None) -> dict[str, Any]:
 
 
 def output_dir(arg: str | None) -> Path:
+    """--output-dir, else trl/ in LLM_INFRA_MCP_CHECKPOINT_DIR (the job's checkpoints folder, which a sandboxed job
+    may write), else ./trl-grpo."""
     if arg:
         return Path(arg)
-    metrics = os.environ.get("LLM_INFRA_MCP_METRICS")
-    return Path(metrics).parent / "trl" if metrics else Path("trl-grpo")
+    checkpoints = os.environ.get("LLM_INFRA_MCP_CHECKPOINT_DIR")
+    return Path(checkpoints) / "trl" if checkpoints else Path("trl-grpo")
 
 
 def grpo_config(args: argparse.Namespace, out: Path, cpu: bool) -> Any:
@@ -186,7 +198,7 @@ def build_model(args: argparse.Namespace, tokenizer: Any) -> Any:
 
 
 def letter_reward(length: int) -> Any:
-    def reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+    def repeated_letter(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
         """Share of the `length` completion slots holding the prompt's letter (the word before ':')."""
         out = []
         for prompt, completion in zip(prompts, completions, strict=True):
@@ -194,7 +206,7 @@ def letter_reward(length: int) -> Any:
             out.append(sum(word == letter for word in completion.split()[:length]) / length)
         return out
 
-    return reward
+    return repeated_letter
 
 
 def prompts(count: int, letters: str, seed: int) -> list[str]:
@@ -217,15 +229,104 @@ def make_callback(metrics: Any) -> Any:
     return _Callback()
 
 
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for flag, value, low, high in (
+        ("--steps", args.steps, 1, 10**6),
+        ("--prompts-per-step", args.prompts_per_step, 1, 4096),
+        ("--num-generations", args.num_generations, 2, 1024),
+        ("--max-completion-length", args.max_completion_length, 1, 48),
+        ("--letters", args.letters, 2, 26),
+        ("--prompts", args.prompts, 1, 10**6),
+        ("--hidden-size", args.hidden_size, 4, 4096),
+        ("--layers", args.layers, 1, 64),
+        ("--heads", args.heads, 1, 64),
+        ("--save-every", args.save_every, 0, 10**6),
+    ):
+        if not low <= value <= high:
+            parser.error(f"{flag} {value}: accepted {low} to {high}")
+    if args.hidden_size % args.heads:
+        parser.error(f"--heads {args.heads} must divide --hidden-size {args.hidden_size}")
+    try:
+        extra_fields(args.grpo_arg)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def plan_check(argv: list[str]) -> str:
+    """Validate a job's arguments at plan time: this script with --check in a subprocess (TRL's import costs
+    seconds and torch; the server imports neither), which parses them and builds TRL's GRPOConfig. The note for the
+    plan; ValueError with the script's or TRL's own error when they are refused. Cached per argument list."""
+    key = tuple(argv)
+    if key not in _CHECKED:
+        _CHECKED[key] = _run_check(list(argv))
+        while len(_CHECKED) > 64:
+            _CHECKED.pop(next(iter(_CHECKED)))
+    ok, text = _CHECKED[key]
+    if not ok:
+        raise ValueError(text)
+    return text
+
+
+_CHECKED: dict[tuple[str, ...], tuple[bool, str]] = {}
+
+
+def _run_check(argv: list[str]) -> tuple[bool, str]:
+    import importlib.util as util
+    import subprocess
+    import tempfile
+
+    if util.find_spec("trl") is None:
+        return True, "arguments not validated against TRL's GRPOConfig: trl is not installed here"
+    with tempfile.TemporaryDirectory(prefix="trl-grpo-check-") as home:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": home,
+            "HF_HOME": home,
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "CUDA_VISIBLE_DEVICES": "",
+            "OMP_NUM_THREADS": "1",
+        }
+        try:
+            done = subprocess.run(
+                [sys.executable, str(Path(__file__).resolve()), *argv, "--check"],
+                cwd=home,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=CHECK_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            return True, f"arguments not validated against TRL's GRPOConfig: the check took over {CHECK_TIMEOUT_S:g} s"
+    if done.returncode == 0:
+        try:
+            found = json.loads(done.stdout.strip().splitlines()[-1])
+            version = str(found["trl"])
+        except (ValueError, IndexError, KeyError, TypeError):
+            version = "?"
+        return True, (
+            f"arguments validated: parsed by the recipe's own parser and built into TRL {version}'s GRPOConfig "
+            "(on CPU), which accepted every field"
+        )
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else f"exit status {done.returncode}"
+    return False, f"trl-grpo refused its arguments: {last[:600]}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     letters = "abcdefghijklmnopqrstuvwxyz"[: args.letters]
+    out = output_dir(args.output_dir)
+    os.environ.setdefault("HF_HOME", str(out / ".hf-home"))  # nothing is downloaded; keep any cache in the job
     import torch
 
-    out = output_dir(args.output_dir)
     config = grpo_config(args, out, cpu=not torch.cuda.is_available())
     if args.check:
         import trl
