@@ -8,7 +8,6 @@ import itertools
 import json
 import math
 import os
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -254,41 +253,3 @@ def test_reader_skips_and_counts_malformed_lines(tmp_path: Path) -> None:
     assert isinstance(rows[1]["step"], int)
     assert skipped == 5
     assert metrics.read_metrics(tmp_path / "missing.jsonl") == ([], 0)
-
-
-def test_crc32c_known_value() -> None:
-    assert metrics.crc32c(b"123456789") == 0xE3069283
-
-
-def test_tensorboard_round_trip(tmp_path: Path) -> None:
-    rows = [
-        {"step": 0, "time": 100.0, "loss": 3.5, "lr": 0.001},
-        {"step": 10, "time": 110.0, "loss": 2.25},
-        {"step": 10, "time": 111.0, "accuracy": 0.5},  # same step, another event: merged
-        {"step": 2**40, "time": 120.0, "loss": 1.0},  # a large step survives the varint
-    ]
-    path = metrics.write_tensorboard_scalars(tmp_path / "run" / "events.out.tfevents.1.host", rows)
-    assert path.is_file()
-    got = metrics.read_tensorboard(tmp_path)
-    assert [r["step"] for r in got] == [0, 10, 2**40]
-    assert got[0] == {"step": 0, "time": 100.0, "loss": 3.5, "lr": pytest.approx(0.001)}
-    assert got[1] == {"step": 10, "time": 111.0, "loss": 2.25, "accuracy": 0.5}
-    assert got[2]["loss"] == 1.0
-    assert metrics.read_tensorboard(path) == got  # a single file works too
-
-
-def test_tensorboard_reader_tolerates_damage_and_reads_tensor_scalars(tmp_path: Path) -> None:
-    path = metrics.write_tensorboard_scalars(tmp_path / "events.out.tfevents.2", [{"step": 1, "time": 1.0, "x": 2.0}])
-    data = path.read_bytes()
-    # A TF2-style scalar: Value{tag, tensor{dtype=DT_FLOAT, float_val=[0.75]}} in an Event at step 5.
-    tensor = b"\x08\x01" + b"\x2d" + struct.pack("<f", 0.75)
-    value = b"\x0a\x01y" + b"\x42" + bytes([len(tensor)]) + tensor
-    summary = b"\x0a" + bytes([len(value)]) + value
-    event = b"\x09" + struct.pack("<d", 5.0) + b"\x10\x05" + b"\x2a" + bytes([len(summary)]) + summary
-    record = metrics._record(event)
-    corrupt = bytearray(metrics._record(event))
-    corrupt[-6] ^= 0xFF  # damage the payload: its CRC no longer matches, the record is skipped
-    truncated = metrics._record(event)[:-3]  # a record still being written: reading stops there
-    path.write_bytes(data + record + bytes(corrupt) + truncated)
-    got = metrics.read_tensorboard(path)
-    assert got == [{"step": 1, "time": 1.0, "x": 2.0}, {"step": 5, "time": 5.0, "y": 0.75}]

@@ -155,11 +155,12 @@ class RunCollector:
         self._restarts: dict[tuple[int, int], Restart] = {}
         self._dropped: set[str] = set()
         self._last: dict[str, int] = {}  # the last step seen in each stream
+        self._stream: dict[str, str] = {}  # the stream of each key's builder (a restart cuts its stream's keys)
 
     def add(self, key: str, step: int, time: float, value: float, stream: str = "") -> None:
         last = self._last.get(stream)
         if last is not None and step < last:
-            self.restart(last, step, time)
+            self.restart(last, step, time, stream)
         self._last[stream] = step
         if key not in self._seen:
             if len(self._seen) >= MAX_KEYS:
@@ -173,15 +174,18 @@ class RunCollector:
         builder = self._builders.get(key)
         if builder is None:
             builder = self._builders[key] = SeriesBuilder(key, self.cap)
+            self._stream[key] = stream
         builder.add(step, time, value)
 
-    def restart(self, from_step: int, to_step: int, time: float) -> None:
-        """Steps went back from `from_step` to `to_step`: every key's points from `to_step` on are superseded."""
+    def restart(self, from_step: int, to_step: int, time: float, stream: str | None = None) -> None:
+        """Steps went back from `from_step` to `to_step`: the points from `to_step` on of every key of `stream`
+        (of every key when None) are superseded; other streams (another directory of event files) keep theirs."""
         key = (int(from_step), int(to_step))
         if key not in self._restarts:
             self._restarts[key] = Restart(key[0], key[1], time)
-        for builder in self._builders.values():
-            builder.cut(to_step)
+        for name, builder in self._builders.items():
+            if stream is None or self._stream.get(name) == stream:
+                builder.cut(to_step)
 
     def seen(self, key: str) -> None:
         """Count a key as seen (listed in RunData.keys) without a point: a key whose values are all text, say."""
