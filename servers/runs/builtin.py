@@ -25,8 +25,8 @@ BUILTIN: tuple[ReaderInfo, ...] = (
     ),
     ReaderInfo(
         "wandb",
-        "a W&B offline run (wandb/offline-run-*/ or its run-*.wandb file, WANDB_MODE=offline) or an exported "
-        "history (.csv or .parquet with a _step column)",
+        "a W&B offline run (WANDB_MODE=offline): wandb/offline-run-*/, its run-*.wandb file, or the wandb/ "
+        "directory (its latest run); or an exported history (.csv or .parquet with a _step column)",
         "servers.runs.wandb_reader:detect",
         "servers.runs.wandb_reader:read",
         package="wandb",

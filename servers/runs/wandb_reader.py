@@ -372,6 +372,17 @@ def _item_value(item: Any) -> Any:
     return None
 
 
+def _history_value(item: Any) -> Any:
+    """A history item's value; a plain number (most of them: "0.5", "3", "NaN", "Infinity") without a JSON parse."""
+    text = item.value_json
+    if text and text[0] not in '"{[tfn':
+        try:
+            return float(text)
+        except ValueError:
+            pass
+    return _item_value(item)
+
+
 def _item_key(item: Any) -> str:
     return ".".join(item.nested_key) if len(item.nested_key) else item.key
 
@@ -388,7 +399,7 @@ def _leaves(key: str, value: Any, depth: int = 0) -> Iterator[tuple[str, Any]]:
 def _history(history: Any, collect: RunCollector, run: RunData) -> None:
     row: dict[str, Any] = {}
     for item in history.item:
-        for key, value in _leaves(_item_key(item), _item_value(item)):
+        for key, value in _leaves(_item_key(item), _history_value(item)):
             row[key] = value
     step_value = number(row.get("_step"))
     if step_value is not None and math.isfinite(step_value) and step_value.is_integer():
@@ -544,8 +555,14 @@ def _int(cell: str) -> int | None:
 
 
 def _read_parquet(path: Path, keys: set[str] | None, cap: int) -> RunData:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ModuleNotFoundError:
+        raise RunError(
+            f"reading {path.name} (parquet) needs the Python package 'pyarrow', which is not installed here: pip "
+            "install 'llm-infra-mcp[runs]' (or pyarrow); a .csv export reads without it"
+        ) from None
 
     run = RunData("wandb", str(path), path.stem)
     try:
