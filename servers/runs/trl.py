@@ -153,7 +153,7 @@ def read(target: Target, keys: set[str] | None, cap: int) -> RunData:
     if isinstance(tokens, int) and tokens > 0:
         run.fact("num_input_tokens_seen", tokens, f"{found.name}: num_input_tokens_seen")
     entries = _entries(state["log_history"], run)
-    times = _wall_times(output_dir, run)
+    times = _wall_times(output_dir, entries, run)
     collect = RunCollector(run, keys, cap)
     for step, entry in entries:
         at = times.get(step, math.nan)
@@ -198,18 +198,26 @@ def _step_time_facts(run: RunData, timed: bool) -> None:
             run.fact("mean_step_s", runtime / steps, "train_runtime / global_step")
 
 
-def _wall_times(output_dir: Path, run: RunData) -> dict[int, float]:
-    """{step: wall time} from the output directory's TensorBoard event files (the earliest event at each step),
-    empty when there are none or they cannot be read (said in a note)."""
+def _wall_times(output_dir: Path, entries: list[tuple[int, dict[str, Any]]], run: RunData) -> dict[int, float]:
+    """{step: wall time} from the output directory's TensorBoard event files (the earliest event at each step of
+    the three keys logged most often, as the Trainer names them there: train/KEY), empty when there are none or
+    they cannot be read (said in a note). Bounded: those keys, at most one point per logged entry each."""
     events = _event_dir(output_dir)
-    if events is None:
+    if events is None or not entries:
         return {}
+    counts: dict[str, int] = {}
+    for _, entry in entries:
+        for key, raw in entry.items():
+            if key != "step" and number(raw) is not None:
+                counts[key] = counts.get(key, 0) + 1
+    common = sorted(counts, key=lambda k: -counts[k])[:3]
+    wanted = {TB_PREFIX + k for k in common} | set(common)
     try:
-        tb = resolve("servers.runs.tensorboard:read")(Target(str(events), path=events), None, 10**9)
+        tb = resolve("servers.runs.tensorboard:read")(Target(str(events), path=events), wanted, len(entries) + 2)
     except (ImportError, AttributeError) as exc:
         run.note(f"the TensorBoard event files under {events} were not read for wall times ({exc})")
         return {}
-    except RunError as exc:
+    except ValueError as exc:  # RunError, or an InputError of the reader
         run.note(f"the TensorBoard event files under {events} could not be read for wall times: {exc}")
         return {}
     times: dict[int, float] = {}
