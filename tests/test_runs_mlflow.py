@@ -66,10 +66,10 @@ def test_file_store_run_folder_facts_nonfinite_and_times(tmp_path: Path, monkeyp
     run = client.create_run(experiment, run_name="grpo-seed1")
     run_id = run.info.run_id
     for name, value in {
-        "trainer.n_gpus_per_node": "8",
-        "trainer.nnodes": "2",
-        "model_name_or_path": "Qwen/Qwen2.5-0.5B",
-        "max_steps": "40",
+        "trainer/n_gpus_per_node": "8",  # verl's config, flattened with "/" by its MLflow logger
+        "trainer/nnodes": "2",
+        "actor_rollout_ref/model/path": "Qwen/Qwen2.5-0.5B",
+        "trainer/total_training_steps": "40.0",
         "learning_rate": "1e-6",
     }.items():
         client.log_param(run_id, name, value)
@@ -93,8 +93,10 @@ def test_file_store_run_folder_facts_nonfinite_and_times(tmp_path: Path, monkeyp
     assert any("non-finite" in n for n in data.notes)
     assert data.facts["gpus_per_node"] == 8 and data.facts["nnodes"] == 2 and data.facts["gpus"] == 16
     assert data.facts["model"] == "Qwen/Qwen2.5-0.5B" and data.facts["max_steps"] == 40
-    assert data.fact_sources["model"] == "mlflow param model_name_or_path"
-    assert data.fact_sources["gpus"] == "mlflow param trainer.nnodes x mlflow param trainer.n_gpus_per_node"
+    assert data.fact_sources["model"] == "mlflow param actor_rollout_ref/model/path"
+    assert data.fact_sources["max_steps"] == "mlflow param trainer/total_training_steps"
+    assert data.fact_sources["gpus"] == "mlflow param trainer/nnodes x mlflow param trainer/n_gpus_per_node"
+    assert "learning_rate" not in data.facts
     assert data.partial == []
     only = read(str(run_folder), [tmp_path], keys=["actor/kl"])
     assert set(only.series) == {"actor/kl"} and set(only.keys) == {"critic/score/mean", "actor/kl"}
@@ -207,6 +209,9 @@ def test_detection_and_uri_forms(tmp_path: Path) -> None:
         (f"mlflow+http://user:secret@127.0.0.1:5000/{run_id}", "credentials in the URI are not accepted"),
         (f"mlflow+http://127.0.0.1:99999/{run_id}", "port is not a number"),
         ("mlflow+http://127.0.0.1:5000?run=a/b", "not an MLflow run id"),
+        (f"mlflow+http://127.0.0.1:5000\\x.example/{run_id}", "may hold only a host name"),
+        (f"mlflow+http://127.0.0.1:5000/a%20b/{run_id}", "may hold only letters"),
+        ("http://127.0.0.1:5000/#/experiments/1;drop/runs/x", "not an MLflow experiment id"),
     ):
         with pytest.raises(InputError, match=why):
             registry.read_run(registry.target(bad, roots=[tmp_path]), reader="mlflow")

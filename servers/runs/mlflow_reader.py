@@ -49,8 +49,11 @@ ACCEPTED = (
     "sqlite:///mlflow.db), each optionally with ?run=RUN_ID"
 )
 
-# MLflow params that say how the run was sized, by their name (or its last dotted part): fact name, integer?
+# MLflow params that say how the run was sized, by their name or its last part (verl logs its config flattened
+# with "/": trainer/n_gpus_per_node; others with "."): fact name, integer?
 PARAM_FACTS: dict[str, tuple[str, bool]] = {
+    "actor_rollout_ref/model/path": ("model", False),
+    "actor_rollout_ref.model.path": ("model", False),
     "n_gpus_per_node": ("gpus_per_node", True),
     "gpus_per_node": ("gpus_per_node", True),
     "nproc_per_node": ("gpus_per_node", True),
@@ -161,6 +164,10 @@ def _server_source(uri: str) -> Source | None:
             f"{uri!r}: credentials in the URI are not accepted (set MLFLOW_TRACKING_USERNAME/PASSWORD or "
             "MLFLOW_TRACKING_TOKEN for the server); " + ACCEPTED
         )
+    if not re.fullmatch(r"[A-Za-z0-9._:\[\]-]+", parts.netloc or "-"):
+        raise RunError(f"{uri!r}: the host part may hold only a host name or address and a port; {ACCEPTED}")
+    if prefix and not re.fullmatch(r"[A-Za-z0-9._~/-]{1,200}", prefix):
+        raise RunError(f"{uri!r}: the path before the run id may hold only letters, digits and ._~/-; {ACCEPTED}")
     try:
         port = parts.port
     except ValueError:
@@ -298,14 +305,14 @@ def _param_facts(params: dict[str, str], run: RunData) -> None:
     """Facts from the params that state the run's size (gpus, nodes, model, steps), each with its param's name."""
     for raw_name in sorted(params)[:10_000]:
         name = raw_name.lower()
-        spec = PARAM_FACTS.get(name) or PARAM_FACTS.get(name.rsplit(".", 1)[-1])
+        spec = PARAM_FACTS.get(name) or PARAM_FACTS.get(re.split(r"[./]", name)[-1])
         if spec is None:
             continue
         fact, integral = spec
         text = str(params[raw_name]).strip()[:500]
         value: int | str | None = text or None
         if integral:
-            value = int(text) if re.fullmatch(r"\d{1,12}", text) else None
+            value = int(text.split(".")[0]) if re.fullmatch(r"\d{1,12}(\.0*)?", text) else None
         run.fact(fact, value, f"mlflow param {raw_name}")
     gpus_per_node, nnodes = run.facts.get("gpus_per_node"), run.facts.get("nnodes")
     if isinstance(gpus_per_node, int) and isinstance(nnodes, int):
