@@ -421,13 +421,21 @@ def test_a_failing_rank_on_the_other_node_is_named_with_its_exception(backend: S
 
 @pytest.mark.timeout(300)
 def test_a_job_past_its_time_limit_fails_with_timeout(backend: SlurmBackend) -> None:
-    # --time=1 (whole minutes): Slurm ends it at its next time-limit check, about 60-90 s after the start here.
-    started = time.monotonic()
+    # max_wall_s 60 is --time=1 (whole minutes). Slurm ends a job at its first time-limit check (every 30 s) past
+    # its end time, 60-90 s after the start; not to wait the minute, the running job's end time is brought forward
+    # (scontrol update EndTime, as an admin shortens a job): Slurm then ends it as at its --time, state TIMEOUT.
     handle = submit(backend, spec_for(FIXTURES / "sleep_forever.py", name="sleepy", max_wall_s=60))
-    status = wait_status(backend, handle, timeout_s=240)
+    wait_until(lambda: "sleeping" in log_of(handle, "rank0"), 120, "rank 0 of the job sleeps")
+    job = backend.query(handle.native_id)
+    assert job is not None and job.state == "RUNNING" and job.time_limit == "00:01:00", job  # --time=1 was asked
+    shortened = time.monotonic()
+    update = ["scontrol", "update", f"JobId={handle.native_id}", "EndTime=now+2"]
+    done = subprocess.run(update, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    status = wait_status(backend, handle, timeout_s=120)
     assert status.state == JobState.FAILED, status
     assert status.native_state == "TIMEOUT" and "TIMEOUT" in (status.reason or "")
-    assert 55 < time.monotonic() - started < 240
+    assert 1.5 < time.monotonic() - shortened < 120  # ended by Slurm's time-limit check, not at the update
     record = json.loads((Path(handle.job_dir or "") / EXIT_RECORD).read_text())
     assert record["state"] == "TIMEOUT" and record["signal"] == "TERM"
     assert "sleeping" in log_of(handle, "rank0")
