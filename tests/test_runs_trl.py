@@ -94,6 +94,7 @@ def test_facts_from_the_state_and_the_saved_model(grpo: GrpoRun) -> None:
     assert run.facts["params"] == grpo.params
     assert "model.safetensors" in run.fact_sources["params"]
     assert run.facts["train_runtime"] > 0
+    assert run.facts["global_batch_size"] == 8 and run.facts["processes_x_accumulation"] == 1  # one process
     config = json.loads((grpo.out / "config.json").read_text())
     assert reader.estimate_params(config) == grpo.params  # the formula is exact for a Llama without biases
 
@@ -222,3 +223,5 @@ def test_sources_that_are_not_trl_runs(tmp_path: Path) -> None:
     other = tmp_path / "other.json"
     other.write_text('{"log_history": []}')
     assert not reader.detect(where(other))  # only a file named trainer_state.json is claimed
+    with pytest.raises(InputError, match=re.escape("is not a trainer_state.json; accepted: a TRL")):
+        registry.read_run(where(other), reader="trl")

@@ -18,7 +18,8 @@ without the Trainer's "train/" prefix), and said to be partial; detection leaves
 tensorboard reader, so this needs the reader named (a launched job's declared run source names it).
 
 Facts: max_steps, num_train_epochs, global_step, logging_steps, train_batch_size (per device),
-num_input_tokens_seen; train_runtime from the last entry; from the saved model's config.json: model_type,
+num_input_tokens_seen; train_runtime from the last entry, and the global batch from the Trainer's count of samples
+(`_batch_fact`; the number of processes itself is not in these files); from the saved model's config.json: model_type,
 hidden_size, num_hidden_layers, vocab_size, intermediate_size; params counted from model.safetensors' header
 (shapes only, the weights are not read), else estimated from config.json (PARAMS_FORMULA). The model is the
 checkpoint's, else the output directory's, else initial-model/ (the random weights the trl-grpo recipe saves).
@@ -47,6 +48,7 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 STATE_FACTS = ("max_steps", "num_train_epochs", "global_step", "logging_steps", "train_batch_size")
 CONFIG_FACTS = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")
 TB_PREFIX = "train/"
+ACCEPTS = "a TRL/transformers Trainer output directory, a checkpoint-N folder, or a trainer_state.json file"
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
@@ -135,10 +137,9 @@ def read(target: Target, keys: set[str] | None, cap: int) -> RunData:
     if found is None:
         if path.is_dir() and _event_dir(path) is not None:
             return _read_events_only(path, keys, cap)
-        raise RunError(
-            f"{path} holds no trainer_state.json (nor checkpoint-N/trainer_state.json); accepted: a TRL/transformers "
-            "Trainer output directory, a checkpoint folder, or the trainer_state.json file"
-        )
+        if path.is_file():
+            raise RunError(f"{path} is not a trainer_state.json; accepted: {ACCEPTS}")
+        raise RunError(f"{path} holds no trainer_state.json (nor checkpoint-N/trainer_state.json); accepted: {ACCEPTS}")
     state = _load_state(found)
     run_dir = found.parent
     output_dir = run_dir.parent if _CHECKPOINT.match(run_dir.name) else run_dir
@@ -168,6 +169,7 @@ def read(target: Target, keys: set[str] | None, cap: int) -> RunData:
             if key == "train_runtime" and math.isfinite(value):
                 run.fact("train_runtime", value, f"{found.name}: log_history's last entry, train_runtime (s)")
     _step_time_facts(run, bool(times))
+    _batch_fact(run, entries)
     _model_facts(run_dir, output_dir, run)
     return collect.done()
 
@@ -196,6 +198,30 @@ def _step_time_facts(run: RunData, timed: bool) -> None:
         )
         if isinstance(runtime, float) and isinstance(steps, int) and steps > 0:
             run.fact("mean_step_s", runtime / steps, "train_runtime / global_step")
+
+
+def _batch_fact(run: RunData, entries: list[tuple[int, dict[str, Any]]]) -> None:
+    """The global batch (samples per optimizer step over every process and accumulation step), from the Trainer's
+    own count of samples in its last entry: train_samples_per_second x train_runtime / max_steps. Left out unless
+    it comes within 2% of a whole number (both are rounded, and a run set by epochs counts samples its own way)."""
+    last = next((e for _, e in reversed(entries) if "train_samples_per_second" in e), None)
+    steps = run.facts.get("max_steps")
+    if last is None or not isinstance(steps, int) or steps <= 0:
+        return
+    rate, runtime = number(last.get("train_samples_per_second")), number(last.get("train_runtime"))
+    if rate is None or runtime is None or not (math.isfinite(rate) and math.isfinite(runtime)):
+        return
+    batch = rate * runtime / steps
+    whole = round(batch)
+    if whole >= 1 and abs(batch - whole) <= 0.02 * whole:
+        run.fact("global_batch_size", whole, "train_samples_per_second x train_runtime / max_steps (log_history)")
+        per_device = run.facts.get("train_batch_size")
+        if isinstance(per_device, int) and per_device > 0 and whole % per_device == 0:
+            run.fact(
+                "processes_x_accumulation",
+                whole // per_device,
+                "global_batch_size / train_batch_size: processes x gradient accumulation steps",
+            )
 
 
 def _wall_times(output_dir: Path, entries: list[tuple[int, dict[str, Any]]], run: RunData) -> dict[int, float]:
