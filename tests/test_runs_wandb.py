@@ -304,3 +304,20 @@ def test_a_file_that_is_not_a_transaction_log_is_refused(tmp_path: Path) -> None
     folder.mkdir()
     (folder / "run-junk.wandb").write_bytes(b"junk")
     assert not claims(folder)
+
+
+@pytest.mark.timeout(180)
+def test_a_record_over_the_size_limit_is_skipped_and_counted(offline: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wandb_reader, "MAX_RECORD_BYTES", 50_000)  # the 100 kB row (and its summary) pass it
+    run = read(latest_log(offline))
+    assert run.skipped_reasons.get("record over 0 MiB", 0) >= 1
+    assert run.rows_read == STEPS - 1 and BLOB_STEP not in run.series["loss"].steps
+    assert run.series["loss"].steps[-1] == STEPS - 1
+
+
+def test_a_csv_line_over_the_limit_is_skipped_not_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wandb_reader, "MAX_LINE_CHARS", 100)
+    path = tmp_path / "history.csv"
+    path.write_text("_step,loss,text\n0,0.5,a\n1,0.4," + "x" * 5000 + "\n2,0.3,c\n")
+    run = read(path)
+    assert list(run.series["loss"].steps) == [0, 2] and run.skipped_reasons == {"line longer than 0 MiB": 1}

@@ -44,17 +44,18 @@ from pathlib import Path
 from typing import Any
 
 from servers.runs.registry import Target
-from servers.runs.series import RunCollector, RunData, RunError, number
+from servers.runs.series import MAX_KEYS, RunCollector, RunData, RunError, number
 
 HEADER = struct.pack("<4sHB", b":W&B", 0xBEE1, 0)
 HEADER_LEN = 7
 BLOCK = 32768
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
-MAX_RECORD_BYTES = 64 << 20  # one history row of a few thousand keys is far below; larger is skipped
+MAX_RECORD_BYTES = 16 << 20  # one history row of a few thousand keys is far below; larger is skipped
 MAX_LISTED = 10_000  # directory entries looked at when searching for runs
 MAX_NAMED = 10  # other runs named in the note
 MAX_CONFIG_LEAVES = 5_000
 MAX_DEPTH = 8  # nesting followed in a config or a history value
+MAX_LINE_CHARS = 1 << 20  # a CSV line longer than this is skipped, never held whole
 RESERVED = ("_step", "_timestamp")
 RUN_DIR = re.compile(r"^(?:offline-)?run-(\d{8}_\d{6})-([A-Za-z0-9]+)$")
 ACCEPTS = (
@@ -282,59 +283,65 @@ def _records(path: Path, run: RunData) -> Iterator[bytes]:
         if handle.read(HEADER_LEN) != HEADER:
             raise RunError(f"{path} does not start with the W&B header (:W&B, 0xBEE1, version 0); {ACCEPTS}")
         pending: bytearray | None = None
-        first = True
-        while True:
-            block = handle.read(BLOCK - HEADER_LEN if first else BLOCK)
-            pos, start = 0, HEADER_LEN if first else 0
-            first = False
-            if not block:
-                break
-            short = len(block) < BLOCK - start
-            while pos + HEADER_LEN <= len(block):
-                crc, length, kind = struct.unpack_from("<IHB", block, pos)
-                if crc == 0 and length == 0 and kind == 0:
-                    break  # zero padding: the rest of the block
-                end = pos + HEADER_LEN + length
-                if end > len(block):
-                    if short:
-                        _cut(run, path)
-                    else:
-                        _damaged(run, path, "a record runs past its block")
-                    pending = None
-                    break
-                data = block[pos + HEADER_LEN : end]
-                if zlib.crc32(data, zlib.crc32(bytes((kind,)))) & 0xFFFFFFFF != crc:
-                    if short and end == len(block):
-                        _cut(run, path)
-                    else:
-                        _damaged(run, path, "checksum mismatch")
-                    pending = None
-                    break
-                pos = end
-                if kind == FULL:
-                    pending = None
-                    yield data
-                elif kind == FIRST:
-                    pending = bytearray(data)
-                elif kind in (MIDDLE, LAST) and pending is not None:
-                    if len(pending) + len(data) > MAX_RECORD_BYTES:
-                        run.skip(f"record over {MAX_RECORD_BYTES >> 20} MiB")
-                        pending = None
-                        continue
+        oversized = False  # the record being assembled passed MAX_RECORD_BYTES: its fragments are dropped
+        for kind, data in _fragments(handle, run, path):
+            if kind is None:  # a damaged block or the cut: what was being assembled is lost
+                pending, oversized = None, False
+            elif kind == FULL:
+                pending, oversized = None, False
+                yield data
+            elif kind == FIRST:
+                pending, oversized = bytearray(data), False
+            elif kind in (MIDDLE, LAST) and (pending is not None or oversized):
+                if pending is not None and len(pending) + len(data) > MAX_RECORD_BYTES:
+                    run.skip(f"record over {MAX_RECORD_BYTES >> 20} MiB")
+                    pending, oversized = None, True
+                if pending is not None:
                     pending += data
-                    if kind == LAST:
-                        whole, pending = bytes(pending), None
-                        yield whole
-                else:
-                    run.skip("record fragment without its start")
-                    pending = None
+                if kind == LAST:
+                    whole, pending, oversized = pending, None, False
+                    if whole is not None:
+                        yield bytes(whole)
             else:
-                if short and pos < len(block) and any(block[pos:]):
-                    _cut(run, path)
-            if short:
-                break
+                run.skip("record fragment without its start")
+                pending, oversized = None, False
         if pending is not None:
             _cut(run, path)
+
+
+def _fragments(handle: Any, run: RunData, path: Path) -> Iterator[tuple[int | None, bytes]]:
+    """(type, data) of each checked record fragment, block after block; (None, b"") where a damaged block's rest
+    or a cut-off end was left out (said in run.partial)."""
+    first = True
+    while True:
+        start = HEADER_LEN if first else 0  # the file's header takes the first bytes of block 0
+        block = handle.read(BLOCK - start)
+        first = False
+        if not block:
+            return
+        short = len(block) < BLOCK - start  # the file's last block
+        pos = 0
+        while pos + HEADER_LEN <= len(block):
+            crc, length, kind = struct.unpack_from("<IHB", block, pos)
+            if crc == 0 and length == 0 and kind == 0:
+                break  # zero padding: the rest of the block
+            end = pos + HEADER_LEN + length
+            data = block[pos + HEADER_LEN : end]
+            if end > len(block) or zlib.crc32(data, zlib.crc32(bytes((kind,)))) & 0xFFFFFFFF != crc:
+                if short and end >= len(block):
+                    _cut(run, path)
+                else:
+                    _damaged(run, path, "a record runs past its block" if end > len(block) else "checksum mismatch")
+                yield None, b""
+                break
+            pos = end
+            yield kind, data
+        else:
+            if short and pos < len(block) and any(block[pos:]):
+                _cut(run, path)
+                yield None, b""
+        if short:
+            return
 
 
 def _damaged(run: RunData, path: Path, why: str) -> None:
@@ -495,7 +502,7 @@ def _read_csv(path: Path, keys: set[str] | None, cap: int) -> RunData:
     except OSError as exc:
         raise RunError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
     with handle:
-        reader = csv.reader(handle)
+        reader = csv.reader(_lines(handle, run))
         try:
             names = next(reader, [])
         except csv.Error as exc:
@@ -535,6 +542,20 @@ def _read_csv(path: Path, keys: set[str] | None, cap: int) -> RunData:
     if run.rows_read == 0:
         raise RunError(f"{path} has a _step column but no rows")
     return collect.done()
+
+
+def _lines(handle: Any, run: RunData) -> Iterator[str]:
+    """The lines of a text file, each at most MAX_LINE_CHARS: a longer one is skipped (read on, not kept)."""
+    while True:
+        line = handle.readline(MAX_LINE_CHARS + 1)
+        if not line:
+            return
+        if len(line) > MAX_LINE_CHARS and not line.endswith("\n"):
+            while line and not line.endswith("\n"):
+                line = handle.readline(1 << 16)
+            run.skip(f"line longer than {MAX_LINE_CHARS >> 20} MiB")
+            continue
+        yield line
 
 
 def _float(cell: str) -> float | None:
@@ -581,7 +602,8 @@ def _read_parquet(path: Path, keys: set[str] | None, cap: int) -> RunData:
             continue
         collect.seen(field.name)
         kind = field.type
-        if (pa.types.is_integer(kind) or pa.types.is_floating(kind)) and (keys is None or field.name in keys):
+        asked = keys is None or field.name in keys
+        if (pa.types.is_integer(kind) or pa.types.is_floating(kind)) and asked and len(numeric) < MAX_KEYS:
             numeric.append(field.name)
     wanted = ["_step", *([time_name] if time_name else []), *numeric]
     try:
