@@ -153,7 +153,9 @@ def test_detection_and_registry(offline: Path) -> None:
     for path in (offline, log.parent, log, offline.parent):
         assert claims(path)
         assert registry.detect(registry.target(str(path), roots=[offline.parent])).name == "wandb"
-    assert not claims(offline / "latest-run")  # a symbolic link: not followed
+    assert not claims(offline / "latest-run")  # a symbolic link is not followed inside the reader; the registry
+    latest = registry.target(str(offline / "latest-run"), roots=[offline.parent])  # resolves it inside the roots
+    assert registry.read_run(latest).source == str(log)
     run = registry.read_run(registry.target(str(log), roots=[offline.parent]), keys=["loss"])
     assert set(run.series) == {"loss"} and "critic/score/mean" in run.keys
 

@@ -22,8 +22,8 @@ format: wandb's former ``wandb/sdk/internal/datastore.py`` (its Python reader; t
 its Go ``wandb-core`` writes and reads the file), checked against files written by wandb 0.31 in the tests.
 
 What is read: history records (``_step``, ``_timestamp``, ``_runtime`` and the logged keys; values are JSON in
-``value_json``; a nested dict logged as ``{"a": {"b": 1}}`` arrives as ``nested_key`` [a, b] and is named
-``a.b``, as W&B's backend flattens it: only slash-named keys make sections in its UI, wandb/wandb PR #8132);
+``value_json``; a nested dict logged as ``{"a": {"b": 1}}`` arrives as ``nested_key`` [a, b] and is named ``a.b``,
+as W&B's backend flattens it: only slash-named keys make sections in its UI, per the review of wandb/wandb#8132);
 config (in the run record and later config records: facts such as GPUs, nodes, model and max steps, each with
 the source "wandb config KEY"); the run's display name and id; the exit record. A file whose last record is cut
 off (a run still being written, a truncated copy) reads up to the cut and says partial; a run without an exit
@@ -269,7 +269,7 @@ class _LogState:
     def __init__(self) -> None:
         self.exited = False
         self.any_record = False
-        self.config: dict[str, Any] = {}
+        self.config_leaves = 0  # config values looked at (at most MAX_CONFIG_LEAVES)
 
 
 def _records(path: Path, run: RunData) -> Iterator[bytes]:
@@ -449,9 +449,9 @@ def _config(updates: Any, run: RunData, state: _LogState) -> None:
         if key.startswith("_wandb"):
             continue
         for leaf, value in _leaves(key, _item_value(item)):
-            if len(state.config) >= MAX_CONFIG_LEAVES:
+            if state.config_leaves >= MAX_CONFIG_LEAVES:
                 break
-            state.config.setdefault(leaf, value)
+            state.config_leaves += 1
             found.append((leaf.count("."), leaf, value))
     for _, leaf, value in sorted(found, key=lambda f: f[0]):
         name = FULL_FACT_KEYS.get(leaf) or FACT_KEYS.get(leaf.rsplit(".", 1)[-1])
