@@ -3,10 +3,10 @@
 The runs are real ones this machine produces: the bundled tiny-grpo recipe over seeds and variants (difficulty,
 lr, base, steps, KL), and optionally TRL GRPO runs from the trl-grpo recipe (--trl). Each run is read back
 through servers/runs (the "suite" reader on tiny-grpo's metrics.jsonl; the "trl" reader on TRL's output folder,
-or the suite reader on the job's metrics.jsonl while no "trl" reader is registered, said per run), and the
-scaling server's own tools are called in-process: fit_scaling_law on the points with compute <= half the run's
-final compute, then predict_scaling at the final compute with level 0.8. Both curve forms are fitted: scalerl
-(the ScaleRL sigmoid; the target applies to it) and power_law (for comparison).
+its trainer_state.json), and the scaling server's own tools are called in-process: fit_scaling_law on the
+points with compute <= half the run's final compute, then predict_scaling at the final compute with level 0.8.
+Both curve forms are fitted: scalerl (the ScaleRL sigmoid; the target applies to it) and power_law (for
+comparison).
 
     metric and compute: tiny-grpo: pass_rate (greedy, on its fixed held-out set) on compute_flops;
                         TRL: reward (the mean over the step's completions) on num_tokens (TRL's cumulative
@@ -192,12 +192,9 @@ def read_curve(variant: Variant, run_dir: Path) -> Curve:
     from servers.runs import registry
 
     keys = {variant.metric, variant.compute_key}
-    notes: list[str] = []
-    if variant.recipe == "trl-grpo" and "trl" in registry.names():
+    if variant.recipe == "trl-grpo":  # TRL's own output folder (trainer_state.json), not the job's metrics file
         where, reader = registry.target(str(run_dir / "trl"), roots=[run_dir]), "trl"
     else:
-        if variant.recipe == "trl-grpo":
-            notes.append("no 'trl' run reader is registered: read the job's metrics.jsonl with the suite reader")
         where, reader = registry.target(str(run_dir / "metrics.jsonl"), roots=[run_dir]), "suite"
     run = registry.read_run(where, keys=keys, reader=reader)
     metric, compute = run.series.get(variant.metric), run.series.get(variant.compute_key)
@@ -206,8 +203,7 @@ def read_curve(variant: Variant, run_dir: Path) -> Curve:
         raise InputError(f"{run_dir.name}: the {reader} reader found no {' or '.join(missing)}")
     at = dict(zip(compute.steps, compute.values, strict=True))
     pairs = [(at[s], v) for s, v in zip(metric.steps, metric.values, strict=True) if s in at and at[s] > 0]
-    notes += run.partial + run.notes
-    return Curve([c for c, _ in pairs], [v for _, v in pairs], reader, notes)
+    return Curve([c for c, _ in pairs], [v for _, v in pairs], reader, run.partial + run.notes)
 
 
 # ---- forecasting ------------------------------------------------------------------------------------------------
