@@ -49,6 +49,8 @@ async def test_the_plan_refuses_bad_args_with_the_reason(client: Client) -> None
         client, "plan_training_job", {"spec": {"recipe": "trl-grpo", "args": ["--grpo-arg", "report_to=[]"]}}
     )
     assert "refused" in owned and "report_to" in owned
+    moved = await error(client, "plan_training_job", {"spec": {"recipe": "trl-grpo", "args": ["--output-dir", "x"]}})
+    assert "checkpoints/trl" in moved
     flag = await error(client, "plan_training_job", {"spec": {"recipe": "trl-grpo", "args": ["--letters", "40"]}})
     assert "--letters 40: accepted 2 to 26" in flag
 
@@ -97,3 +99,6 @@ def test_grpo_args_are_json_or_text_and_the_recipes_own_fields_are_refused() -> 
     ):
         with pytest.raises(ValueError, match=reason):
             trl_grpo.extra_fields([item])
+    with pytest.raises(SystemExit):  # no abbreviations: "--output" is not --output-dir
+        trl_grpo.parse(["--output", "elsewhere"])
+    assert trl_grpo.parse(["--steps", "2"]).steps == 2

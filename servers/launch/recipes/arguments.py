@@ -56,7 +56,9 @@ def tiny_grpo() -> argparse.ArgumentParser:
 
 
 def trl_grpo() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="TRL's GRPOTrainer on a tiny random-weight causal LM (CPU or GPU).")
+    p = argparse.ArgumentParser(
+        description="TRL's GRPOTrainer on a tiny random-weight causal LM (CPU or GPU).", allow_abbrev=False
+    )
     p.add_argument("--steps", type=int, default=8, help="GRPO steps (GRPOConfig.max_steps)")
     p.add_argument("--prompts-per-step", type=int, default=2, help="prompts per device per step")
     p.add_argument("--num-generations", type=int, default=4, help="completions per prompt (the GRPO group)")

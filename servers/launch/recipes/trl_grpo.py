@@ -259,6 +259,11 @@ def plan_check(argv: list[str]) -> str:
     """Validate a job's arguments at plan time: this script with --check in a subprocess (TRL's import costs
     seconds and torch; the server imports neither), which parses them and builds TRL's GRPOConfig. The note for the
     plan; ValueError with the script's or TRL's own error when they are refused. Cached per argument list."""
+    if any(a == "--output-dir" or a.startswith("--output-dir=") for a in argv):
+        raise ValueError(
+            "--output-dir: a job's run goes to checkpoints/trl in its folder (the run source its spec declares, "
+            "which the run readers follow); the flag is for running the script by hand"
+        )
     key = tuple(argv)
     if key not in _CHECKED:
         _CHECKED[key] = _run_check(list(argv))
