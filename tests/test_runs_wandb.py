@@ -323,3 +323,14 @@ def test_a_csv_line_over_the_limit_is_skipped_not_held(tmp_path: Path, monkeypat
     path.write_text("_step,loss,text\n0,0.5,a\n1,0.4," + "x" * 5000 + "\n2,0.3,c\n")
     run = read(path)
     assert list(run.series["loss"].steps) == [0, 2] and run.skipped_reasons == {"line longer than 0 MiB": 1}
+
+
+def test_typed_history_values_read_when_a_writer_sends_no_json() -> None:
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    assert wandb_reader._history_value(pb.HistoryItem(key="a", value_json="Infinity")) == math.inf
+    assert wandb_reader._history_value(pb.HistoryItem(key="a", value_json='"text"')) == "text"
+    assert wandb_reader._history_value(pb.HistoryItem(key="a", number=2.5)) == 2.5
+    assert wandb_reader._history_value(pb.HistoryItem(key="a", integer=3)) == 3
+    assert wandb_reader._history_value(pb.HistoryItem(key="a", text="x")) is None
+    assert wandb_reader._item_value(pb.ConfigItem(key="a")) is None  # a config item without its JSON

@@ -368,7 +368,10 @@ def _item_value(item: Any) -> Any:
             return json.loads(item.value_json)
         except (ValueError, RecursionError):
             return None
-    kind = item.WhichOneof("value") if hasattr(item, "WhichOneof") else None
+    try:
+        kind = item.WhichOneof("value")
+    except ValueError:  # a config item: value_json only
+        return None
     if kind in ("number", "integer"):
         return getattr(item, kind)
     if kind == "json":
