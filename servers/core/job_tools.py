@@ -368,6 +368,8 @@ def register_job_tools(server: MCPServer, app: App) -> None:
         record = await in_thread(app.engine.get, job_id)
         page = await in_thread(read_metrics, record, keys, since_step, limit)
         summary = f"{len(page.rows)} metrics row(s) of {job_id}"
+        if page.reader is not None:
+            summary += f" (its {page.reader} run)" + "".join(f"; {n}" for n in page.notes[:3])
         if page.rows:
             summary += f"; last: {json.dumps(page.rows[-1])}"
         if page.truncated:

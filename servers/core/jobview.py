@@ -325,10 +325,28 @@ class MetricsPage(Model):
     truncated: bool = Field(description="True if more rows match than limit allowed")
     skipped_lines: int = Field(description="Lines that were not valid JSON objects (e.g. one being written)")
     job_finished: bool
+    reader: str | None = Field(default=None, description="The run reader of a framework job's run; null: metrics.jsonl")
+    source_keys: list[str] = Field(default_factory=list, description="A framework run's keys (first 200)")
+    notes: list[str] = Field(default_factory=list)
+
+
+# A job whose spec declares the run its framework writes (servers/runs/jobs.py) is read by the run readers: named
+# by reference, so that core imports no servers.runs.
+RUN_ROWS = "servers.runs.points:job_rows"
 
 
 def read_metrics(record: JobRecord, keys: list[str] | None, since_step: int | None, limit: int) -> MetricsPage:
     files = JobFiles(record.job_dir)
+    spec = record.spec if isinstance(record.spec, dict) else {}
+    if isinstance(spec.get("run_source"), dict):
+        from servers.core.refs import resolve
+
+        try:
+            page = resolve(RUN_ROWS)(record.job_dir, spec, files.metrics, (), keys, since_step, limit)
+        except InputError as exc:  # not written yet, or unreadable: said, with no rows
+            page = {"rows": [], "last_step": None, "truncated": False, "skipped_lines": 0, "notes": [str(exc)]}
+            page["reader"] = str(spec["run_source"].get("reader"))
+        return MetricsPage(job_id=record.id, job_finished=record.state.terminal, **page)
     rows: list[dict[str, Any]] = []
     skipped = 0
     truncated = False

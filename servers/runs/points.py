@@ -18,7 +18,7 @@ from servers.core.errors import InputError
 from servers.runs import compute as axes
 from servers.runs.registry import Target, read_run
 from servers.runs.series import RunData
-from servers.runs.vocabulary import Resolved, mapping, resolve
+from servers.runs.vocabulary import VOCABULARY, Resolved, mapping, resolve
 
 DEFAULT_METRICS = ("val_accuracy", "reward")
 POINTS_CAP = 50_000  # points kept per key (a series keeps at most twice that): servers/scaling's MAX_ROWS in all
@@ -91,14 +91,21 @@ class RunPoints:
         }
 
 
+def _logged(pattern: str, keys: list[str]) -> bool:
+    """Whether a vocabulary pattern (a key, or re:REGEX) names any of `keys`."""
+    if pattern.startswith("re:"):
+        rx = re.compile(pattern[3:] + r"\Z")
+        return any(rx.match(k) for k in keys)
+    return pattern in keys
+
+
 def _metric(run: RunData, requested: str | None) -> tuple[Resolved, list[str]]:
     if requested is not None:
         return resolve(requested, run.keys), []
     for name in DEFAULT_METRICS:
-        try:
-            found = resolve(name, run.keys)
-        except InputError:
+        if not any(_logged(pattern, run.keys) for pattern in VOCABULARY[name].keys):
             continue
+        found = resolve(name, run.keys)  # several keys for it (two validation sets) are an error, not a fallback
         why = "" if name == DEFAULT_METRICS[0] else f" (the run has no {DEFAULT_METRICS[0]})"
         return found, [f"metric not given: {name} ({found.key}){why}; name another with data.run.metric"]
     raise InputError(
@@ -196,7 +203,7 @@ def job_rows(
     read_job_metrics returns (rows, last_step, truncated, skipped_lines), plus the reader and the source keys."""
     from servers.runs.jobs import job_target
 
-    where, reader = job_target(job_dir, spec, metrics, hosts)
+    where, reader = job_target(Path(job_dir), spec, metrics, hosts)
     run = read_run(where, keys=set(keys) if keys else None, reader=reader)
     by_step: dict[int, dict[str, Any]] = {}
     for key, series in run.series.items():

@@ -9,7 +9,9 @@ import csv
 import itertools
 import json
 import math
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO
 
@@ -280,3 +282,114 @@ def loss_data(points: list[DataPoint], model: str) -> LossData:
             "(and 3x that for a trustworthy fit)"
         )
     return LossData(params=params, tokens=tokens, loss=loss)
+
+
+# A run as the data source (servers/runs): a TRL output directory, a verl JSONL file, TensorBoard event files, an
+# MLflow URI, a W&B offline run, or a job id (its declared run, else its metrics file).
+class RunSource(Model):
+    source: Annotated[str, Field(min_length=1, max_length=4096, description="Path, URI or job id")]
+    metric: Annotated[
+        str | None, Field(max_length=256, description="Name or key; default val_accuracy, else reward")
+    ] = None
+    compute: Annotated[str, Field(max_length=256, description="auto, gpu_hours, flops, steps or a key")] = "auto"
+    gpus: Annotated[int | None, Field(ge=1, le=1_000_000)] = None
+    params: Annotated[float | None, Field(gt=0, le=1e15, allow_inf_nan=False)] = None
+    steps: Annotated[int | None, Field(ge=1, le=10**9, description="Planned last step")] = None
+    reader: Annotated[str | None, Field(max_length=32)] = None
+
+
+@dataclass
+class LoadedRun:
+    """Curve points read from a run, with what the fit reports about it."""
+
+    points: list[DataPoint]
+    source: str
+    unit: str
+    notes: list[str]
+    info: dict[str, Any]
+    result: Any  # servers.runs.points.RunPoints
+    plan: Any  # servers.runs.points.JobPlan, for a job
+
+
+def _job_record(engine: Any, text: str) -> Any:
+    """The job named `text`, or None when `text` is not a job id the engine knows (then it is a path)."""
+    from servers.core.errors import NotFoundError
+    from servers.core.jobs import JOB_ID_PATTERN
+
+    if not re.fullmatch(JOB_ID_PATTERN, text):
+        return None
+    try:
+        return engine.get(text)
+    except NotFoundError:
+        return None
+
+
+def load_run(settings: Any, engine: Any, source: RunSource) -> LoadedRun:
+    """The points of a run source: a job (its declared run, else its metrics file), else a path or URI (through
+    servers.runs.registry, inside the allowed roots and tracking hosts); the metric against the compute chosen."""
+    from servers.runs import compute as axes
+    from servers.runs.jobs import job_target
+    from servers.runs.points import job_plan, read_points
+    from servers.runs.registry import target
+    from servers.runs.series import RunError
+
+    hosts = settings.tracking_hosts
+    record = _job_record(engine, source.source)
+    plan = None
+    if record is not None:
+        spec = record.spec if isinstance(record.spec, dict) else {}
+        where, reader = job_target(Path(record.job_dir), spec, engine.files(record).metrics, hosts)
+        if reader == "suite" and not where.path.exists():  # type: ignore[union-attr]
+            raise InputError(f"job {source.source!r} has logged no metrics yet")
+        reader, plan, label = source.reader or reader, job_plan(spec, record.id), f"job:{record.id}"
+    else:
+        where, reader, label = target(source.source, roots=settings.roots(), hosts=hosts), source.reader, ""
+        if where.uri is not None:  # refused before any reader connects (each reader checks it again)
+            try:
+                where.check_host()
+            except RunError as exc:
+                raise InputError(str(exc)) from None
+    if source.gpus is not None:
+        given = axes.Given(source.gpus, "given (data.run.gpus)", False, source.params)
+    elif plan is not None and plan.gpus is not None:
+        given = axes.Given(plan.gpus, plan.where, plan.cpu, source.params)
+    else:
+        given = axes.Given(params=source.params)
+    result = read_points(where, reader=reader, metric=source.metric, choice=source.compute, given=given)
+    name = (result.run.name or label or "run")[:128]
+    points = [DataPoint(compute=c, value=v, run=name) for c, v, _ in result.points[:MAX_POINTS]]
+    notes = list(result.notes)
+    if len(result.points) > MAX_POINTS:
+        notes.append(f"the first {MAX_POINTS:,} of {len(result.points):,} points were used")
+    unit = re.sub(r"[^A-Za-z0-9_./ -]", "_", result.axis.unit)[:32]
+    info = result.info()
+    info["end"] = run_end(result, source.steps, plan)
+    notes.insert(0, f"Compute ({result.axis.choice}): {result.axis.assumption}.")
+    notes.insert(
+        0,
+        f"Run {result.run.reader}:{result.run.source}; metric {result.metric.requested!r} -> "
+        f"{result.metric.key!r} ({result.metric.how}).",
+    )
+    return LoadedRun(points, label or f"run:{result.run.reader}:{result.run.source}", unit, notes, info, result, plan)
+
+
+def run_end(result: Any, steps: int | None, plan: Any) -> dict[str, Any] | None:
+    """The run's planned end (servers.runs.points.planned_steps) on its compute axis, and the metric observed there
+    when the run has reached it; None when the planned end is unknown."""
+    from servers.runs.points import end_compute, planned_steps
+
+    planned = planned_steps(result.run, steps, plan)
+    if planned is None:
+        return None
+    end, where = planned
+    compute, how = end_compute(result, end)
+    last = result.points[-1][2]
+    reached = [v for _, v, s in result.points if s <= end]
+    return {
+        "steps": end,
+        "steps_from": where,
+        "compute": compute,
+        "compute_how": how,
+        "reached": last >= end,
+        "observed": reached[-1] if last >= end and reached else None,
+    }

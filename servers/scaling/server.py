@@ -19,7 +19,7 @@ from servers.core.mcp_layer import App, agent_tool, in_thread, png_content, tool
 from servers.core.models import Model
 from servers.core.paths import resolve_inside_roots
 from servers.scaling import laws, limits
-from servers.scaling.data import Columns, DataPoint, Excluded, points_from_rows, read_rows
+from servers.scaling.data import Columns, DataPoint, Excluded, RunSource, load_run, points_from_rows, read_rows
 from servers.scaling.fitstore import FIT_ID_PATTERN, FitStore, StoredFit
 from servers.scaling.fitting import (
     Comparison,
@@ -43,7 +43,7 @@ ComputeValue = Annotated[float, Field(gt=0, le=1e40, allow_inf_nan=False)]
 
 
 class DataSource(Model):
-    """Exactly one of points, path, job_id."""
+    """Exactly one of points, path, job_id, run."""
 
     points: list[DataPoint] | None = Field(
         default=None,
@@ -53,6 +53,7 @@ class DataSource(Model):
     path: Annotated[str, Field(max_length=4096)] | None = Field(default=None, description="CSV with header, or JSONL")
     job_id: Annotated[str, Field(pattern=JOB_ID_PATTERN, max_length=96)] | None = None
     columns: Columns = Field(default_factory=Columns, description="Column or metrics-key names")
+    run: RunSource | None = Field(default=None, description="A run: its metric against its compute (not chinchilla)")
 
 
 def non_finite(value: Any, path: str = "") -> str | None:
@@ -111,6 +112,7 @@ class LoadedData:
     source: str
     compute_column: str | None = None  # the file's or job's column the compute came from
     notes: list[str] = field(default_factory=list)
+    run: Any = None  # data.LoadedRun, for a run source
 
 
 def job_device(spec: dict[str, Any], rows: list[dict[str, Any]]) -> str | None:
@@ -135,11 +137,16 @@ def cpu_wall_time_warning(where: str, has_flops: bool) -> str:
 
 
 def load_points(app: App, model: str, source: DataSource) -> LoadedData:
-    given = [name for name in ("points", "path", "job_id") if getattr(source, name) is not None]
+    given = [name for name in ("points", "path", "job_id", "run") if getattr(source, name) is not None]
     if len(given) != 1:
-        raise InputError(f"give exactly one of points, path or job_id (got {', '.join(given) or 'none'})")
+        raise InputError(f"give exactly one of points, path, job_id or run (got {', '.join(given) or 'none'})")
     if source.points is not None:
         return LoadedData(source.points, "inline")
+    if source.run is not None:
+        if not laws.get(model).on_compute:
+            raise InputError(f"data.run: a run gives a metric against compute; {model} fits params, tokens and loss")
+        run = load_run(app.settings, app.engine, source.run)
+        return LoadedData(run.points, run.source, run.unit, run.notes, run)
     keys = _wanted_keys(model, source.columns)
     curves = laws.get(model).on_compute
     if source.path is not None:
@@ -211,6 +218,8 @@ def default_compute_unit(compute_unit: str | None, loaded: LoadedData) -> str:
                 "FLOPs is no training run; if these are GPU-hours (or FLOPs in some multiple), name that unit."
             )
         return compute_unit
+    if loaded.run is not None:  # a run source: its compute axis says its unit
+        return loaded.run.unit
     if loaded.compute_column == FLOPS_COLUMN:
         return "flops"
     if loaded.compute_column == GPU_HOURS_COLUMN:
@@ -264,6 +273,9 @@ class FitReport(Model):
     )
     duration_s: float
     resource_uri: str
+    run: dict[str, Any] | None = Field(
+        default=None, description="A run source's reader, metric key, compute choice and assumption, restarts, partial"
+    )
 
 
 def report(fit: StoredFit) -> FitReport:
@@ -293,6 +305,7 @@ def report(fit: StoredFit) -> FitReport:
         bootstrap_failed=o.bootstrap_failed,
         duration_s=o.duration_s,
         resource_uri=fit.resource_uri,
+        run=fit.options.get("run"),
     )
 
 
@@ -508,8 +521,11 @@ async def run_fit(
     seed: int,
     level: float = 0.95,
     notes: list[str] | None = None,
+    run: dict[str, Any] | None = None,
+    store: bool = True,
 ) -> StoredFit:
-    """Validate, fit and store. Nothing is stored unless the whole fit succeeded (and was not cancelled)."""
+    """Validate, fit and store (store=False: the fit is kept in memory only, its id "unstored"). Nothing is stored
+    unless the whole fit succeeded (and was not cancelled). `run`: what a run source's fit reports of its run."""
     prepared: PreparedFit = await in_thread(
         prepare_fit,
         model,
@@ -526,12 +542,29 @@ async def run_fit(
     outcome = await compute_outcome(prepared.task)
     check_outcome(outcome, model, compute_unit)
     outcome.warnings = [*outcome.warnings, *prepared.notes, *(notes or [])]
+    options = {**prepared.options, "run": run} if run is not None else prepared.options
+    if not store:
+        import time
+
+        return StoredFit(
+            id="unstored",
+            label=label,
+            model=model,
+            method=method,
+            compute_unit=compute_unit,
+            created_at=time.time(),
+            source=source,
+            options=options,
+            outcome=outcome,
+            points=points,
+            excluded=prepared.excluded,
+        )
     return await in_thread(
         _fits(app).add,
         label=label,
         compute_unit=compute_unit,
         source=source,
-        options=prepared.options,
+        options=options,
         outcome=outcome,
         points=points,
         excluded=prepared.excluded,
@@ -568,9 +601,24 @@ class Prediction(Model):
         "(log-spaced), to show the trend",
     )
     target: ComputeForTarget | None = Field(default=None, description="The compute needed to reach the target")
+    forecast: "Forecast | None" = Field(default=None, description="A run's fit: the metric at its planned end")
     warnings: list[str] = Field(
         default_factory=list, description="What the prediction rests on that the fit's data do not determine"
     )
+
+
+class Forecast(Model):
+    run: str
+    metric_key: str
+    last_step: int | None
+    planned_steps: int | None = None
+    planned_from: str | None = None
+    compute: float | None = Field(default=None, description="At the planned end, and how it was placed")
+    compute_how: str | None = None
+    value: PredictedValue | None = None
+    reached: bool = False
+    observed: float | None = Field(default=None, description="The metric logged at the end, once reached")
+    statement: str
 
 
 class ModelCheck(Model):
@@ -726,14 +774,110 @@ async def prediction_law(
     return None, law, laws.check_parameters(model, parameters), note
 
 
+async def forecast_fit(app: App, model: str | None, data: DataSource) -> StoredFit:
+    """predict_scaling's fit of `data` (robust, 200 resamples, seed 0), kept in memory: not stored."""
+    name = model or laws.SCALERL.name
+    if not laws.get(name).on_compute:
+        raise InputError(f"data: predict_scaling fits a curve of a metric against compute; {name} is not one")
+    loaded = await in_thread(load_points, app, name, data)
+    unit = default_compute_unit(None, loaded)
+    note = "fitted for this prediction and not stored (fit_scaling_law stores a fit)"
+    return await run_fit(
+        app,
+        name,
+        loaded.points,
+        source=loaded.source,
+        label=None,
+        compute_unit=unit,
+        min_compute=None,
+        max_compute=None,
+        r0="first",
+        y_max=1.0,
+        method="robust",
+        bootstrap=200,
+        seed=0,
+        notes=[note, *loaded.notes],
+        run=loaded.run.info if loaded.run is not None else None,
+        store=False,
+    )
+
+
+def forecast_end(fit: StoredFit, level: float) -> Forecast | None:
+    """The metric at the planned end of the run a fit was made from (its options' run), with its intervals; None
+    for a fit of no run."""
+    from servers.scaling import analysis
+
+    info = fit.options.get("run")
+    if not isinstance(info, dict):
+        return None
+    end = info.get("end")
+    base = {"run": str(info.get("name")), "metric_key": str(info.get("metric_key")), "last_step": info.get("last_step")}
+    if not isinstance(end, dict):
+        return Forecast(
+            **base,
+            statement="the run's planned end is unknown (its files name no max_steps or total_training_steps): give "
+            "data.run.steps, or predict at a compute",
+        )
+    [value] = analysis.predict_curve(fit, [float(end["compute"])], level)
+    value = contain(value)
+    band = f"[{value.pi_low:.4g}, {value.pi_high:.4g}]" if value.pi_low is not None else "(no interval: no bootstrap)"
+    statement = (
+        f"{info.get('metric_key')} at the planned end (step {end['steps']}, {end['steps_from']}; compute "
+        f"{end['compute']:.4g} {fit.compute_unit}): {value.value:.4g}, {level:.0%} prediction interval {band}; "
+        f"fitted on the steps logged up to {info.get('last_step')}"
+    )
+    if end.get("reached"):
+        observed = end.get("observed")
+        statement += f"; the run has reached its end: observed {observed:.4g}" if observed is not None else ""
+    return Forecast(
+        **base,
+        planned_steps=end["steps"],
+        planned_from=end["steps_from"],
+        compute=end["compute"],
+        compute_how=end["compute_how"],
+        value=value,
+        reached=bool(end.get("reached")),
+        observed=end.get("observed"),
+        statement=statement,
+    )
+
+
+def contain(value: PredictedValue) -> PredictedValue:
+    """The value with every interval widened, where needed, to contain its estimate (a bootstrap percentile
+    interval of a skewed fit can miss the point estimate)."""
+    update: dict[str, float] = {}
+    for low, high in (("ci_low", "ci_high"), ("pi_low", "pi_high")):
+        lo, hi = getattr(value, low), getattr(value, high)
+        if lo is not None and lo > value.value:
+            update[low] = value.value
+        if hi is not None and hi < value.value:
+            update[high] = value.value
+    return value.model_copy(update=update) if update else value
+
+
 async def predict(
-    app: App, fit_id: str | None, model: str | None, parameters: dict[str, float] | None, asked: Asked
+    app: App,
+    fit_id: str | None,
+    model: str | None,
+    parameters: dict[str, float] | None,
+    asked: Asked,
+    data: DataSource | None = None,
 ) -> CallToolResult:
-    """predict_scaling's work: values, allocations and the compute for a target, with what they rest on."""
+    """predict_scaling's work: values, allocations and the compute for a target, with what they rest on; from a
+    run (data, or a stored fit of one), the forecast at its planned end."""
     compute, at, target, level = asked.compute, asked.at, asked.target, asked.level
-    if compute is None and at is None and target is None:
+    if data is not None:
+        if fit_id is not None or parameters is not None:
+            raise InputError("data: give data (fitted now) or fit_id or parameters, one of them")
+        fitted: StoredFit | None = await forecast_fit(app, model, data)
+        assert fitted is not None
+        fit, law, note = fitted, laws.get(fitted.model), "fitted now from data (robust, 200 resamples), not stored"
+        params = {name: p.value for name, p in fitted.outcome.parameters.items()}
+    else:
+        fit, law, params, note = await prediction_law(app, fit_id, model, parameters)
+    forecast = await in_thread(forecast_end, fit, level) if fit is not None else None
+    if compute is None and at is None and target is None and forecast is None:
         raise InputError("give compute (curves, or chinchilla FLOP budgets), at (chinchilla) and/or target")
-    fit, law, params, note = await prediction_law(app, fit_id, model, parameters)
     kind = law.name
     values: list[PredictedValue] = []
     allocations = table = None
@@ -776,12 +920,15 @@ async def predict(
         table=table,
         target=reach,
         warnings=cautions,
+        forecast=forecast,
     )
     return finite_result(result, prediction_text(result, fit))
 
 
 def prediction_text(result: Prediction, fit: StoredFit | None) -> str:
     lines = [f"warning: {w}" for w in result.warnings]
+    if result.forecast is not None:
+        lines.append(result.forecast.statement)
     for v in result.values[:12]:
         where = f"C={v.compute:.4g}" if v.compute is not None else f"N={v.params:.3g}, D={v.tokens:.3g}"
         band = f" [{v.ci_low:.4g}, {v.ci_high:.4g}]" if v.ci_low is not None else ""
@@ -834,7 +981,7 @@ def _register_fit_scaling_law(server: MCPServer, app: App) -> None:
             model,
             points,
             source=loaded.source,
-            label=label,
+            label=label if label is not None or loaded.run is None else loaded.run.info["name"],
             compute_unit=default_compute_unit(compute_unit, loaded),
             min_compute=min_compute,
             max_compute=max_compute,
@@ -845,6 +992,7 @@ def _register_fit_scaling_law(server: MCPServer, app: App) -> None:
             seed=seed,
             level=level,
             notes=loaded.notes,
+            run=loaded.run.info if loaded.run is not None else None,
         )
         await ctx.report_progress(1, 1, "fitted")
         result = report(fit)
@@ -862,10 +1010,17 @@ def _register_predict_scaling(server: MCPServer, app: App) -> None:
     law_name = laws.name_type()
 
     @agent_tool(
-        server, title="Predict from a scaling law", read_only=True, destructive=False, idempotent=True, open_world=False
+        server,
+        title="Predict from a scaling law",
+        read_only=True,
+        destructive=False,
+        idempotent=True,
+        open_world=False,
+        same_as={"data": "fit_scaling_law"},
     )
     async def predict_scaling(
         fit_id: FitId | None = None,
+        data: DataSource | None = None,
         model: law_name | None = None,
         parameters: Annotated[
             dict[str, Annotated[float, Field(ge=-1e40, le=1e40, allow_inf_nan=False)]] | None,
@@ -882,10 +1037,10 @@ def _register_predict_scaling(server: MCPServer, app: App) -> None:
         target: Annotated[float | None, Field(allow_inf_nan=False, ge=-1e6, le=1e6)] = None,
         level: Annotated[float, Field(ge=0.5, le=0.99)] = 0.95,
     ) -> Annotated[CallToolResult, Prediction]:
-        """Predict from a stored fit (fit_id; with intervals) or a law you give (model, parameters): values at
-        compute, chinchilla loss `at` or compute-optimal N, D and loss per FLOP budget, and the compute to reach a
-        target. Instant."""
-        return await predict(app, fit_id, model, parameters, Asked(compute, at, target, level))
+        """Predict from a stored fit (fit_id; with intervals), data fitted now (not stored), or a law you give
+        (model, parameters): values at compute, chinchilla loss `at` or compute-optimal N, D and loss per FLOP
+        budget, the compute to reach a target; a run's fit: its metric at its planned end. Instant; data: seconds."""
+        return await predict(app, fit_id, model, parameters, Asked(compute, at, target, level), data)
 
 
 # ScaleRL's extrapolation test compares its sigmoid with the power law (Khatri et al. 2025, section 3).
@@ -952,6 +1107,7 @@ def _register_check_extrapolation(server: MCPServer, app: App) -> None:
                 bootstrap=bootstrap,
                 seed=0,
                 notes=loaded.notes,
+                run=loaded.run.info if loaded.run is not None else None,
             )
             import numpy as np
 
