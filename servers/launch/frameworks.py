@@ -13,6 +13,7 @@ The user's args are checked against the framework's own definitions before anyth
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import importlib.metadata
@@ -42,6 +43,14 @@ class Rendered:
     run_source: dict[str, str]
     validated: str
     notes: list[str] = field(default_factory=list)
+    gpus_per_node: int = 0
+
+    def ranks(self, gpus_present: int, *, remote: bool) -> tuple[int, int, list[str]]:
+        """(processes per node, GPUs per node, warnings) for the plan: one driver; the framework's workers hold the
+        GPUs. A job on this machine may not ask for more GPUs than it has."""
+        if not remote and self.gpus_per_node > gpus_present:
+            raise InputError(f"the job asks for {self.gpus_per_node} GPU(s) but this machine has {gpus_present}")
+        return 1, self.gpus_per_node, []
 
 
 @dataclass(frozen=True)
@@ -419,6 +428,29 @@ OPENRLHF_GRPO = Framework(
 )
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (VERL_GRPO, OPENRLHF_GRPO)}
+
+
+def for_spec(spec: Any) -> Rendered | None:
+    """The rendered template of a training spec (servers/launch/training.py's TrainingJobSpec) whose recipe is a
+    framework's, or None for any other recipe or script."""
+    if spec.recipe not in FRAMEWORKS:
+        return None
+    if spec.script is not None:
+        raise InputError(f"give exactly one of recipe or script: {spec.recipe} runs the framework's own entry point")
+    if spec.max_restarts:
+        raise InputError(
+            f"max_restarts: {spec.max_restarts}; accepted: 0 for {spec.recipe} (restarts in place are torchrun's; "
+            "the framework resumes from its own checkpoints)"
+        )
+    if spec.nproc_per_node not in (None, 1):
+        raise InputError(
+            f"nproc_per_node: {spec.nproc_per_node}; accepted: 1 for {spec.recipe} (one driver; the framework "
+            "starts a worker per GPU: set gpus_per_node)"
+        )
+    rendered = render(
+        spec.recipe, list(spec.args), backend=spec.backend, nnodes=spec.nnodes, gpus_per_node=spec.gpus_per_node
+    )
+    return dataclasses.replace(rendered, gpus_per_node=int(spec.gpus_per_node))
 
 
 def render(name: str, args: list[str], *, backend: str, nnodes: int, gpus_per_node: int | None) -> Rendered:

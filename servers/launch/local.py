@@ -28,6 +28,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -189,7 +190,13 @@ class LocalBackend:
 
         folder = str(job_dir) if job_dir is not None else JOB_DIR_PLACEHOLDER
         log_dir = Path(folder) / LOG_DIR_NAME
-        argv = torchrun_argv(script, args, nproc, max_restarts, log_dir, run_id)
+        module = spec.get("module")  # a framework's own entry point (servers/launch/frameworks.py): no torchrun
+        if module and (nproc != 1 or max_restarts):
+            raise ValueError("module: python -m runs one process without restarts (nproc_per_node 1, max_restarts 0)")
+        if module:
+            argv = [sys.executable, "-m", str(module), *args]
+        else:
+            argv = torchrun_argv(script, args, nproc, max_restarts, log_dir, run_id)
         workdir = spec.get("workdir")
         cwd = str(workdir) if workdir else str(Path(folder) / RUN_DIR_NAME)
 
@@ -200,7 +207,11 @@ class LocalBackend:
         env.setdefault("PYTHONUNBUFFERED", "1")
         if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = "1"
-        notes = [f"{nproc} rank(s) on this machine; per-rank logs as processes rank0..rank{nproc - 1}"]
+        notes = [
+            f"python -m {module} on this machine (the framework starts its own workers); its output as process torchrun"
+            if module
+            else f"{nproc} rank(s) on this machine; per-rank logs as processes rank0..rank{nproc - 1}"
+        ]
         env["CUDA_VISIBLE_DEVICES"] = GPUS_PLACEHOLDER if wanted else ",".join(str(g) for g in gpus)
         if wanted:
             notes.append(

@@ -524,7 +524,8 @@ class RayBackend:
         processes, no network). Without `job_dir`, paths in the job folder read `$JOB_DIR/...` (bind fills them)."""
         given_options(spec, "ray")  # the Ray backend takes none: a misplaced one is refused, naming its backend
         script = Path(str(spec["script"]))
-        if not script.is_absolute():
+        module = str(spec.get("module") or "")  # a framework's Ray driver (servers/launch/frameworks.py)
+        if not module and not script.is_absolute():
             raise ValueError(f"script: the path must be absolute, got {str(script)!r}")
         args = spec.get("args") or []
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
@@ -533,7 +534,7 @@ class RayBackend:
         if not 1 <= nproc <= MAX_NPROC:
             raise ValueError(f"nproc_per_node: must be in [1, {MAX_NPROC}], got {nproc}")
         nnodes = int(spec.get("nnodes") or 1)
-        if nnodes != 1:
+        if nnodes != 1 and not module:  # a driver's workers span the cluster's nodes
             raise ValueError(
                 f"nnodes: the Ray backend runs torchrun inside one Ray job's entrypoint, on one node; got {nnodes}; "
                 "accepted: 1"
@@ -555,7 +556,7 @@ class RayBackend:
             raise ValueError(f"gpus_per_node: must be >= 0, got {gpus}")
         if gpus and nproc > gpus:
             raise ValueError(f"nproc_per_node: {nproc} ranks need {nproc} GPUs, and the job is given {gpus}")
-        launcher = str(spec.get("launcher") or "torchrun")
+        launcher = "python" if module else str(spec.get("launcher") or "torchrun")
         if launcher not in LAUNCHERS:
             raise ValueError(f"launcher: {launcher!r} is not one; accepted: {', '.join(LAUNCHERS)}")
         if launcher == "python" and (nproc != 1 or max_restarts):
@@ -576,9 +577,16 @@ class RayBackend:
         notes: list[str] = [SHELL_NOTE]
 
         # The command, then the wrapper around it.
-        command, output, rank_logs = self._command(
-            script, list(args), launcher, nproc, max_restarts, folder, run_id, working_dir, notes
-        )
+        if module:  # the driver runs alone; the framework's workers take the GPUs through its placement groups
+            command, output, rank_logs = [self.python, "-m", module, *args], "rank0", ""
+            notes.append(
+                f"python -m {module}, a Ray driver ({module} must be importable by {self.python} on the Ray node); "
+                f"its workers span {nnodes} node(s); its output as process rank0"
+            )
+        else:
+            command, output, rank_logs = self._command(
+                script, list(args), launcher, nproc, max_restarts, folder, run_id, working_dir, notes
+            )
         cwd = "" if working_dir is not None else str(folder / RUN_DIR_NAME)
         argv = [
             self.python,
@@ -605,7 +613,12 @@ class RayBackend:
         env[JOB_DIR_ENV] = str(folder)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault("OMP_NUM_THREADS", "1")
-        if gpus:
+        if module:
+            notes.append(
+                f"the driver reserves no GPU (entrypoint_num_gpus 0): the framework's workers take {gpus} GPU(s) on "
+                f"each of {nnodes} node(s) from the cluster"
+            )
+        elif gpus:
             notes.append(f"Ray reserves {gpus} GPU(s) for the entrypoint and sets CUDA_VISIBLE_DEVICES to them")
         else:
             env["CUDA_VISIBLE_DEVICES"] = ""
@@ -634,13 +647,13 @@ class RayBackend:
             cwd=str(working_dir) if working_dir is not None else cwd,
             gpus=None,
             gpus_wanted=0,  # Ray assigns the GPUs (entrypoint_num_gpus); the server assigns none here
-            nnodes=1,
+            nnodes=nnodes,
             nproc_per_node=nproc,
             rendered=shlex.join(argv),
             notes=notes,
             runtime_env=runtime_env,
             entrypoint_num_cpus=float(nproc),
-            entrypoint_num_gpus=float(gpus),
+            entrypoint_num_gpus=0.0 if module else float(gpus),
             metadata=metadata,
             max_wall_s=max_wall_s,
             launcher=launcher,

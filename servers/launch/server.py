@@ -165,6 +165,19 @@ def recipe_docs() -> list[RecipeDoc]:
                 metric_notes=dict(info.metric_notes),
             )
         )
+    from servers.launch.frameworks import FRAMEWORKS
+
+    for template in FRAMEWORKS.values():  # a framework's own entry point: args are its overrides or flags
+        docs.append(
+            RecipeDoc(
+                name=template.name,
+                description=template.description,
+                arguments=[],
+                expected_time_cpu="does not run on CPU: GPUs required",
+                expected_time_gpu="set by the run's data, model and steps",
+                metrics=list(template.metrics),
+            )
+        )
     return docs
 
 

@@ -29,6 +29,7 @@ from servers.core.settings import Settings
 from servers.engines import admission, registry
 from servers.engines.admission import confirmation_needed
 from servers.engines.backend import Backend, BackendPlan
+from servers.launch import frameworks
 from servers.launch import options as backend_options
 from servers.launch.envpolicy import check_env
 from servers.runs.jobs import RUN_SOURCE_KEY, run_source
@@ -327,7 +328,8 @@ def resolve_script(settings: Settings, spec: TrainingJobSpec) -> tuple[Path, str
 
         info = RECIPES.get(spec.recipe)
         if info is None:
-            raise InputError(f"unknown recipe {spec.recipe!r}; bundled recipes: {', '.join(sorted(RECIPES))}")
+            known = sorted([*RECIPES, *frameworks.FRAMEWORKS])
+            raise InputError(f"unknown recipe {spec.recipe!r}; bundled recipes: {', '.join(known)}")
         return Path(info.path), info.name, f"CPU: {info.expected_time_cpu}; GPU: {info.expected_time_gpu}"
     assert spec.script is not None
     path = resolve_inside_roots(spec.script, settings.roots(), what="script")
@@ -387,20 +389,27 @@ def plan(
     backend: "Backend | None" = None,
 ) -> TrainingPlan:
     """Check everything and describe exactly what would run. No side effects beyond the signing key file."""
-    script, recipe, expected = resolve_script(settings, spec)
+    framework = frameworks.for_spec(spec)  # verl, OpenRLHF: their own entry point, rendered and validated
+    if framework is None:
+        script, recipe, expected = resolve_script(settings, spec)
+    else:
+        script, recipe, expected = Path(framework.module), spec.recipe, None
     check_env(spec.env)
     info = registry.get(spec.backend)
     try:  # again: a spec made with model_copy skipped its validators
         options = backend_options.validate(spec.backend, spec.options)
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    if spec.nnodes > 1 and not info.can("multi_node"):
+    if spec.nnodes > 1 and not info.can("multi_node") and framework is None:  # a framework's template decides
         raise InputError(
             f"nnodes: {spec.nnodes} nodes; accepted: 1 on the {spec.backend} backend "
             f"(more on {', '.join(registry.with_capability('multi_node'))})"
         )
     remote = not info.can("in_engine")  # the cluster's machines, not this one: the engine places the ranks
-    nproc, gpus, warnings = _ranks(spec, gpus_present, remote=remote, cluster_nodes=info.can("cluster_nodes"))
+    if framework is None:
+        nproc, gpus, warnings = _ranks(spec, gpus_present, remote=remote, cluster_nodes=info.can("cluster_nodes"))
+    else:
+        nproc, gpus, warnings = framework.ranks(gpus_present, remote=remote)
     quotas = [
         f"max_job_wall_s {settings.max_job_wall_s:g} s",
         f"max_gpus_per_job {settings.max_gpus_per_job}",
@@ -416,7 +425,10 @@ def plan(
 
     if not remote:  # the cluster's network otherwise: the backend's notes state the trust it assumes
         warnings += _isolation(settings, spec, workdir)
-    checked, declared_run = recipe_checks(recipe, spec.args)
+    if framework is None:
+        checked, declared_run = recipe_checks(recipe, spec.args)
+    else:
+        checked, declared_run = [framework.validated, *framework.notes], framework.run_source
     normalised = spec.model_copy(update={"nproc_per_node": nproc, "gpus_per_node": gpus, "options": options})
     backend_spec = {
         "script": str(script),
@@ -442,6 +454,8 @@ def plan(
     }
     if declared_run is not None:
         backend_spec[RUN_SOURCE_KEY] = declared_run
+    if framework is not None:  # python -m MODULE ARGS in place of torchrun SCRIPT ARGS
+        backend_spec.update(module=framework.module, args=framework.args, env={**spec.env, **framework.env})
     try:
         backend_plan = (backend or _default_backend()).plan(backend_spec, settings)
     except ValueError as exc:
