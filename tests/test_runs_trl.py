@@ -130,6 +130,7 @@ def test_checkpoints_only_and_the_file_itself(grpo: GrpoRun, tmp_path: Path) -> 
     assert any("latest checkpoint" in n for n in run.notes)
     earlier = registry.read_run(where(grpo.out / "checkpoint-2"))
     assert earlier.facts["global_step"] == 2 and list(earlier.series["reward"].steps) == [1, 2]
+    assert not any("latest checkpoint" in n for n in earlier.notes)  # named, not chosen
     file = registry.read_run(where(grpo.out / "trainer_state.json"))
     assert list(file.series["reward"].steps) == list(range(1, STEPS + 1))
 

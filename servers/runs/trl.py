@@ -40,7 +40,7 @@ from servers.runs.registry import Target
 from servers.runs.series import RunCollector, RunData, RunError, number
 
 STATE = "trainer_state.json"
-MAX_STATE_BYTES = 64 * 2**20  # one JSON document, parsed whole: ~50k logged steps of a GRPO run
+MAX_STATE_BYTES = 32 * 2**20  # one JSON document, parsed whole: ~30k logged steps of a GRPO run (~1 kB each)
 MAX_CONFIG_BYTES = 1 << 20
 MAX_HEADER_BYTES = 16 * 2**20  # a safetensors header lists names, dtypes and shapes: a few MB for the largest models
 MAX_SHARDS = 512
@@ -144,7 +144,7 @@ def read(target: Target, keys: set[str] | None, cap: int) -> RunData:
     run_dir = found.parent
     output_dir = run_dir.parent if _CHECKPOINT.match(run_dir.name) else run_dir
     run = RunData("trl", str(found), output_dir.name or str(output_dir))
-    if run_dir is not output_dir:
+    if path.is_dir() and run_dir != path:
         run.note(f"read {run_dir.name}/{STATE}, the latest checkpoint's (the output directory has none of its own)")
     for name in STATE_FACTS:
         value = state.get(name)

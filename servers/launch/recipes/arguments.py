@@ -63,7 +63,7 @@ def trl_grpo() -> argparse.ArgumentParser:
     p.add_argument("--prompts-per-step", type=int, default=2, help="prompts per device per step")
     p.add_argument("--num-generations", type=int, default=4, help="completions per prompt (the GRPO group)")
     p.add_argument("--max-completion-length", type=int, default=6, help="tokens generated per completion")
-    p.add_argument("--lr", type=float, default=3e-3, help="GRPOConfig.learning_rate")
+    p.add_argument("--lr", type=float, default=1e-2, help="GRPOConfig.learning_rate")
     p.add_argument("--beta", type=float, default=0.04, help="KL coefficient (GRPOConfig.beta; 0: no reference)")
     p.add_argument("--letters", type=int, default=4, help="letters in the task's vocabulary (2-26)")
     p.add_argument("--prompts", type=int, default=64, help="prompts in the seeded prompt set")
