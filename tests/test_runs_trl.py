@@ -226,3 +226,22 @@ def test_sources_that_are_not_trl_runs(tmp_path: Path) -> None:
     assert not reader.detect(where(other))  # only a file named trainer_state.json is claimed
     with pytest.raises(InputError, match=re.escape("is not a trainer_state.json; accepted: a TRL")):
         registry.read_run(where(other), reader="trl")
+
+
+@pytest.mark.timeout(120)
+def test_the_params_formula_matches_the_models_own_count() -> None:
+    """PARAMS_FORMULA against transformers' own models (random weights, nothing downloaded): grouped key/value
+    heads, a head dim apart from width / heads, tied embeddings, Qwen2's q/k/v biases, Llama's attention_bias."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    sizes = {"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3}
+    heads = {"num_attention_heads": 4, "num_key_value_heads": 2}
+    for config, model in (
+        (Qwen2Config(**sizes, **heads), Qwen2ForCausalLM),
+        (Qwen2Config(**sizes, **heads, tie_word_embeddings=True), Qwen2ForCausalLM),
+        (LlamaConfig(**sizes, **heads, attention_bias=True, head_dim=8), LlamaForCausalLM),
+        (LlamaConfig(**sizes, num_attention_heads=8), LlamaForCausalLM),
+    ):
+        counted = sum(p.numel() for p in model(config).parameters())
+        assert reader.estimate_params(json.loads(config.to_json_string())) == counted, config
+    assert reader.estimate_params({"hidden_size": 64, "num_hidden_layers": 2}) is None

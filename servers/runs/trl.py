@@ -366,14 +366,15 @@ def count_safetensors(folder: Path) -> tuple[int, str] | None:
 
 
 PARAMS_FORMULA = (
-    "L x (2h x q + 2h x kv + 3h x i + 2h) + V x h x (2 untied, 1 tied) + h (a gated-MLP decoder without biases: "
-    "L layers, width h, q = heads x head dim, kv = key/value heads x head dim, i intermediate size, V vocabulary)"
+    "L x (2h x q + 2h x kv + 3h x i + 2h) + V x h x (2 untied, 1 tied) + h, plus L x (q + 2kv) attention biases "
+    "for qwen2 and L x (q + 2kv + h) with attention_bias (a gated-MLP decoder: L layers, width h, q = heads x head "
+    "dim, kv = key/value heads x head dim, i intermediate size, V vocabulary)"
 )
 
 
 def estimate_params(config: dict[str, Any]) -> int | None:
-    """Parameters of a Llama-style decoder from its config.json (PARAMS_FORMULA; exact for Llama/Qwen2 without
-    biases), or None when a size is missing."""
+    """Parameters of a Llama-style decoder from its config.json (PARAMS_FORMULA: exact for Llama and Qwen2, an
+    estimate for other gated-MLP decoders), or None when a size is missing."""
     sizes = [config.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")]
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
         return None
@@ -387,4 +388,11 @@ def estimate_params(config: dict[str, Any]) -> int | None:
         return None
     q, kv = heads * head_dim, kv_heads * head_dim
     tied = config.get("tie_word_embeddings") is True  # Llama's and Qwen2's default is untied
-    return layers * (2 * h * q + 2 * h * kv + 3 * h * inter + 2 * h) + vocab * h * (1 if tied else 2) + h
+    biases = (
+        q + 2 * kv + h
+        if config.get("attention_bias") is True
+        else q + 2 * kv
+        if config.get("model_type") == "qwen2"
+        else 0
+    )
+    return layers * (2 * h * q + 2 * h * kv + 3 * h * inter + 2 * h + biases) + vocab * h * (1 if tied else 2) + h
