@@ -89,9 +89,10 @@ def test_grpo_args_are_json_or_text_and_the_recipes_own_fields_are_refused() -> 
         "mask_truncated_completions": True,
     }
     for item, reason in (
-        ("max_steps=3", "own flags"),
+        ("max_steps=3", "sets it from --steps"),
+        ("report_to=[]", "fixes it"),
         ("deepspeed=/etc/ds.json", "outside the job"),
-        ("hub_token=x", "outside the job"),
+        ("hub_token=x", "files, hosts or services"),
         ("fsdp_config=x", "files, hosts or services"),
         ("weird_path=x", "files, hosts or services"),
         ("no-equals", "FIELD=VALUE"),

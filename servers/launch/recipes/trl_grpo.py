@@ -53,45 +53,42 @@ def _load(stem: str) -> ModuleType:
 
 arguments = _load("arguments")
 
-# Set by the recipe from its own flags, or reaching outside the job (the hub): not settable with --grpo-arg.
-OWN_FIELDS = frozenset(
+# GRPOConfig fields the recipe sets from its own flags: not settable with --grpo-arg.
+FLAG_FIELDS = {
+    "max_steps": "--steps",
+    "per_device_train_batch_size": "--prompts-per-step x --num-generations",
+    "num_generations": "--num-generations",
+    "max_completion_length": "--max-completion-length",
+    "learning_rate": "--lr",
+    "beta": "--beta",
+    "seed": "--seed",
+    "data_seed": "--seed",
+    "save_steps": "--save-every",
+    "save_strategy": "--save-every",
+}
+# Fields the recipe fixes (where the run goes, how it is logged) or that reach outside the job (files read at
+# config time, the hub, a vLLM server).
+FIXED_FIELDS = frozenset(
     {
         "output_dir",
         "logging_dir",
         "report_to",
         "logging_steps",
         "logging_strategy",
-        "max_steps",
-        "seed",
-        "data_seed",
         "use_cpu",
-        "save_strategy",
-        "save_steps",
-        "per_device_train_batch_size",
-        "num_generations",
-        "max_completion_length",
-        "learning_rate",
-        "beta",
+        "disable_tqdm",
         "push_to_hub",
-        "hub_model_id",
-        "hub_token",
-        "hub_strategy",
-        "hub_private_repo",
-        "hub_always_push",
-        "hub_revision",
-        "log_completions_hub_repo",
         "use_vllm",
         "vllm_mode",
-        "vllm_server_base_url",
-        "vllm_server_host",
-        "vllm_server_port",
         "trust_remote_code",
         "model_init_kwargs",
+        "deepspeed",
+        "fsdp",
+        "resume_from_checkpoint",
     }
 )
-# Suffixes and prefixes of fields that name files, hosts or services (read at config time, or reached by the job).
-REFUSED_SHAPES = ("_dir", "_path", "_file", "_url", "_config", "_host", "_port", "_token", "hub_", "push_", "vllm_")
-REFUSED_NAMES = frozenset({"deepspeed", "fsdp", "resume_from_checkpoint"})
+REFUSED_SUFFIXES = ("_dir", "_path", "_file", "_url", "_config", "_host", "_port", "_token")
+REFUSED_PREFIXES = ("hub_", "push_", "vllm_")
 SPECIAL = ("[PAD]", "[EOS]", "[UNK]")
 CHECK_TIMEOUT_S = 120.0
 
@@ -103,22 +100,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def extra_fields(items: list[str] | None) -> dict[str, Any]:
     """--grpo-arg FIELD=VALUE items as GRPOConfig keyword arguments (VALUE as JSON when it parses, else text);
-    ValueError for a malformed item or a field the recipe sets itself."""
+    ValueError for a malformed item, a field the recipe sets itself, or one that reaches outside the job."""
     fields: dict[str, Any] = {}
     for item in items or []:
         name, sep, raw = item.partition("=")
         name = name.strip()
         if not sep or not name.isidentifier():
             raise ValueError(f"--grpo-arg {item!r}: expected FIELD=VALUE with FIELD a GRPOConfig field name")
-        if name in OWN_FIELDS or name in REFUSED_NAMES:
+        if name in FLAG_FIELDS:
+            raise ValueError(f"--grpo-arg {name}: the recipe sets it from {FLAG_FIELDS[name]}; give that flag")
+        if name in FIXED_FIELDS:
             raise ValueError(
-                f"--grpo-arg {name}: refused, the recipe sets it from its own flags (see its arguments) or it "
-                "reaches outside the job (output, logging, saving, the hub, vLLM, DeepSpeed/FSDP files)"
+                f"--grpo-arg {name}: refused, the recipe fixes it (where the run goes and how it is logged) or it "
+                "reaches outside the job"
             )
-        if name.endswith(REFUSED_SHAPES[:8]) or name.startswith(REFUSED_SHAPES[8:]):
+        if name.endswith(REFUSED_SUFFIXES) or name.startswith(REFUSED_PREFIXES):
             raise ValueError(
                 f"--grpo-arg {name}: fields naming files, hosts or services are refused (names ending "
-                f"{', '.join(REFUSED_SHAPES[:8])} or starting {', '.join(REFUSED_SHAPES[8:])})"
+                f"{', '.join(REFUSED_SUFFIXES)} or starting {', '.join(REFUSED_PREFIXES)})"
             )
         try:
             fields[name] = json.loads(raw)
