@@ -245,3 +245,30 @@ def test_the_params_formula_matches_the_models_own_count() -> None:
         counted = sum(p.numel() for p in model(config).parameters())
         assert reader.estimate_params(json.loads(config.to_json_string())) == counted, config
     assert reader.estimate_params({"hidden_size": 64, "num_hidden_layers": 2}) is None
+
+
+def test_the_number_of_processes_from_the_trainers_own_counts(tmp_path: Path) -> None:
+    """4 processes x 8 per device x 2 accumulation steps = 64 samples per step: the Trainer's samples per second x
+    runtime / max_steps, divided by what its logged arguments say (torch's SummaryWriter writes them as the
+    Trainer's TensorBoardCallback does: text 'args')."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    history = [{"step": s, "loss": 1.0 / s} for s in (1, 2, 3)]
+    history.append({"step": 3, "train_runtime": 7.0, "train_samples_per_second": round(3 * 64 / 7.0, 3)})
+    state = {"max_steps": 3, "global_step": 3, "train_batch_size": 8, "log_history": history}
+    folder = state_dir(tmp_path, json.dumps(state))
+    writer = SummaryWriter(str(folder / "runs" / "Jan01_00-00-00_host"))
+    writer.add_text("args", json.dumps({"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2}))
+    for s in (1, 2, 3):
+        writer.add_scalar("train/loss", 1.0 / s, s)
+    writer.close()
+    run = registry.read_run(where(folder))
+    assert (
+        run.facts["gradient_accumulation_steps"] == 2
+        and "TensorBoard text" in run.fact_sources["gradient_accumulation_steps"]
+    )
+    assert run.facts["global_batch_size"] == 64 and run.facts["num_processes"] == 4
+    assert all(math.isfinite(t) for t in run.series["loss"].times)
+    (folder / "runs").rename(folder / "elsewhere")  # no arguments logged: the processes are not claimed
+    run = registry.read_run(where(folder))
+    assert run.facts["global_batch_size"] == 64 and "num_processes" not in run.facts

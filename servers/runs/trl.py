@@ -18,8 +18,9 @@ without the Trainer's "train/" prefix), and said to be partial; detection leaves
 tensorboard reader, so this needs the reader named (a launched job's declared run source names it).
 
 Facts: max_steps, num_train_epochs, global_step, logging_steps, train_batch_size (per device),
-num_input_tokens_seen; train_runtime from the last entry, and the global batch from the Trainer's count of samples
-(`_batch_fact`; the number of processes itself is not in these files); from the saved model's config.json: model_type,
+num_input_tokens_seen; train_runtime from the last entry; gradient_accumulation_steps and GRPO's sizes from the
+arguments the Trainer logs as TensorBoard text; the global batch from the Trainer's count of samples and from it
+num_processes (`_batch_fact`); from the saved model's config.json: model_type,
 hidden_size, num_hidden_layers, vocab_size, intermediate_size; params counted from model.safetensors' header
 (shapes only, the weights are not read), else estimated from config.json (PARAMS_FORMULA). The model is the
 checkpoint's, else the output directory's, else initial-model/ (the random weights the trl-grpo recipe saves).
@@ -28,6 +29,7 @@ training_args.bin is a pickle and is never opened.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -48,6 +50,8 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 STATE_FACTS = ("max_steps", "num_train_epochs", "global_step", "logging_steps", "train_batch_size")
 CONFIG_FACTS = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")
 TB_PREFIX = "train/"
+MAX_ARGS_EVENTS = 20  # the Trainer logs its arguments as text in the first events of a file
+ARGS_FACTS = ("gradient_accumulation_steps", "per_device_train_batch_size", "num_generations", "max_completion_length")
 ACCEPTS = "a TRL/transformers Trainer output directory, a checkpoint-N folder, or a trainer_state.json file"
 
 
@@ -169,6 +173,7 @@ def read(target: Target, keys: set[str] | None, cap: int) -> RunData:
             if key == "train_runtime" and math.isfinite(value):
                 run.fact("train_runtime", value, f"{found.name}: log_history's last entry, train_runtime (s)")
     _step_time_facts(run, bool(times))
+    _args_facts(output_dir, run)
     _batch_fact(run, entries)
     _model_facts(run_dir, output_dir, run)
     return collect.done()
@@ -215,13 +220,52 @@ def _batch_fact(run: RunData, entries: list[tuple[int, dict[str, Any]]]) -> None
     whole = round(batch)
     if whole >= 1 and abs(batch - whole) <= 0.02 * whole:
         run.fact("global_batch_size", whole, "train_samples_per_second x train_runtime / max_steps (log_history)")
-        per_device = run.facts.get("train_batch_size")
-        if isinstance(per_device, int) and per_device > 0 and whole % per_device == 0:
+        per_device, accumulation = run.facts.get("train_batch_size"), run.facts.get("gradient_accumulation_steps")
+        known = isinstance(per_device, int) and isinstance(accumulation, int) and per_device > 0 and accumulation > 0
+        if known and whole % (per_device * accumulation) == 0:
             run.fact(
-                "processes_x_accumulation",
-                whole // per_device,
-                "global_batch_size / train_batch_size: processes x gradient accumulation steps",
+                "num_processes",
+                whole // (per_device * accumulation),
+                "global_batch_size / (train_batch_size x gradient_accumulation_steps)",
             )
+
+
+def _args_facts(output_dir: Path, run: RunData) -> None:
+    """The training arguments the Trainer logs as TensorBoard text ("args", its TrainingArguments as JSON: the
+    readable copy of training_args.bin, which is a pickle and never opened), from the newest event file: the
+    first MAX_ARGS_EVENTS events only."""
+    events = _event_dir(output_dir)
+    if events is None:
+        return
+    try:
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    except ImportError:
+        return
+    files = sorted((p for p in itertools.islice(events.rglob("*tfevents*"), 1000) if p.is_file()), key=_mtime)
+    if not files:
+        return
+    try:
+        for event in itertools.islice(EventFileLoader(str(files[-1])).Load(), MAX_ARGS_EVENTS):
+            for value in event.summary.value:
+                if value.tag == "args/text_summary" and value.tensor.string_val:
+                    raw = value.tensor.string_val[0]
+                    args = json.loads(raw) if len(raw) <= MAX_CONFIG_BYTES else None
+                    if isinstance(args, dict):
+                        where = f"the Trainer's arguments logged in {files[-1].name} (TensorBoard text 'args')"
+                        for name in ARGS_FACTS:
+                            found = args.get(name)
+                            if isinstance(found, int) and not isinstance(found, bool):
+                                run.fact(name, found, where)
+                    return
+    except Exception as exc:  # a damaged event file: the facts are extras, the read goes on without them
+        run.note(f"the Trainer's arguments could not be read from {files[-1].name}: {type(exc).__name__}")
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _wall_times(output_dir: Path, entries: list[tuple[int, dict[str, Any]]], run: RunData) -> dict[int, float]:
