@@ -16,8 +16,11 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
@@ -25,7 +28,7 @@ from servers.core.errors import InputError
 from servers.core.settings import Settings
 from servers.runs import mlflow_reader, registry
 from servers.runs.registry import Target
-from servers.runs.series import RunData
+from servers.runs.series import RunData, RunError
 
 T0 = 1_700_000_000_000  # ms: the timestamps logged
 
@@ -224,6 +227,44 @@ def test_detection_and_uri_forms(tmp_path: Path) -> None:
             registry.read_run(Target(str(path), path=path), reader="mlflow")
 
 
+URL_PARTS = st.sampled_from(
+    [
+        "mlflow+http://",
+        "mlflow+https://",
+        "http://",
+        "127.0.0.1",
+        "localhost",
+        "evil.example",
+        "@",
+        ":",
+        "5000",
+        "/",
+        "#/experiments/",
+        "runs/",
+        "?run=",
+        "\\",
+        "%40",
+        "[::1]",
+        "..",
+        "0123456789abcdef0123456789abcdef",
+        " ",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(URL_PARTS, min_size=1, max_size=10).map("".join))
+def test_the_host_connected_to_is_the_host_checked(text: str) -> None:
+    """Whatever the text, the tracking URI the client would be given names exactly the host check_host checks."""
+    try:
+        source = mlflow_reader._server_source(text)
+    except RunError:
+        return
+    if source is not None:
+        assert urlsplit(source.tracking_uri).hostname == urlsplit(text).hostname
+        assert urlsplit(source.tracking_uri).port == urlsplit(text).port
+
+
 @pytest.mark.timeout(30)
 def test_host_outside_tracking_hosts_is_refused_before_connecting(tmp_path: Path) -> None:
     listener = socket.socket()
@@ -287,9 +328,16 @@ def test_tracking_hosts_setting(monkeypatch: pytest.MonkeyPatch) -> None:
             Settings()
 
 
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """`mlflow server` on 127.0.0.1 and its SQLite backend (in a temporary folder); stopped by its process group."""
+@pytest.fixture(scope="module", autouse=True)
+def server_process(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """`mlflow server` on 127.0.0.1 with an SQLite backend in a temporary folder, started when the module's first
+    test starts (its start takes seconds, spent while the other tests run) if a selected test needs it; stopped by
+    its process group."""
+    if not any(
+        "mlflow_server" in item.fixturenames for item in request.session.items if item.module is sys.modules[__name__]
+    ):
+        yield None
+        return
     folder = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "PYTHONUNBUFFERED": "1"}
@@ -299,30 +347,35 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
     server = subprocess.Popen(
         command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
-    base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"mlflow server did not start: {(folder / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.3)
-        yield base, folder / "mlflow.db"
+        yield server, f"http://127.0.0.1:{port}", folder
     finally:
         try:
             os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=5)
+            server.wait(timeout=3)
         except ProcessLookupError:
             pass
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(timeout=15)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(server_process: tuple[subprocess.Popen[bytes], str, Path]) -> tuple[str, Path]:
+    """The server's address once it answers /health, and its SQLite backend."""
+    server, base, folder = server_process
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return base, folder / "mlflow.db"
+        except OSError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"mlflow server did not start: {(folder / 'server.log').read_text()[-2000:]}")
+        time.sleep(0.3)
 
 
 @pytest.mark.timeout(150)
@@ -359,5 +412,7 @@ def test_server_history_past_one_page_and_uri_forms(mlflow_server: tuple[str, Pa
     assert set(ui.series) == {"kl"} and len(ui.series["kl"]) == len(range(0, points, 1000)) and ui.partial == []
     latest = read(f"http://127.0.0.1:{port}/#/experiments/{experiment}", [tmp_path], keys=["kl"])
     assert latest.facts["run_id"] == run_id and "read the only run of experiment" in latest.notes[0]
+    with pytest.raises(InputError, match="no MLflow experiment '999' there"):
+        read(f"http://127.0.0.1:{port}/#/experiments/999", [tmp_path])
     with pytest.raises(InputError, match="no MLflow run 'ffffffffffffffffffffffffffffffff'"):
         read(f"mlflow+http://127.0.0.1:{port}/{'f' * 32}", [tmp_path])

@@ -270,6 +270,8 @@ def _latest(client: Any, source: Source) -> tuple[str, str]:
     )
     where = f"experiment {source.experiment_id}" if source.experiment_id is not None else source.shown
     if not runs:
+        if source.experiment_id is not None:
+            _check_experiment(client, source)
         raise RunError(f"{where} holds no MLflow run; {ACCEPTED}")
     first = runs[0]
     if len(runs) == 1:
@@ -282,6 +284,17 @@ def _latest(client: Any, source: Source) -> tuple[str, str]:
         + (f" (only the first {MAX_EXPERIMENTS} experiments were searched)" if more else "")
         + "; pick one with ?run=RUN_ID"
     )
+
+
+def _check_experiment(client: Any, source: Source) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_experiment(source.experiment_id)
+    except MlflowException as exc:
+        if getattr(exc, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
+            raise RunError(f"{source.shown}: no MLflow experiment {source.experiment_id!r} there; {ACCEPTED}") from None
+        raise
 
 
 def _run_data(found: Any, source: Source, chosen: str | None) -> RunData:
@@ -351,7 +364,7 @@ def _read_key(client: Any, run_id: str, key: str, collect: RunCollector, run: Ru
     use_index: bool | None = None
     for page in _history(client, run_id, key, run):
         if use_index is None and page:
-            use_index = len(page) > 1 and all(m.step == page[0].step for m in page)
+            use_index = len(page) > 1 and all(m.step == 0 for m in page)
             if use_index:
                 stepless.append(key)
         for metric in page:
@@ -385,7 +398,7 @@ def _explain(exc: BaseException, source: Source, run_id: str | None) -> str:
     message = " ".join(str(exc).split())[:400]
     code = getattr(exc, "error_code", "")
     if code == "RESOURCE_DOES_NOT_EXIST" or ("not found" in message.lower() and run_id):
-        what = f"run {run_id!r}" if run_id else "the run"
+        what = f"run {run_id!r}" if run_id else "run or experiment"
         return f"{source.shown}: no MLflow {what} there ({message}); {ACCEPTED}"
     if source.remote and (isinstance(exc, OSError) or "failed with exception" in message or "Max retries" in message):
         return (
