@@ -144,3 +144,22 @@ def test_nan_literals_of_both_signs_count_as_nonfinite(tmp_path: Path) -> None:
     path.write_text("".join(verl_line(i, x=v) for i, v in enumerate([1.0, math.nan, math.inf, -math.inf, 2.0])))
     x = read_verl(path).series["x"]
     assert list(x.values) == [1.0, 2.0] and x.nonfinite == 3 and x.read == 5
+
+
+def test_a_restart_supersedes_only_its_own_streams_points() -> None:
+    from servers.runs.series import RunCollector
+
+    collect = RunCollector(RunData("x", "x", "x"), None)
+    for step in range(5):
+        collect.add("a", step, math.nan, 1.0, stream="one")
+        collect.add("b", step, math.nan, 2.0, stream="two")
+    collect.add("a", 2, math.nan, 3.0, stream="one")  # stream one resumes from step 2
+    run = collect.done()
+    assert list(run.series["a"].steps) == [0, 1, 2] and run.series["a"].values[-1] == 3.0
+    assert list(run.series["b"].steps) == [0, 1, 2, 3, 4]  # stream two is another run: untouched
+    assert [(r.from_step, r.to_step) for r in run.restarts] == [(4, 2)]
+    everything = RunCollector(RunData("x", "x", "x"), None)
+    for key in ("a", "b"):
+        everything.add(key, 3, math.nan, 1.0, stream=key)
+    everything.restart(3, 1, math.nan)  # no stream: every key's points from step 1 on, as before
+    assert all(len(s) == 0 for s in everything.done().series.values())
