@@ -284,7 +284,7 @@ async def test_other_bad_inputs(suite_client: Client, tmp_path: Path) -> None:
             suite_client, "fit_scaling_law", {"model": "scalerl", "data": {"path": str(table)}}
         )
     assert "scalerl" in await error(suite_client, "fit_scaling_law", {"model": "gompertz", "data": {"points": []}})
-    assert "exactly one of points, path or job_id" in await error(
+    assert "exactly one of points, path, job_id or run" in await error(
         suite_client, "fit_scaling_law", {"model": "scalerl", "data": {}}
     )
     outside = await error(suite_client, "fit_scaling_law", {"model": "scalerl", "data": {"path": "/etc/passwd"}})
