@@ -282,3 +282,13 @@ def test_detect_is_cheap_and_imports_no_tensorboard(tmp_path: Path) -> None:
 def test_large_steps_read_exactly(tmp_path: Path) -> None:
     write(tmp_path, {"loss": [(0, 3.5), (2**40, 1.0), (2**62, 0.5)]})
     assert list(read(tmp_path).series["loss"].steps) == [0, 2**40, 2**62]
+
+
+def test_tags_past_the_key_limit_are_counted_not_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from servers.runs import series
+
+    monkeypatch.setattr(series, "MAX_KEYS", 3)
+    monkeypatch.setattr(tensorboard, "MAX_KEYS", 3)
+    write(tmp_path, {f"tag{i}": [(0, float(i)), (1, float(i))] for i in range(5)})
+    run = read(tmp_path)
+    assert run.keys == ["tag0", "tag1", "tag2"] and run.keys_dropped == 2 and run.rows_skipped == 0

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from servers.runs.registry import Target
-from servers.runs.series import RunCollector, RunData, RunError
+from servers.runs.series import MAX_KEYS, RunCollector, RunData, RunError
 
 MARK = "tfevents"
 MAX_DIRS = 20_000  # directories walked below the given one
@@ -154,6 +154,8 @@ class _Reader:
 
     def key(self, stream: _Stream, tag: str) -> str | None:
         key = stream.prefix + tag
+        if key not in self.owner and len(self.owner) >= MAX_KEYS:
+            return key  # past the collector's limit of keys: it counts the key as dropped
         owner = self.owner.setdefault(key, stream.name)
         if owner != stream.name:
             self.run.note(f"tag {tag!r} of {stream.name!r} is named {key!r} like a key of {owner!r}: skipped")
@@ -189,7 +191,9 @@ class _Reader:
                     except KeyError:
                         if first and keys_of:
                             name = self.own_writer(path, stream)
-                        key = keys_of[tag] = self.key(stream, tag)
+                        key = self.key(stream, tag)
+                        if len(keys_of) < MAX_KEYS:  # a file of countless tags costs no more memory
+                            keys_of[tag] = key
                     first = False
                     if key is not None:
                         collect.add(key, step, time, number, stream=name)
@@ -215,7 +219,7 @@ class _Reader:
         if value.WhichOneof("value") != "tensor":
             return None
         tag = value.tag
-        if value.HasField("metadata") and tag not in stream.plugins:
+        if value.HasField("metadata") and tag not in stream.plugins and len(stream.plugins) < MAX_KEYS:
             stream.plugins[tag] = value.metadata.plugin_data.plugin_name
         if stream.plugins.get(tag, "") not in _SCALAR_PLUGINS:
             return None
