@@ -95,6 +95,7 @@ def test_facts_from_the_state_and_the_saved_model(grpo: GrpoRun) -> None:
     assert "model.safetensors" in run.fact_sources["params"]
     assert run.facts["train_runtime"] > 0
     assert run.facts["global_batch_size"] == 8 and run.facts["num_processes"] == 1  # one process, no accumulation
+    assert run.facts["device"] == "cpu"  # use_cpu, in the arguments the Trainer logged
     config = json.loads((grpo.out / "config.json").read_text())
     assert reader.estimate_params(config) == grpo.params  # the formula is exact for a Llama without biases
 

@@ -18,8 +18,8 @@ without the Trainer's "train/" prefix), and said to be partial; detection leaves
 tensorboard reader, so this needs the reader named (a launched job's declared run source names it).
 
 Facts: max_steps, num_train_epochs, global_step, logging_steps, train_batch_size (per device),
-num_input_tokens_seen; train_runtime from the last entry; gradient_accumulation_steps and GRPO's sizes from the
-arguments the Trainer logs as TensorBoard text; the global batch from the Trainer's count of samples and from it
+num_input_tokens_seen; train_runtime from the last entry; gradient_accumulation_steps, GRPO's sizes and device
+"cpu" (use_cpu) from the arguments the Trainer logs as TensorBoard text; the global batch from the Trainer's count of samples and from it
 num_processes (`_batch_fact`); from the saved model's config.json: model_type,
 hidden_size, num_hidden_layers, vocab_size, intermediate_size; params counted from model.safetensors' header
 (shapes only, the weights are not read), else estimated from config.json (PARAMS_FORMULA). The model is the
@@ -256,6 +256,8 @@ def _args_facts(output_dir: Path, run: RunData) -> None:
                             found = args.get(name)
                             if isinstance(found, int) and not isinstance(found, bool):
                                 run.fact(name, found, where)
+                        if args.get("use_cpu") is True:  # False proves nothing: a machine without GPUs runs on CPU
+                            run.fact("device", "cpu", f"use_cpu in {where}")
                     return
     except Exception as exc:  # a damaged event file: the facts are extras, the read goes on without them
         run.note(f"the Trainer's arguments could not be read from {files[-1].name}: {type(exc).__name__}")
