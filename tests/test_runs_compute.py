@@ -259,3 +259,34 @@ def test_axis_interpolates_between_its_steps_and_refuses_outside() -> None:
 def test_the_written_verl_lines_are_verls_format(verl_file: tuple[Path, Any]) -> None:
     first = json.loads(verl_file[0].read_text().splitlines()[0])
     assert first["step"] == 1 and set(first["data"]) >= {"critic/score/mean", "timing_s/step"}
+
+
+def write_trl(folder: Path, seed: int = 0, upto: int = 100, max_steps: int = STEPS) -> dict[str, np.ndarray]:
+    """A TRL GRPO output directory's trainer_state.json, written by transformers' own TrainerState: reward,
+    num_tokens (cumulative) at each step, then the Trainer's closing entry with train_runtime."""
+    from transformers import TrainerState
+
+    data = curve(seed)
+    history: list[dict[str, Any]] = [
+        {"step": i + 1, "reward": float(data["reward"][i]), "num_tokens": float(np.sum(data["tokens"][: i + 1]))}
+        for i in range(upto)
+    ]
+    history.append({"step": upto, "train_runtime": STEP_S * upto, "train_loss": 0.1})
+    folder.mkdir(parents=True, exist_ok=True)
+    TrainerState(global_step=upto, max_steps=max_steps, log_history=history).save_to_json(
+        str(folder / "trainer_state.json")
+    )
+    return data
+
+
+def test_a_trl_run_gives_gpu_hours_from_its_mean_step_time_and_flops_from_its_tokens(tmp_path: Path) -> None:
+    data = write_trl(tmp_path / "grpo-out")
+    where = Target(str(tmp_path / "grpo-out"), path=tmp_path / "grpo-out")
+    hours = read_points(where, reader=None, metric="reward", choice="gpu_hours", given=axes.Given(gpus=2))
+    assert hours.run.reader == "trl" and "uniform steps assumed" in hours.axis.assumption
+    assert hours.points[-1][0] == pytest.approx(100 * STEP_S * 2 / 3600, rel=1e-9)
+    assert planned_steps(hours.run, None, None) == (STEPS, f"the run's max_steps ({'trainer_state.json: max_steps'})")
+    n = 1.5e8
+    flops = read_points(where, reader=None, metric="reward", choice="flops", given=axes.Given(params=n))
+    assert "cumulative" in flops.axis.assumption and "TRL num_input_tokens_seen" in flops.axis.assumption
+    assert flops.points[-1][0] == pytest.approx(6 * n * np.sum(data["tokens"][:100]), rel=1e-9)

@@ -157,3 +157,28 @@ async def test_bad_run_sources_are_clear_errors(suite_client: Client, tmp_path: 
     assert "data.run" in text and "chinchilla" in text
     text = await refused({**run(tmp_path / "two.jsonl"), "path": str(tmp_path / "two.jsonl")})
     assert "exactly one of points, path, job_id or run" in text
+
+
+async def test_a_suite_jobs_metrics_are_its_run_and_a_trl_run_is_forecast_in_one_call(
+    suite_client: Client, tmp_path: Path
+) -> None:
+    from tests.helpers import finish_job
+    from tests.test_runs_compute import write_trl
+
+    job = await call_ok(suite_client, "start_test_job", {"kind": "test_curve", "spec": {}, "wait_s": 30})
+    await finish_job(suite_client, job["job_id"])
+    report = await call_ok(
+        suite_client,
+        "fit_scaling_law",
+        {"model": "scalerl", "data": run(job["job_id"], compute="steps"), "bootstrap": 0},
+    )
+    assert report["run"]["reader"] == "suite" and report["run"]["metric_key"] == "pass_rate"
+    assert report["points_used"] == 29  # step 0 has no compute on the steps axis
+
+    write_trl(tmp_path / "grpo-out", upto=100)
+    predicted = await call_ok(
+        suite_client, "predict_scaling", {"data": run(tmp_path / "grpo-out", metric="reward", gpus=GPUS)}
+    )
+    forecast = predicted["forecast"]
+    assert forecast["planned_steps"] == STEPS and "max_steps" in forecast["planned_from"]
+    assert forecast["value"]["pi_low"] <= forecast["value"]["value"] <= forecast["value"]["pi_high"]
