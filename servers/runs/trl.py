@@ -19,12 +19,12 @@ tensorboard reader, so this needs the reader named (a launched job's declared ru
 
 Facts: max_steps, num_train_epochs, global_step, logging_steps, train_batch_size (per device),
 num_input_tokens_seen; train_runtime from the last entry; gradient_accumulation_steps, GRPO's sizes and device
-"cpu" (use_cpu) from the arguments the Trainer logs as TensorBoard text; the global batch from the Trainer's count of samples and from it
-num_processes (`_batch_fact`); from the saved model's config.json: model_type,
-hidden_size, num_hidden_layers, vocab_size, intermediate_size; params counted from model.safetensors' header
-(shapes only, the weights are not read), else estimated from config.json (PARAMS_FORMULA). The model is the
-checkpoint's, else the output directory's, else initial-model/ (the random weights the trl-grpo recipe saves).
-training_args.bin is a pickle and is never opened.
+"cpu" (use_cpu) from the arguments the Trainer logs as TensorBoard text; the global batch from the Trainer's count
+of samples, and from it num_processes (`_batch_fact`); from the saved model's config.json: model_type, hidden_size,
+num_hidden_layers, vocab_size, intermediate_size; params counted from model.safetensors' header (shapes only, the
+weights are not read), else estimated from config.json (PARAMS_FORMULA). The model is the checkpoint's, else the
+output directory's, else initial-model/ (the random weights the trl-grpo recipe saves). training_args.bin is a
+pickle and is never opened.
 """
 
 from __future__ import annotations
