@@ -1,8 +1,9 @@
 """Getting scaling data in, and refusing bad data before anything is fitted or stored.
 
-Three sources: points given inline, a CSV or JSON-lines file inside the allowed roots, or a job's metrics
-file. Curves (scalerl, power_law) are (compute, value, run) triples; pretraining data (chinchilla) are
-(params, tokens, loss) triples. Plain Python: no numpy here, so the server can import it at start.
+Four sources: points given inline, a CSV or JSON-lines file inside the allowed roots, a job's metrics file, or
+a run (servers/runs: a framework's run by path, URI or job id, its metric against its compute axis). Curves
+(scalerl, power_law) are (compute, value, run) triples; pretraining data (chinchilla) are (params, tokens, loss)
+triples. Plain Python: no numpy here, so the server can import it at start.
 """
 
 import csv
