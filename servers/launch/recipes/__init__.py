@@ -134,7 +134,10 @@ TRL_GRPO = RecipeInfo(
         "by the trl reader."
     ),
     arguments=arguments_of(trl_grpo()),
-    expected_time_cpu="about 10-20 s with 1 rank at the defaults, most of it importing transformers and TRL",
+    expected_time_cpu=(
+        "about 10-20 s with 1 rank at the defaults, most of it importing torch, transformers and TRL; the plan's "
+        "check of the args takes about 5-10 s more"
+    ),
     expected_time_gpu="about the same: start-up dominates",
     metrics=(
         "reward",
