@@ -450,7 +450,7 @@ def test_failed_and_killed_jobs_are_reported_and_the_study_goes_on(tmp_path: Pat
         "--seeds",
         "2",
         "--budget",
-        "2e11",
+        "6e10",  # 4 runs of ~1.7k steps: each runs long enough (seconds) to be seen RUNNING and killed
         "--name",
         "failing",
         "--variants",
@@ -506,10 +506,15 @@ def test_a_study_that_cannot_run_says_why_and_starts_nothing(tmp_path: Path) -> 
 # ---- the same study on a cluster engine ----------------------------------------------------------------------------
 
 
+# The quick study less its overlap step and its follow-up round (one more sweep of the same kind, which the local
+# quick study has): round 1 as in the quick study (its budget less the follow-up's reserve, 2 runs of ~1.1k steps).
+CLUSTER_STUDY = ("--quick", "--no-overlap", "--no-followup", "--budget", "2e10")
+
+
 def cluster_study(tmp_path: Path, backend: str, extra_env: dict[str, str]) -> dict[str, Any]:
     home, out = tmp_path / "state", tmp_path / "out"
     done = subprocess.run(
-        [sys.executable, str(LOOP), "--out", str(out), "--quick", "--no-overlap", "--backend", backend],
+        [sys.executable, str(LOOP), "--out", str(out), *CLUSTER_STUDY, "--backend", backend],
         cwd=REPO_ROOT,
         env={**loop_env(home), **extra_env},
         capture_output=True,
