@@ -101,6 +101,7 @@ def test_file_store_run_folder_facts_nonfinite_and_times(tmp_path: Path, monkeyp
     assert data.fact_sources["gpus"] == "mlflow param trainer/nnodes x mlflow param trainer/n_gpus_per_node"
     assert "learning_rate" not in data.facts
     assert data.partial == []
+    assert data.source == f"{store.as_uri()}?run={run_id}" and read(data.source, [tmp_path]).facts["run_id"] == run_id
     only = read(str(run_folder), [tmp_path], keys=["actor/kl"])
     assert set(only.series) == {"actor/kl"} and set(only.keys) == {"critic/score/mean", "actor/kl"}
 
@@ -124,7 +125,8 @@ def test_sqlite_latest_run_is_chosen_and_said_and_run_query_picks(
         assert ids[2] in note and ids[1] in note and ids[0] in note and "?run=RUN_ID" in note
     first = read(f"sqlite:///{db}?run={ids[0]}", [tmp_path])
     assert first.name == "lr-0" and not any(n.startswith("no run id") for n in first.notes)
-    assert ids[0] in first.source
+    assert first.source == f"sqlite:///{db}?run={ids[0]}" and read(first.source, [tmp_path]).name == "lr-0"
+    assert latest.source == f"sqlite:///{db}?run={ids[2]}"  # the run read, in a form that reads it again
 
     with pytest.raises(InputError, match=r"no MLflow run '0123456789abcdef0123456789abcdef'"):
         read(f"{db.as_uri()}?run=0123456789abcdef0123456789abcdef", [tmp_path])
@@ -387,6 +389,7 @@ def test_server_history_past_one_page_and_uri_forms(mlflow_server: tuple[str, Pa
     run_id = run.info.run_id
     client.log_param(run_id, "world_size", "4")
     client.log_metric(run_id, "kl", 0.5, timestamp=T0, step=0)
+    client.log_metric(run_id, "kl", math.nan, timestamp=T0, step=1)  # NaN over the REST API (JSON "NaN")
     points = mlflow_reader.PAGE + 5_001
     # the long history straight into the server's store (seconds faster than 31 log_batch requests here)
     log_points(
@@ -404,12 +407,16 @@ def test_server_history_past_one_page_and_uri_forms(mlflow_server: tuple[str, Pa
     assert (
         data.name == "long-run" and data.facts["gpus"] == 4 and data.fact_sources["gpus"] == "mlflow param world_size"
     )
-    assert data.source == f"http://127.0.0.1:{port}/{run_id}" and data.rows_read == points + len(range(0, points, 1000))
+    assert (
+        data.source == f"mlflow+http://127.0.0.1:{port}/{run_id}"
+        and data.rows_read == points + len(range(0, points, 1000)) + 1
+    )
     assert "still running" in data.partial[0]
 
     client.set_terminated(run_id)
     ui = read(f"http://localhost:{port}/#/experiments/{experiment}/runs/{run_id}", [tmp_path], keys=["kl"])
     assert set(ui.series) == {"kl"} and len(ui.series["kl"]) == len(range(0, points, 1000)) and ui.partial == []
+    assert ui.series["kl"].nonfinite == 1 and ui.source == f"mlflow+http://localhost:{port}/{run_id}"
     latest = read(f"http://127.0.0.1:{port}/#/experiments/{experiment}", [tmp_path], keys=["kl"])
     assert latest.facts["run_id"] == run_id and "read the only run of experiment" in latest.notes[0]
     with pytest.raises(InputError, match="no MLflow experiment '999' there"):

@@ -300,8 +300,7 @@ def _check_experiment(client: Any, source: Source) -> None:
 def _run_data(found: Any, source: Source, chosen: str | None) -> RunData:
     info = found.info
     name = info.run_name or found.data.tags.get("mlflow.runName") or info.run_id
-    shown = source.shown if source.remote and source.run_id else f"{source.shown} (run {info.run_id})"
-    run = RunData("mlflow", shown, name)
+    run = RunData("mlflow", _canonical(source, info.run_id), name)
     if chosen:
         run.note(chosen)
     run.fact("run_id", info.run_id, "the MLflow run")
@@ -312,6 +311,15 @@ def _run_data(found: Any, source: Source, chosen: str | None) -> RunData:
         run.note(f"the run ended {info.status} in MLflow: its metrics stop where it stopped")
     _param_facts(found.data.params, run)
     return run
+
+
+def _canonical(source: Source, run_id: str) -> str:
+    """The source of this one run in a form this reader reads back: mlflow+http://HOST:PORT/RUN_ID for a server,
+    the store's URI with ?run=RUN_ID for a local store."""
+    if source.remote:
+        tail = f"/{run_id}" if GENERATED_ID.fullmatch(run_id) else f"?run={run_id}"
+        return f"mlflow+{source.tracking_uri}{tail}"
+    return f"{source.tracking_uri}?run={run_id}"
 
 
 def _param_facts(params: dict[str, str], run: RunData) -> None:
@@ -338,6 +346,9 @@ def _param_facts(params: dict[str, str], run: RunData) -> None:
 
 def _read_metrics(client: Any, found: Any, run: RunData, keys: set[str] | None, cap: int) -> None:
     logged = list(found.data.metrics)
+    if not logged:
+        still = " yet (it is still running)" if run.partial else ""
+        raise RunError(f"the MLflow run {run.source} has no metrics logged{still}: nothing to read")
     listed = logged[:MAX_KEYS]
     run.keys_dropped = len(logged) - len(listed)
     collect = RunCollector(run, keys, cap)
@@ -354,9 +365,6 @@ def _read_metrics(client: Any, found: Any, run: RunData, keys: set[str] | None, 
             f"{len(stepless)} key(s) were logged without steps (every point at step 0): {shown}; their points are "
             "read in timestamp order, with each point's index as its step"
         )
-    if not logged:
-        still = " yet (it is still running)" if done.partial else ""
-        raise RunError(f"the MLflow run {done.source} has no metrics logged{still}: nothing to read")
 
 
 def _read_key(client: Any, run_id: str, key: str, collect: RunCollector, run: RunData, stepless: list[str]) -> None:
