@@ -121,11 +121,15 @@ def recipe_file(recipe: str) -> Path:
 
 
 def cache_key(variant: Variant) -> str:
-    """The run's arguments and the recipe's code: a changed recipe or argument is a new run."""
-    digest = hashlib.sha256()
-    for part in (variant.recipe, *variant.args):
-        digest.update(part.encode() + b"\0")
-    for stem in (variant.recipe.replace("-", "_"), "common", "arguments"):
+    """Every argument the recipe will run with (the given ones and its current defaults, from its parser) and the
+    code of the recipe and of common.py: a changed argument, default or recipe is a new run; an edit to another
+    recipe's arguments is not."""
+    from servers.launch.recipes import arguments
+
+    parser = getattr(arguments, variant.recipe.replace("-", "_"))()
+    resolved = vars(parser.parse_args(list(variant.args)))
+    digest = hashlib.sha256(json.dumps([variant.recipe, resolved], sort_keys=True, default=str).encode())
+    for stem in (variant.recipe.replace("-", "_"), "common"):
         path = RECIPES / f"{stem}.py"
         if path.exists():
             digest.update(path.read_bytes())

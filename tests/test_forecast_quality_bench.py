@@ -93,6 +93,9 @@ def test_variants_are_distinct_and_cached_by_arguments() -> None:
     assert len({fq.cache_key(v) for v in full}) == len(full)
     assert {v.recipe for v in full} == {"tiny-grpo", "trl-grpo"}
     assert all(v.recipe == "tiny-grpo" for v in fq.variants(quick=True, trl=False))
+    # the key is what the recipe runs with: a default given explicitly is the same run, another value is not
+    assert fq.cache_key(fq.tiny("a")) == fq.cache_key(fq.tiny("b", "--seed", "0"))
+    assert fq.cache_key(fq.tiny("a")) != fq.cache_key(fq.tiny("a", "--seed", "1"))
 
 
 @pytest.mark.timeout(180)
