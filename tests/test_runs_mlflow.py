@@ -309,12 +309,31 @@ def free_port() -> int:
 
 
 @pytest.mark.timeout(60)
-def test_server_not_listening_fails_fast(tmp_path: Path) -> None:
+def test_server_not_listening_fails_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
     port = free_port()
     started = time.monotonic()
     with pytest.raises(InputError, match=rf"cannot reach an MLflow tracking server at http://127.0.0.1:{port}"):
         read(f"mlflow+http://127.0.0.1:{port}/0123456789abcdef0123456789abcdef", [tmp_path])
     assert time.monotonic() - started < 30
+    assert (os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"], os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]) == ("10", "1")
+
+
+@pytest.mark.timeout(60)
+def test_server_that_never_answers_fails_within_the_request_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")  # the reader's default is 10 s, 1 retry
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # connections queue and are never answered
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(InputError, match=rf"cannot reach an MLflow tracking server at http://127.0.0.1:{port}"):
+            read(f"mlflow+http://127.0.0.1:{port}/0123456789abcdef0123456789abcdef", [tmp_path])
+        assert time.monotonic() - started < 20
 
 
 def test_tracking_hosts_setting(monkeypatch: pytest.MonkeyPatch) -> None:
