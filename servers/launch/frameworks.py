@@ -121,27 +121,19 @@ def verl_validate(overrides: list[str], user_keys: list[tuple[str, str]]) -> str
     if folder is None:
         return "not validated: verl is not installed here (the overrides go to verl's main_ppo as given)"
     version = importlib.metadata.version("verl")
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    with _HYDRA_LOCK:
-        GlobalHydra.instance().clear()
-        try:
-            with initialize_config_dir(config_dir=str(folder), version_base=None):
-                shipped = compose(config_name="ppo_trainer")
-                try:
-                    composed = compose(config_name="ppo_trainer", overrides=overrides)
-                except (HydraException, OmegaConfBaseException) as exc:
-                    first = str(exc).splitlines()[0]
-                    raise InputError(
-                        f"args: verl {version}'s ppo_trainer config refuses them: {first} (a key must be one of "
-                        "the shipped config's; +key=value adds a new one)"
-                    ) from None
-        finally:
-            GlobalHydra.instance().clear()
+    try:
+        composed = _compose(str(folder), tuple(overrides))
+    except (HydraException, OmegaConfBaseException) as exc:
+        first = str(exc).splitlines()[0]
+        raise InputError(
+            f"args: verl {version}'s ppo_trainer config refuses them: {first} (a key must be one of the shipped "
+            "config's; +key=value adds a new one)"
+        ) from None
+    shipped = _shipped(str(folder))
     for key, text in user_keys:
         try:
             before = OmegaConf.select(shipped, key, throw_on_resolution_failure=False)
@@ -161,6 +153,26 @@ def verl_validate(overrides: list[str], user_keys: list[tuple[str, str]]) -> str
             f"must be at least 2, got {samples}"
         )
     return f"validated against verl {version}'s shipped ppo_trainer config (hydra compose of the overrides)"
+
+
+def _compose(folder: str, overrides: tuple[str, ...]) -> Any:
+    """verl's ppo_trainer config in `folder` composed with `overrides` (hydra's errors as they come)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    with _HYDRA_LOCK:
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(config_dir=folder, version_base=None):
+                return compose(config_name="ppo_trainer", overrides=list(overrides))
+        finally:
+            GlobalHydra.instance().clear()
+
+
+@functools.cache
+def _shipped(folder: str) -> Any:
+    """The shipped config as it is, composed once per process (only read: OmegaConf.select)."""
+    return _compose(folder, ())
 
 
 def _kind(value: Any) -> str | None:

@@ -59,7 +59,7 @@ class TrainingJobSpec(Model):
         default_factory=list, max_length=256, description="One per item, no shell"
     )
     nproc_per_node: int | None = Field(default=None, ge=1, le=64)
-    nnodes: int = Field(default=1, ge=1, le=64, description=">1: slurm, kubernetes, skypilot only")
+    nnodes: int = Field(default=1, ge=1, le=64, description=">1: slurm, kubernetes, skypilot; ray for verl/OpenRLHF")
     gpus_per_node: int | None = Field(default=None, ge=0, le=64)
     env: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=dict,
