@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from servers.core.errors import InputError
 from servers.runs import compute as axes
@@ -290,3 +292,24 @@ def test_a_trl_run_gives_gpu_hours_from_its_mean_step_time_and_flops_from_its_to
     flops = read_points(where, reader=None, metric="reward", choice="flops", given=axes.Given(params=n))
     assert "cumulative" in flops.axis.assumption and "TRL num_input_tokens_seen" in flops.axis.assumption
     assert flops.points[-1][0] == pytest.approx(6 * n * np.sum(data["tokens"][:100]), rel=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    durations=st.lists(st.floats(0.5, 2.0), min_size=4, max_size=60),
+    pause=st.floats(0.0, 1e5),
+    at=st.integers(1, 59),
+)
+def test_wall_time_compute_rises_and_never_counts_more_than_the_time_gone(
+    durations: list[float], pause: float, at: int
+) -> None:
+    from servers.runs.series import RunCollector, RunData
+
+    collect, now = RunCollector(RunData("suite", "test", "t"), None), 0.0
+    for step, seconds in enumerate(durations, start=1):
+        now += seconds + (pause if step == at else 0.0)
+        collect.add("reward", step, now, 0.5)
+    axis = axes.axis(collect.done(), "gpu_hours", axes.Given(gpus=3))
+    assert all(b > a for a, b in zip(axis.compute, axis.compute[1:], strict=False))
+    typical = float(np.median(np.diff([0.0, *np.cumsum(durations)])[1:]))  # the first step is taken as typical
+    assert axis.compute[-1] <= (now + typical) * 3 / 3600 + 1e-9
