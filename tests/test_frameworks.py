@@ -127,6 +127,14 @@ def test_verl_valid_overrides_compose_and_additions_are_said_unvalidated() -> No
     assert any("not validated: +trainer.my_tag=1" in n for n in rendered.notes)
 
 
+def test_verl_interpolations_are_never_resolved_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """${oc.env:...} would read this server's environment: it goes to verl as written, unevaluated."""
+    monkeypatch.setenv("FRAMEWORKS_TEST_SECRET", "hunter2-not-a-number")
+    args = [*DATA, "trainer.total_epochs=${oc.env:FRAMEWORKS_TEST_SECRET}", "actor_rollout_ref.rollout.n=${oc.env:N}"]
+    rendered = frameworks.render("verl-grpo", args, backend="ray", nnodes=1, gpus_per_node=1)
+    assert "hunter2" not in repr(rendered) and "trainer.total_epochs=${oc.env:FRAMEWORKS_TEST_SECRET}" in rendered.args
+
+
 def test_verl_not_installed_plans_with_the_note(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(frameworks, "verl_config_dir", lambda: None)
     rendered = frameworks.render("verl-grpo", ["trainer.anything=1"], backend="ray", nnodes=1, gpus_per_node=1)

@@ -133,20 +133,18 @@ def verl_validate(overrides: list[str], user_keys: list[tuple[str, str]]) -> str
             f"args: verl {version}'s ppo_trainer config refuses them: {first} (a key must be one of the shipped "
             "config's; +key=value adds a new one)"
         ) from None
-    shipped = _shipped(str(folder))
+    # Read without resolving: an interpolation (${...}) is neither evaluated (oc.env would read this server's
+    # environment into a message) nor type-checked.
+    shipped_tree = _shipped(str(folder))
+    tree = OmegaConf.to_container(composed, resolve=False)
     for key, text in user_keys:
-        try:
-            before = OmegaConf.select(shipped, key, throw_on_resolution_failure=False)
-            after = OmegaConf.select(composed, key, throw_on_resolution_failure=False)
-        except OmegaConfBaseException:
-            continue
+        before, after = _raw(shipped_tree, key), _raw(tree, key)
         if _kind(before) is not None and _kind(after) is not None and not _compatible(before, after):
             raise InputError(
-                f"args: {text!r}: verl {version}'s shipped {key} is {_kind(before)} ({before!r}); got "
-                f"{_kind(after)} ({after!r})"
+                f"args: {text[:200]!r}: verl {version}'s shipped {key} is {_kind(before)} ({before!r}); got "
+                f"{_kind(after)} ({str(after)[:80]!r})"
             )
-    samples = OmegaConf.select(composed, "actor_rollout_ref.rollout.n", default=None)
-    estimator = OmegaConf.select(composed, "algorithm.adv_estimator", default=None)
+    samples, estimator = _raw(tree, "actor_rollout_ref.rollout.n"), _raw(tree, "algorithm.adv_estimator")
     if estimator == "grpo" and isinstance(samples, int) and samples < 2:
         raise InputError(
             f"args: GRPO normalises rewards within a group of responses per prompt: actor_rollout_ref.rollout.n "
@@ -171,8 +169,19 @@ def _compose(folder: str, overrides: tuple[str, ...]) -> Any:
 
 @functools.cache
 def _shipped(folder: str) -> Any:
-    """The shipped config as it is, composed once per process (only read: OmegaConf.select)."""
-    return _compose(folder, ())
+    """The shipped config as a plain tree, interpolations unresolved; composed once per process."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(_compose(folder, ()), resolve=False)
+
+
+def _raw(tree: Any, key: str) -> Any:
+    """The value at dotted `key` in a plain config tree; None where there is none or it is an interpolation."""
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return None
+        tree = tree[part]
+    return None if isinstance(tree, str) and "${" in tree else tree
 
 
 def _kind(value: Any) -> str | None:
@@ -309,7 +318,7 @@ def openrlhf_parse(args: list[str]) -> dict[str, list[str]]:
         name, eq, inline = item.partition("=")
         flag = flags.get(name)
         if flag is None:
-            near = difflib.get_close_matches(name, list(flags), n=3, cutoff=0.6)
+            near = difflib.get_close_matches(name[:100], list(flags), n=3, cutoff=0.6)
             hint = f"; nearest: {', '.join(near)}" if near else ""
             raise InputError(f"args: {name[:80]!r} is not a flag of OpenRLHF {version}'s train_ppo_ray{hint}")
         if name in given:
