@@ -385,7 +385,16 @@ def render_openrlhf(args: list[str], nnodes: int, gpus_per_node: int) -> Rendere
     logger = ["--use_tensorboard", f"{JOB_DIR_PLACEHOLDER}/{OPENRLHF_TB}"]
     rendered = [*placement, *defaults, *args, *logger]
     openrlhf_parse(rendered)  # what the template adds obeys the same definitions
-    installed = importlib.util.find_spec("openrlhf") is not None
+    try:
+        installed = importlib.metadata.version("openrlhf")
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    if installed is None:
+        here = "it is not installed here (it does not install without CUDA)"
+    elif installed == version:
+        here = f"the release installed here, {installed}"
+    else:
+        here = f"the one installed here is {installed}: its flags may differ"
     return Rendered(
         module=OPENRLHF_MODULE,
         args=rendered,
@@ -393,8 +402,7 @@ def render_openrlhf(args: list[str], nnodes: int, gpus_per_node: int) -> Rendere
         run_source=run_source("tensorboard", OPENRLHF_TB),
         validated=(
             f"validated against OpenRLHF {version}'s train_ppo_ray argparse flags (recorded from its source, "
-            f"commit {commit[:12]}; the package does not install without CUDA"
-            + (", and is installed here: check its version matches)" if installed else ", and is not installed here)")
+            f"commit {commit[:12]}; {here})"
         ),
         notes=[
             f"OpenRLHF's driver places actor, reference, reward/critic and {total // tp} vLLM engine(s) on the "
