@@ -182,3 +182,38 @@ async def test_a_suite_jobs_metrics_are_its_run_and_a_trl_run_is_forecast_in_one
     forecast = predicted["forecast"]
     assert forecast["planned_steps"] == STEPS and "max_steps" in forecast["planned_from"]
     assert forecast["value"]["pi_low"] <= forecast["value"]["value"] <= forecast["value"]["pi_high"]
+
+
+async def test_an_mlflow_run_is_forecast_from_its_own_facts_in_one_call(
+    suite_client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    store = tmp_path / "mlruns"
+    client = MlflowClient(store.as_uri())
+    run_id = client.create_run(client.create_experiment("grpo"), run_name="grpo-mlflow").info.run_id
+    for name, value in {
+        "trainer/nnodes": "1",
+        "trainer/n_gpus_per_node": "8",
+        "trainer/total_training_steps": "200",
+    }.items():
+        client.log_param(run_id, name, value)  # verl's config, flattened with "/" by its MLflow logger
+    data = curve(6)
+    stamp = 1_700_000_000_000
+    metrics = []
+    for i in range(STEPS // 2):
+        stamp += int(data["seconds"][i] * 1000)
+        metrics += [
+            Metric("critic/score/mean", float(data["reward"][i]), stamp, i + 1),
+            Metric("timing_s/step", float(data["seconds"][i]), stamp, i + 1),
+        ]
+    for at in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[at : at + 1000])
+    predicted = await call_ok(suite_client, "predict_scaling", {"data": run(store, metric="reward")})
+    forecast = predicted["forecast"]
+    assert forecast["run"] == "grpo-mlflow" and forecast["planned_steps"] == STEPS
+    assert "total_training_steps" in forecast["planned_from"]
+    assert forecast["compute"] == pytest.approx(data["hours"][-1], rel=0.03)  # 8 GPUs from the run's params
+    assert forecast["value"]["pi_low"] <= forecast["value"]["value"] <= forecast["value"]["pi_high"]
