@@ -104,6 +104,8 @@ def test_file_store_run_folder_facts_nonfinite_and_times(tmp_path: Path, monkeyp
     assert data.source == f"{store.as_uri()}?run={run_id}" and read(data.source, [tmp_path]).facts["run_id"] == run_id
     only = read(str(run_folder), [tmp_path], keys=["actor/kl"])
     assert set(only.series) == {"actor/kl"} and set(only.keys) == {"critic/score/mean", "actor/kl"}
+    unknown = read(str(run_folder), [tmp_path], keys=["reward"])  # not logged: no series, every logged key listed
+    assert unknown.series == {} and set(unknown.keys) == {"critic/score/mean", "actor/kl"}
 
 
 def test_sqlite_latest_run_is_chosen_and_said_and_run_query_picks(
@@ -373,7 +375,7 @@ def server_process(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     finally:
         try:
             os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=3)
+            server.wait(timeout=1)  # uvicorn waits for the client's kept-alive connection: then it is killed
         except ProcessLookupError:
             pass
         except subprocess.TimeoutExpired:
