@@ -69,6 +69,8 @@ def test_verl_on_ray_renders_main_ppo_with_the_file_logger(settings: Settings) -
     assert plan.backend_plan.nnodes == 2 and "CUDA_VISIBLE_DEVICES" not in plan.env
     assert f"validated against verl {VERL_VERSION}'s shipped ppo_trainer config" in " ".join(plan.notes)
     assert plan.recipe == "verl-grpo" and plan.script_path == "verl.trainer.main_ppo"
+    assert any("verl.trainer.main_ppo must be importable" in n for n in plan.notes)
+    assert not any("the script must exist" in n for n in plan.notes)
 
 
 def test_verl_on_local_runs_python_m_with_the_gpus_assigned_at_admission(settings: Settings) -> None:

@@ -633,7 +633,7 @@ class RayBackend:
             )
         else:
             notes.append(f"working directory {folder / RUN_DIR_NAME} (a folder apart from the job's own files)")
-        notes += self._notes(folder, max_wall_s, max_restarts)
+        notes += self._notes(folder, max_wall_s, max_restarts, module=module)
         metadata = {"llm_infra_mcp_run_id": run_id}
         if spec.get("name"):
             metadata["name"] = str(spec["name"])[:128]
@@ -694,7 +694,7 @@ class RayBackend:
             notes.append("one rank, run by python without torchrun (no RANK/WORLD_SIZE); its output as process rank0")
         return command, output, rank_logs
 
-    def _notes(self, folder: Path, max_wall_s: float | None, max_restarts: int) -> list[str]:
+    def _notes(self, folder: Path, max_wall_s: float | None, max_restarts: int, *, module: str = "") -> list[str]:
         """What the Ray node must share with this machine, the wrapper, the limits, where the job goes."""
         notes: list[str] = []
         notes.append(
@@ -709,7 +709,8 @@ class RayBackend:
             + (f"ends it after max_wall_s {max_wall_s:g} s, " if max_wall_s else "")
             + f"and writes {EXIT_RECORD} when it ends"
         )
-        notes.append(f"the interpreter {self.python} and the script must exist at these paths on the Ray node")
+        if not module:  # a module's note says where it must be importable
+            notes.append(f"the interpreter {self.python} and the script must exist at these paths on the Ray node")
         if max_wall_s is None:
             notes.append("no wall-time limit: the spec gives no max_wall_s")
         if max_restarts:
