@@ -217,3 +217,56 @@ async def test_an_mlflow_run_is_forecast_from_its_own_facts_in_one_call(
     assert "total_training_steps" in forecast["planned_from"]
     assert forecast["compute"] == pytest.approx(data["hours"][-1], rel=0.03)  # 8 GPUs from the run's params
     assert forecast["value"]["pi_low"] <= forecast["value"]["value"] <= forecast["value"]["pi_high"]
+
+
+WANDB_WRITER = """
+import json, sys, wandb
+rows = json.load(open(sys.argv[1]))
+run = wandb.init(
+    project="scaling", name="grpo-wandb",
+    config={"trainer": {"nnodes": 1, "n_gpus_per_node": 8, "total_training_steps": 200}},
+)
+for step, row in enumerate(rows, start=1):
+    run.log(row, step=step)
+run.finish()
+"""
+
+
+@pytest.mark.timeout(240)
+async def test_a_wandb_offline_run_is_forecast_from_its_own_config_in_one_call(
+    suite_client: Client, tmp_path: Path
+) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    data = curve(7)
+    rows = [
+        {"critic/score/mean": float(data["reward"][i]), "timing_s/step": float(data["seconds"][i])}
+        for i in range(STEPS // 2)
+    ]
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    (tmp_path / "write.py").write_text(WANDB_WRITER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and "proxy" not in k.lower()}
+    env.update(
+        WANDB_MODE="offline",
+        WANDB_DIR=str(tmp_path),
+        WANDB_SILENT="true",
+        WANDB_DISABLE_GIT="true",
+        WANDB_DISABLE_CODE="true",
+        WANDB_CONFIG_DIR=str(tmp_path / "config"),
+        WANDB_CACHE_DIR=str(tmp_path / "cache"),
+        WANDB_DATA_DIR=str(tmp_path / "data"),
+        HOME=str(tmp_path),
+    )
+    done = subprocess.run(
+        [sys.executable, "write.py", "rows.json"], cwd=tmp_path, env=env, capture_output=True, timeout=180, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    [folder] = (tmp_path / "wandb").glob("offline-run-*")
+    predicted = await call_ok(suite_client, "predict_scaling", {"data": run(folder, metric="reward")})
+    forecast = predicted["forecast"]
+    assert forecast["run"] == "grpo-wandb" and forecast["planned_steps"] == STEPS
+    assert forecast["compute"] == pytest.approx(data["hours"][-1], rel=0.03)  # 8 GPUs from the run's config
+    assert forecast["value"]["pi_low"] <= forecast["value"]["value"] <= forecast["value"]["pi_high"]
