@@ -45,6 +45,7 @@ VOCABULARY: dict[str, Metric] = {
             "held-out accuracy or pass@k (validation/eval)",
             (
                 r"re:val-core/[^/]+/acc/mean@\d+",  # verl
+                r"re:val-core/[^/]+/acc/mean_at_\d+",  # verl through its MLflow logger (which writes @ as _at_)
                 r"re:val-core/[^/]+/reward/mean@\d+",  # verl (reward-scored validation)
                 "val/score/mean",  # ROLL
                 "validation/accuracy",  # NeMo-RL
