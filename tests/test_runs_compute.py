@@ -313,3 +313,15 @@ def test_wall_time_compute_rises_and_never_counts_more_than_the_time_gone(
     assert all(b > a for a, b in zip(axis.compute, axis.compute[1:], strict=False))
     typical = float(np.median(np.diff([0.0, *np.cumsum(durations)])[1:]))  # the first step is taken as typical
     assert axis.compute[-1] <= (now + typical) * 3 / 3600 + 1e-9
+
+
+def test_a_run_still_being_written_is_fitted_as_partial(tmp_path: Path) -> None:
+    path = tmp_path / "live.jsonl"
+    write_verl(path, upto=40)
+    with path.open("ab") as handle:  # the step being written when the run was read
+        handle.write(b'{"step": 41, "data": {"critic/score/mean": 0.')
+    result = read_points(
+        Target(str(path), path=path), reader=None, metric="reward", choice="gpu_hours", given=axes.Given(gpus=GPUS)
+    )
+    assert len(result.points) == 40 and result.info()["partial"]
+    assert any(n.startswith("partial: fitted on what was logged so far") for n in result.notes)

@@ -10,7 +10,8 @@ None of the RL frameworks logs cumulative GPU-hours (ScaleRL's x-axis, Khatri et
   own facts; never assumed.
 - "flops": training ~6 N D (forward and backward over the D tokens trained on) and generation ~2 N D per generated
   token (Kaplan et al. 2020; Chinchilla's C = 6ND), N the parameter count (given, or the run's facts).
-- a key that already is compute (compute_flops, compute_gpu_hours: this suite's recipes), or any key named.
+- a key that already is compute (compute_flops, compute_gpu_hours: this suite's recipes), or any key named (a key
+  named like one of the choices, "gpu_hours" say, is read as the choice: name compute_gpu_hours or rename it).
 - "steps": the step itself; no unit of compute.
 - "auto": a logged compute key, else gpu_hours where time and GPUs are known, else flops where params and tokens
   are; else an error saying what is missing and how to give it.
