@@ -304,6 +304,14 @@ def test_quick_study_decision_follows_the_fits_it_quotes(quick_study: QuickStudy
         assert decision["variant"] is None and unsure
     for value in quoted["probabilities"].values():
         assert f"{value:.2f}" in decision["text"]
+    # The follow-up round ran (the quick study's held-out errors are far above its threshold) and the final round's
+    # fits include its run: the one study that runs it end to end (the cluster studies leave it out).
+    followup = scaling["followup"]
+    assert followup["needed"], followup["reason"]
+    extra = followup["run"]
+    assert extra["round"] == "2" and extra["state"] == "SUCCEEDED", extra
+    assert len(scaling["rounds"]) == 2 and extra["job_id"] in final["variants"][extra["variant"]]["runs"]
+    assert [s["key"] for s in scaling["sweeps"]] == ["pilot-0", "1-0", "2-0"]
 
 
 @pytest.mark.timeout(400)
