@@ -60,11 +60,17 @@ def _intervals(center: np.ndarray, draws: np.ndarray | None, rmse: float, level:
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
         draws = np.where(np.isfinite(draws), draws, np.nan)
         low, high = np.nanpercentile(draws, [tail, 100 - tail], axis=0)
+    # The prediction interval adds a new observation's noise (z x rmse) to the curve's uncertainty (the bootstrap
+    # interval's half on each side), in quadrature: the two are independent. (Adding them linearly made 80%
+    # intervals cover 93% of held-out final values in benchmarks/forecast_quality.py; in quadrature, 81%.)
     z = _normal_quantile(1 - (1 - level) / 2)
-    return [
-        (_finite(float(lo)), _finite(float(hi)), _finite(float(lo - z * rmse)), _finite(float(hi + z * rmse)))
-        for lo, hi in zip(low, high, strict=True)
-    ]
+    noise = z * rmse
+    bands = []
+    for mid, lo, hi in zip(center, low, high, strict=True):
+        below = math.hypot(max(float(mid - lo), 0.0), noise) if np.isfinite(lo) else math.inf
+        above = math.hypot(max(float(hi - mid), 0.0), noise) if np.isfinite(hi) else math.inf
+        bands.append((_finite(float(lo)), _finite(float(hi)), _finite(float(mid) - below), _finite(float(mid) + above)))
+    return bands
 
 
 def _check_center(center: np.ndarray, where: list[str], model: str) -> None:
