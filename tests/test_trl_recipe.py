@@ -23,7 +23,7 @@ from tests.helpers import call_ok as ok
 from tests.helpers import create_test_suite, finish_job
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
-STEPS = 3
+STEPS = 6  # ScaleRL's sigmoid has 4 parameters: the fit by job id below needs more points than that
 
 
 @pytest.fixture
@@ -74,6 +74,14 @@ async def test_a_trl_grpo_job_runs_and_its_run_is_read(client: Client, app: App)
     assert mapping(run.keys)["response_length"] == "completions/mean_length"
     rows = (await ok(client, "read_job_metrics", {"job_id": job["job_id"], "keys": ["reward"]}))["rows"]
     assert [r["step"] for r in rows if r.get("reward") is not None] == list(range(1, STEPS + 1))
+    # Fitted and forecast by its job id alone: the metric, the compute axis and the planned end come from the job.
+    fit = await ok(client, "fit_scaling_law", {"model": "scalerl", "data": {"run": {"source": job["job_id"]}}, "bootstrap": 20})
+    assert fit["points_used"] == STEPS and fit["run"]["reader"] == "trl"
+    assert fit["run"]["metric_key"] == "reward", fit["run"]
+    assert "CPU-process hours, not GPU-hours" in fit["run"]["compute_assumption"]  # a CPU job says what it counted
+    forecast = (await ok(client, "predict_scaling", {"fit_id": fit["fit_id"]}))["forecast"]
+    assert forecast["planned_steps"] == STEPS and forecast["reached"] is True
+    assert forecast["observed"] is not None
 
 
 def test_grpo_args_are_json_or_text_and_the_recipes_own_fields_are_refused() -> None:
