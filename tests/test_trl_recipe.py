@@ -75,7 +75,9 @@ async def test_a_trl_grpo_job_runs_and_its_run_is_read(client: Client, app: App)
     rows = (await ok(client, "read_job_metrics", {"job_id": job["job_id"], "keys": ["reward"]}))["rows"]
     assert [r["step"] for r in rows if r.get("reward") is not None] == list(range(1, STEPS + 1))
     # Fitted and forecast by its job id alone: the metric, the compute axis and the planned end come from the job.
-    fit = await ok(client, "fit_scaling_law", {"model": "scalerl", "data": {"run": {"source": job["job_id"]}}, "bootstrap": 20})
+    fit = await ok(
+        client, "fit_scaling_law", {"model": "scalerl", "data": {"run": {"source": job["job_id"]}}, "bootstrap": 20}
+    )
     assert fit["points_used"] == STEPS and fit["run"]["reader"] == "trl"
     assert fit["run"]["metric_key"] == "reward", fit["run"]
     assert "CPU-process hours, not GPU-hours" in fit["run"]["compute_assumption"]  # a CPU job says what it counted
