@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servers.core.errors import InputError
+from servers.core.errors import InputError, json_kind
 from servers.engines.backend import JOB_DIR_PLACEHOLDER
 from servers.runs.jobs import run_source
 
@@ -185,15 +185,8 @@ def _raw(tree: Any, key: str) -> Any:
 
 
 def _kind(value: Any) -> str | None:
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return None  # None, lists and mappings: the shipped default says nothing of the type
+    """A scalar's kind in words; None for null, lists and mappings (the shipped default says nothing of the type)."""
+    return json_kind(value) if isinstance(value, bool | int | float | str) else None
 
 
 def _compatible(before: Any, after: Any) -> bool:

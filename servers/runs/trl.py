@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from servers.core.refs import resolve
+from servers.runs.jsonlines import step_of
 from servers.runs.registry import Target
 from servers.runs.series import RunCollector, RunData, RunError, number
 
@@ -123,16 +124,6 @@ def _load_state(path: Path) -> dict[str, Any]:
     return data
 
 
-def _step(raw: Any) -> int | None:
-    if isinstance(raw, bool):
-        return None
-    if isinstance(raw, int):
-        return raw
-    if isinstance(raw, float) and raw.is_integer():
-        return int(raw)
-    return None
-
-
 def read(target: Target, keys: set[str] | None, cap: int) -> RunData:
     path = target.path
     if path is None:
@@ -186,7 +177,7 @@ def _entries(history: list[Any], run: RunData) -> list[tuple[int, dict[str, Any]
         if not isinstance(entry, dict):
             run.skip("log_history entry that is not an object")
             continue
-        step = _step(entry.get("step"))
+        step = step_of(entry.get("step"))
         if step is None:
             run.skip("log_history entry without an integer step")
             continue
