@@ -3,6 +3,8 @@
 Also runnable as a stdio server (`python -m tests.helpers`), for the tests that kill and restart a server.
 """
 
+import os
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from mcp.server import MCPServer
@@ -96,3 +98,21 @@ def host_pids(ns_pids: list[int], marker: str) -> list[int]:
         if marker in cmdline and nspid and int(nspid.group(1).split()[-1]) in ns_pids:
             found.append(int(entry.name))
     return found
+
+
+def wandb_offline_env(root: Path) -> dict[str, str]:
+    """The environment for a child process in which wandb writes an offline run under `root`: no network, no
+    proxy, no git or code capture, and its config, cache and data folders (and HOME) inside `root`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and "proxy" not in k.lower()}
+    env.update(
+        WANDB_MODE="offline",
+        WANDB_DIR=str(root),
+        WANDB_SILENT="true",
+        WANDB_DISABLE_GIT="true",
+        WANDB_DISABLE_CODE="true",
+        WANDB_CONFIG_DIR=str(root / "config"),
+        WANDB_CACHE_DIR=str(root / "cache"),
+        WANDB_DATA_DIR=str(root / "data"),
+        HOME=str(root),
+    )
+    return env

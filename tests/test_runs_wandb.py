@@ -6,7 +6,6 @@ run.history() / scan_history(). No network: offline mode, and the child gets no 
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
 import textwrap
@@ -23,6 +22,7 @@ from servers.runs import registry, wandb_reader
 from servers.runs.registry import Target
 from servers.runs.series import RunData, RunError
 from servers.runs.vocabulary import resolve
+from tests.helpers import wandb_offline_env
 
 STEPS = 300
 NAN_STEPS = (5, 50)
@@ -77,18 +77,7 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("wandb-offline")
     script = root / "write_run.py"
     script.write_text(WRITER)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and "proxy" not in k.lower()}
-    env.update(
-        WANDB_MODE="offline",
-        WANDB_DIR=str(root),
-        WANDB_SILENT="true",
-        WANDB_DISABLE_GIT="true",
-        WANDB_DISABLE_CODE="true",
-        WANDB_CONFIG_DIR=str(root / "config"),
-        WANDB_CACHE_DIR=str(root / "cache"),
-        WANDB_DATA_DIR=str(root / "data"),
-        HOME=str(root),
-    )
+    env = wandb_offline_env(root)
     done = subprocess.run(
         [sys.executable, str(script), str(STEPS), str(BLOB_STEP)],
         cwd=root,

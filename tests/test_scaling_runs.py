@@ -11,7 +11,7 @@ from mcp import Client
 
 from servers.core.mcp_layer import App
 from tests.helpers import call_error as error
-from tests.helpers import call_ok
+from tests.helpers import call_ok, wandb_offline_env
 from tests.test_runs_compute import GPUS, STEP_S, STEPS, TRUTH, VAL_KEY, curve, sigmoid, write_verl
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
@@ -237,7 +237,6 @@ async def test_a_wandb_offline_run_is_forecast_from_its_own_config_in_one_call(
     suite_client: Client, tmp_path: Path
 ) -> None:
     import json
-    import os
     import subprocess
     import sys
 
@@ -248,18 +247,7 @@ async def test_a_wandb_offline_run_is_forecast_from_its_own_config_in_one_call(
     ]
     (tmp_path / "rows.json").write_text(json.dumps(rows))
     (tmp_path / "write.py").write_text(WANDB_WRITER)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and "proxy" not in k.lower()}
-    env.update(
-        WANDB_MODE="offline",
-        WANDB_DIR=str(tmp_path),
-        WANDB_SILENT="true",
-        WANDB_DISABLE_GIT="true",
-        WANDB_DISABLE_CODE="true",
-        WANDB_CONFIG_DIR=str(tmp_path / "config"),
-        WANDB_CACHE_DIR=str(tmp_path / "cache"),
-        WANDB_DATA_DIR=str(tmp_path / "data"),
-        HOME=str(tmp_path),
-    )
+    env = wandb_offline_env(tmp_path)
     done = subprocess.run(
         [sys.executable, "write.py", "rows.json"], cwd=tmp_path, env=env, capture_output=True, timeout=180, check=False
     )
