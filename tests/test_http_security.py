@@ -297,8 +297,11 @@ def test_without_proc_net_tcp_loopback_needs_a_token(monkeypatch: pytest.MonkeyP
 
 # ---- defect 9: slowloris --------------------------------------------------------------------------------------
 
-SERVE_GUARDED = (
-    "import sys; from mcp.server import MCPServer; from servers.core.transport import serve_http; "
+SERVE_GUARDED = (  # logging set up as `llm-infra-mcp serve` does (one plain line per record), before the SDK's own
+    # setup, which uses rich's wrapping handler when rich is installed (mlflow and wandb bring it)
+    "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr, "
+    "format='%(asctime)s %(name)s %(levelname)s %(message)s'); "
+    "from mcp.server import MCPServer; from servers.core.transport import serve_http; "
     "serve_http(MCPServer('t'), '127.0.0.1', int(sys.argv[1]), None, header_timeout_s=float(sys.argv[2]), "
     "max_connections=int(sys.argv[3]))"
 )
