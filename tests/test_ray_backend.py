@@ -138,6 +138,22 @@ def test_ray_state_map_and_submission_ids() -> None:
     assert all(c.isalnum() or c in "-_" for c in sid)
 
 
+def test_two_state_directories_on_one_ray_cluster_never_share_a_submission_id(tmp_path: Path) -> None:
+    """The same idempotency key from two servers (two state directories) on one Ray cluster: two submission ids,
+    so neither finds the other's job; the same state directory keeps its id across restarts (a retry finds it)."""
+    from servers.engines import registry
+
+    info = registry.get("ray")
+
+    def backend(home: Path) -> Any:
+        return info.build(info.config_for(Settings(home=home, allowed_roots=[tmp_path])))
+
+    first, second, again = backend(tmp_path / "a"), backend(tmp_path / "b"), backend(tmp_path / "a")
+    assert first.submission_id("study-pilot-0") != second.submission_id("study-pilot-0")
+    assert first.submission_id("study-pilot-0") == again.submission_id("study-pilot-0")
+    assert all(c.isalnum() or c in "-_" for c in second.submission_id("study-pilot-0"))
+
+
 def test_ray_backend_does_not_import_ray() -> None:
     code = "import sys, servers.launch.ray_backend; sys.exit(int('ray' in sys.modules))"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)

@@ -4,6 +4,8 @@ config, live beside the detection in servers/launch/backends.py)."""
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Any
 
 from servers.engines.registry import BackendInfo, register
@@ -14,7 +16,11 @@ def _slurm_config(settings: Any) -> dict[str, Any]:
 
 
 def _ray_config(settings: Any) -> dict[str, Any]:
-    return {"address": settings.ray_address}
+    # A Ray submission id comes from the job's idempotency key, so that a retried submit finds its job. Two servers
+    # (two state directories) sharing one Ray cluster would then find each other's jobs by the same key: the id's
+    # prefix names this state directory.
+    home = hashlib.sha256(str(Path(settings.home).resolve()).encode()).hexdigest()[:8]
+    return {"address": settings.ray_address, "id_prefix": f"llm-infra-mcp-{home}"}
 
 
 register(

@@ -35,7 +35,7 @@ def make_slurm(config: Mapping[str, Any]) -> "SlurmBackend":
 def make_ray(config: Mapping[str, Any]) -> "RayBackend":
     from servers.launch.ray_backend import RayBackend
 
-    return RayBackend(address=config.get("address") or None)
+    return RayBackend(address=config.get("address") or None, id_prefix=config.get("id_prefix") or "llm-infra-mcp")
 
 
 def make_kubernetes(config: Mapping[str, Any]) -> "KubernetesBackend":
