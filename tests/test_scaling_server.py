@@ -127,6 +127,21 @@ async def test_predict_values_and_compute_for_a_target(suite_client: Client) -> 
     assert not never["target"]["reachable"] and "does not reach the target" in never["target"]["statement"]
 
 
+async def test_prediction_intervals_of_a_bounded_metric_stay_within_its_range(suite_client: Client) -> None:
+    """A metric near 0 (and one near y_max) with noise: the prediction interval for an observation stops at 0 and
+    at y_max, where every observation must lie, and still contains its estimate."""
+    low = await fit(suite_client, curve_points(seed=1, R0=0.0, A=0.05), label="near zero")
+    high = await fit(suite_client, curve_points(seed=2, R0=0.9, A=0.995), label="near one")
+    for report in (low, high):
+        pred = await ok(suite_client, "predict_scaling", {"fit_id": report["fit_id"], "compute": [100, 50_000]})
+        for v in pred["values"]:
+            assert 0.0 <= v["pi_low"] <= v["value"] <= v["pi_high"] <= 1.0, v
+    [start, _] = (await ok(suite_client, "predict_scaling", {"fit_id": low["fit_id"], "compute": [100, 50_000]}))[
+        "values"
+    ]
+    assert start["pi_low"] == 0.0  # the noise alone reaches below zero there: the interval stops at 0
+
+
 async def test_predict_from_parameters_you_give(suite_client: Client) -> None:
     """A law from a paper, no fit: values without intervals (and said so), a target from the point estimate, and
     Chinchilla's loss from Hoffmann et al.'s published fit when no parameters are given."""

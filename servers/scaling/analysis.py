@@ -97,12 +97,18 @@ def predict_curve(fit: StoredFit, compute: list[float], level: float) -> list[Pr
     used_max = used_compute_max(fit)
     bands = _intervals(center, draws, fit.outcome.rmse, level)
     envelope = _envelope(fit, level) if draws is not None else None
+    y_max = float(fit.options.get("y_max") or 1.0)
     out = []
     for c, v, (lo, hi, plo, phi) in zip(x, center, bands, strict=True):
         if envelope is not None and c > used_max:  # A not identified: beyond the data, all the model allows
             low_end, high_end = envelope
             lo, hi = _widened(lo, low_end, min), _widened(hi, high_end, max)
             plo, phi = _widened(plo, low_end, min), _widened(phi, high_end, max)
+        # An observation of a bounded metric lies in [0, y_max] (the data were refused otherwise), so the
+        # prediction interval stops there, though never short of the estimate (a power law can overshoot y_max:
+        # its curve interval says so, unclipped).
+        plo = None if plo is None else max(plo, min(0.0, float(v)))
+        phi = None if phi is None else min(phi, max(y_max, float(v)))
         out.append(
             PredictedValue(
                 compute=float(c),
