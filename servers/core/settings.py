@@ -124,9 +124,10 @@ class Settings(BaseSettings):
         "none.",
     )
 
-    @field_validator("exporter_urls", mode="before")
+    @field_validator("exporter_urls", "tracking_hosts", mode="before")
     @classmethod
-    def _split_exporter_urls(cls, value: object) -> object:
+    def _split_list(cls, value: object) -> object:
+        """A list setting given as one string (the environment): its entries separated by commas or spaces."""
         if isinstance(value, str):
             return [part for part in value.replace(",", " ").split() if part]
         return value
@@ -158,13 +159,6 @@ class Settings(BaseSettings):
         "separated by commas or spaces; a URI on another host is refused before any connection. Default: loopback. "
         "Empty: none.",
     )
-
-    @field_validator("tracking_hosts", mode="before")
-    @classmethod
-    def _split_tracking_hosts(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [part for part in value.replace(",", " ").split() if part]
-        return value
 
     @field_validator("tracking_hosts", mode="after")
     @classmethod

@@ -67,6 +67,33 @@ log = logging.getLogger(__name__)
 _JSON_COLUMNS = ("options", "outcome", "points", "excluded")
 
 
+def new_fit(
+    fit_id: str,
+    *,
+    label: str | None,
+    compute_unit: str,
+    source: str,
+    options: dict[str, Any],
+    outcome: FitOutcome,
+    points: list[DataPoint],
+    excluded: list[Excluded],
+) -> StoredFit:
+    """A fit made now from its outcome (its model and method are the outcome's), with id `fit_id`."""
+    return StoredFit(
+        id=fit_id,
+        label=label,
+        model=outcome.model,
+        method=outcome.method,
+        compute_unit=compute_unit,
+        created_at=time.time(),
+        source=source,
+        options=options,
+        outcome=outcome,
+        points=points,
+        excluded=excluded,
+    )
+
+
 class FitStore:
     def __init__(self, settings: Settings) -> None:
         self.db_path = settings.db_path
@@ -114,13 +141,10 @@ class FitStore:
         points: list[DataPoint],
         excluded: list[Excluded],
     ) -> StoredFit:
-        fit = StoredFit(
-            id=f"fit-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}",
+        fit = new_fit(
+            f"fit-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}",
             label=label,
-            model=outcome.model,
-            method=outcome.method,
             compute_unit=compute_unit,
-            created_at=time.time(),
             source=source,
             options=options,
             outcome=outcome,

@@ -20,7 +20,7 @@ from servers.core.models import Model
 from servers.core.paths import resolve_inside_roots
 from servers.scaling import laws, limits
 from servers.scaling.data import Columns, DataPoint, Excluded, RunSource, load_run, points_from_rows, read_rows
-from servers.scaling.fitstore import FIT_ID_PATTERN, FitStore, StoredFit
+from servers.scaling.fitstore import FIT_ID_PATTERN, FitStore, StoredFit, new_fit
 from servers.scaling.fitting import (
     Comparison,
     ComputeForTarget,
@@ -544,15 +544,10 @@ async def run_fit(
     outcome.warnings = [*outcome.warnings, *prepared.notes, *(notes or [])]
     options = {**prepared.options, "run": run} if run is not None else prepared.options
     if not store:
-        import time
-
-        return StoredFit(
-            id="unstored",
+        return new_fit(
+            "unstored",
             label=label,
-            model=model,
-            method=method,
             compute_unit=compute_unit,
-            created_at=time.time(),
             source=source,
             options=options,
             outcome=outcome,
