@@ -3,7 +3,8 @@ content, pictures inline as data: URIs, no external resource), and DIR/study.jso
 the loop made). Both reports are rendered from one list of blocks, so they say the same thing.
 
 Every number shown is read from study.json's data, which holds the tools' results; nothing is computed here but
-formatting.
+formatting, and, for the ladder's picture, where to draw a stop (the mean of a variant's seeds' last measured
+values, said in its caption). Every probability and share is written by one helper (prob: 2 decimals).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import base64
 import html
 import io
 import json
+import math
 import os
 import re
 import time
@@ -35,6 +37,16 @@ def g3(x: Any) -> str:
 
 def f4(x: Any) -> str:
     return "-" if not isinstance(x, int | float) else f"{x:.4f}"
+
+
+def prob(x: Any) -> str:
+    """Every probability and share in the report: 2 decimals ("-" for none)."""
+    return "-" if not isinstance(x, int | float) or isinstance(x, bool) else f"{x:.2f}"
+
+
+def percent(x: Any) -> str:
+    """A share as a percentage, from prob's rounding (so that both say the same)."""
+    return "-" if prob(x) == "-" else f"{100 * float(prob(x)):.0f}%"
 
 
 def ms(x: Any) -> str:
@@ -61,70 +73,270 @@ def param(fit: dict[str, Any] | None, name: str, fmt: Any = f3, with_ci: bool = 
     return text
 
 
-# ---- the overlap picture (matplotlib, Agg) ----------------------------------------------------------------------
+# ---- the pictures (matplotlib, Agg) ------------------------------------------------------------------------------
 
 
-def overlap_chart(rows: list[dict[str, Any]], predicted_for: str, measured_on: str) -> bytes:
-    """Two panels of bars per layer: predict_overlap's sequential and overlapped times on the catalog GPU, and
-    tune_overlap's measured sequential time and best valid overlapped time here (hatched: the fastest row, which
-    failed the validity checks, so no gain is claimed)."""
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
 
-    layers = [r["layer"] for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
+    return plt
+
+
+def chart_text(text: Any, limit: int = 48) -> str:
+    """A value from the study's data as matplotlib text that shows exactly it: on one line, at most `limit`
+    characters (an ellipsis past them), and every '$' escaped, so that no mathtext is parsed (a malformed one
+    would fail the drawing)."""
+    text = re.sub(r"\s+", " ", MD_CONTROL.sub(" ", str(text))).strip()
+    if len(text) > limit:
+        text = text[: limit - 1] + "\u2026"
+    return text.replace("$", r"\$")
+
+
+def _render(fig: Any) -> bytes:
+    plt = _pyplot()
     try:
-        x = list(range(len(layers)))
-        w = 0.38
-        pred_seq = [(r["predicted"] or {}).get("t_sequential_ms") or 0.0 for r in rows]
-        pred_ovl = [(r["predicted"] or {}).get("t_overlap_ms") or 0.0 for r in rows]
-        left.bar([i - w / 2 for i in x], pred_seq, w, color="#9aa5b1", label="sequential")
-        left.bar([i + w / 2 for i in x], pred_ovl, w, color="#1f77b4", label="overlapped (best chunks)")
-        for i, r in enumerate(rows):
-            s = (r["predicted"] or {}).get("speedup")
-            if isinstance(s, int | float):
-                left.annotate(f"{s:.2f}x", (i + w / 2, pred_ovl[i]), ha="center", va="bottom", fontsize=8)
-        left.set_title(f"predicted: {predicted_for} (predict_overlap)", fontsize=10)
-        left.set_ylabel("time per layer (ms)")
-        left.set_xticks(x, layers, rotation=15, fontsize=8)
-        left.legend(fontsize=8)
-
-        meas_seq, meas_best, hatched = [], [], []
-        for r in rows:
-            m = r["measured"] or {}
-            meas_seq.append(m.get("t_sequential_ms") or 0.0)
-            if isinstance(m.get("best_t_ms"), int | float):
-                meas_best.append(m["best_t_ms"])
-                hatched.append(False)
-            elif m.get("fastest"):
-                meas_best.append(m["fastest"]["t_ms"])
-                hatched.append(not m["fastest"]["valid"])
-            else:
-                meas_best.append(0.0)
-                hatched.append(False)
-        right.bar([i - w / 2 for i in x], meas_seq, w, color="#9aa5b1", label="sequential")
-        bars = right.bar([i + w / 2 for i in x], meas_best, w, color="#d62728", label="best valid overlapped")
-        for bar, h in zip(bars, hatched, strict=True):
-            if h:
-                bar.set_hatch("//")
-                bar.set_facecolor("white")
-                bar.set_edgecolor("#d62728")
-        handles, _ = right.get_legend_handles_labels()
-        if any(hatched):
-            handles.append(Patch(facecolor="white", edgecolor="#d62728", hatch="//", label="fastest row, invalid"))
-        right.legend(handles=handles, fontsize=8)
-        right.set_title(f"measured: {measured_on} (tune_overlap)", fontsize=10)
-        right.set_ylabel("time per layer (ms)")
-        right.set_xticks(x, layers, rotation=15, fontsize=8)
-        fig.tight_layout()
         buf = io.BytesIO()
         fig.savefig(buf, format="png")
         return buf.getvalue()
     finally:
         plt.close(fig)
+
+
+def _measured_mark(m: dict[str, Any]) -> tuple[float, str]:
+    """The measured panel's second bar of a layer: (height, kind), kind "best" (tune_overlap's best valid, correct
+    overlapped row), "fastest" (no such row: the fastest timed row, which is not claimed) or "none" (nothing timed)."""
+    if isinstance(m.get("best_t_ms"), int | float):
+        return float(m["best_t_ms"]), "best"
+    fastest = m.get("fastest") or {}
+    if isinstance(fastest.get("t_ms"), int | float):
+        return float(fastest["t_ms"]), "fastest"
+    return 0.0, "none"
+
+
+OVERLAP_MARKS = {
+    "sequential": {"facecolor": "#9aa5b1", "edgecolor": "#9aa5b1", "hatch": None},
+    "overlapped": {"facecolor": "#1f77b4", "edgecolor": "#1f77b4", "hatch": None},
+    "best": {"facecolor": "#d62728", "edgecolor": "#d62728", "hatch": None},
+    "fastest": {"facecolor": "white", "edgecolor": "#ff7f0e", "hatch": "xx"},
+}
+OVERLAP_LABELS = {
+    "sequential": "sequential",
+    "overlapped": "overlapped (best chunks)",
+    "best": "best valid overlapped",
+    "fastest": "fastest row, invalid (no gain claimed)",
+}
+
+
+def overlap_figure(rows: list[dict[str, Any]], predicted_for: str, measured_on: str) -> Any:
+    """The overlap picture as a matplotlib Figure: two panels of bars per layer, predict_overlap's sequential and
+    overlapped times on the catalog GPU, and tune_overlap's measured sequential time and best valid overlapped time
+    here (solid red). A layer with no valid row shows its fastest row instead, as a different mark (white, orange
+    cross-hatched) that claims no gain. Each legend names only marks that are drawn."""
+    from matplotlib.patches import Patch
+
+    plt = _pyplot()
+    layers = [chart_text(r.get("layer"), 24) for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
+    x = list(range(len(layers)))
+    w = 0.38
+
+    def bars(ax: Any, offset: float, heights: list[float], kinds: list[str]) -> set[str]:
+        drawn = set()
+        for i, (h, kind) in enumerate(zip(heights, kinds, strict=True)):
+            if kind == "none" or h <= 0:
+                continue
+            style = OVERLAP_MARKS[kind]
+            ax.bar(i + offset, h, w, color=style["facecolor"], edgecolor=style["edgecolor"], hatch=style["hatch"])
+            drawn.add(kind)
+        return drawn
+
+    def legend(ax: Any, drawn: set[str]) -> None:
+        handles = [
+            Patch(label=OVERLAP_LABELS[k], **{a: v for a, v in OVERLAP_MARKS[k].items() if v is not None})
+            for k in OVERLAP_MARKS
+            if k in drawn
+        ]
+        if handles:
+            ax.legend(handles=handles, fontsize=8)
+
+    pred = [r.get("predicted") or {} for r in rows]
+    pred_seq = [p.get("t_sequential_ms") or 0.0 for p in pred]
+    pred_ovl = [p.get("t_overlap_ms") or 0.0 for p in pred]
+    drawn = bars(left, -w / 2, pred_seq, ["sequential"] * len(rows))
+    drawn |= bars(left, w / 2, pred_ovl, ["overlapped"] * len(rows))
+    for i, p in enumerate(pred):
+        if isinstance(p.get("speedup"), int | float) and pred_ovl[i] > 0:
+            left.annotate(f"{p['speedup']:.2f}x", (i + w / 2, pred_ovl[i]), ha="center", va="bottom", fontsize=8)
+    legend(left, drawn)
+    left.set_title(f"predicted: {chart_text(predicted_for)} (predict_overlap)", fontsize=10)
+
+    meas = [r.get("measured") or {} for r in rows]
+    marks = [_measured_mark(m) for m in meas]
+    drawn = bars(right, -w / 2, [m.get("t_sequential_ms") or 0.0 for m in meas], ["sequential"] * len(rows))
+    drawn |= bars(right, w / 2, [h for h, _ in marks], [k for _, k in marks])
+    legend(right, drawn)
+    right.set_title(f"measured: {chart_text(measured_on)} (tune_overlap)", fontsize=10)
+    for ax in (left, right):
+        ax.set_ylabel("time per layer (ms)")
+        ax.set_xticks(x, layers, rotation=15, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def overlap_chart(rows: list[dict[str, Any]], predicted_for: str, measured_on: str) -> bytes:
+    """overlap_figure as PNG bytes."""
+    return _render(overlap_figure(rows, predicted_for, measured_on))
+
+
+LADDER_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+LADDER_LABELS = {
+    "runs": "a run's eval points (one line per seed)",
+    "rungs": "rungs: compute per run at each round",
+    "stop": "stopped: its last measured mean",
+    "forecast": "its forecast at the target when stopped [CI]",
+    "ceiling": "task ceiling (best reachable)",
+    "reference": "exhaustive run reached",
+}
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def ladder_variants(scaling: dict[str, Any]) -> list[str]:
+    """Every variant the ladder names, in the order the study gave them (design's steps, then each round's active
+    variants, the chains, the stops, the references)."""
+    design = scaling.get("design") or {}
+    names: list[str] = [*(design.get("steps") or {})]
+    for rung in scaling.get("ladder") or []:
+        names += rung.get("active") or []
+    names += [c.get("variant") for c in scaling.get("chains") or []]
+    names += [*(scaling.get("stops") or {}), *(scaling.get("reference") or {})]
+    return [str(n) for n in dict.fromkeys(names) if n is not None]
+
+
+def chain_points(chain: dict[str, Any], compute_key: str, metric: str) -> list[tuple[float, float]]:
+    """A chain's eval points as (compute, metric value), by compute; rows without both numbers left out."""
+    points = [
+        (float(r[compute_key]), float(r[metric]))
+        for r in chain.get("rows") or []
+        if r.get("split", "eval") == "eval" and _number(r.get(compute_key)) and _number(r.get(metric))
+    ]
+    return sorted(points)
+
+
+def last_measured_mean(scaling: dict[str, Any], variant: str, compute: float) -> float | None:
+    """The mean over the variant's seeds of each seed's last eval value at or below `compute` (where its stop is
+    drawn); None when no seed has one."""
+    design = scaling.get("design") or {}
+    key, metric = design.get("compute_key") or "compute_flops", design.get("metric") or "pass_rate"
+    last = []
+    for chain in scaling.get("chains") or []:
+        if str(chain.get("variant")) == variant:
+            below = [v for c, v in chain_points(chain, key, metric) if c <= compute * (1 + 1e-9)]
+            if below:
+                last.append(below[-1])
+    return sum(last) / len(last) if last else None
+
+
+def ladder_figure(scaling: dict[str, Any]) -> Any:
+    """The ladder as a matplotlib Figure (800 x 560 px): x the compute per run (log), y the study's metric; one
+    colour per variant. Each chain's eval points as a thin line with small markers, the rungs as faint vertical
+    lines, each stopped variant's stop as a cross (its compute, the mean of its seeds' last measured values) and its
+    forecast at the target at that moment as an error bar (the value with its CI) at the target, offset a little
+    per variant; the task's ceiling as a dashed line; what an exhaustive run reached at the target (when given) as
+    hollow circles. The legend has one entry per kind of mark drawn and one per variant colour. ValueError when
+    there is nothing to draw."""
+    from matplotlib.lines import Line2D
+
+    design = scaling.get("design") or {}
+    key, metric = design.get("compute_key") or "compute_flops", design.get("metric") or "pass_rate"
+    unit = design.get("unit") or scaling.get("unit") or "compute"
+    rungs = [float(c) for c in design.get("rungs") or [] if _number(c) and c > 0]
+    target = design.get("target") if _number(design.get("target")) else (rungs[-1] if rungs else None)
+    variants = ladder_variants(scaling)
+    color = {v: LADDER_COLORS[i % len(LADDER_COLORS)] for i, v in enumerate(variants)}
+    chains = [(str(c.get("variant")), chain_points(c, key, metric)) for c in scaling.get("chains") or []]
+    chains = [(v, [(c, y) for c, y in pts if c > 0]) for v, pts in chains]
+    if not any(pts for _, pts in chains) and not rungs:
+        raise ValueError("the ladder needs eval rows in scaling['chains'] or rungs in scaling['design']: none given")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5.6), dpi=100, layout="constrained")
+    drawn: dict[str, dict[str, Any]] = {}
+    coloured: set[str] = set()  # the variants with a mark in their colour
+    for c in rungs:
+        ax.axvline(c, color="0.82", lw=0.9, zorder=0)
+        drawn["rungs"] = {"color": "0.82", "lw": 0.9}
+    for v, pts in chains:
+        if pts:
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(xs, ys, color=color[v], lw=0.8, marker="o", ms=2.5, alpha=0.75)
+            coloured.add(v)
+            drawn["runs"] = {"color": "0.3", "lw": 0.8, "marker": "o", "ms": 2.5}
+    coloured |= _ladder_stops(ax, scaling, target, variants, color, drawn)
+    ceiling = design.get("ceiling")
+    if _number(ceiling):
+        ax.axhline(ceiling, color="0.35", lw=1.1, ls="--", zorder=1)
+        drawn["ceiling"] = {"color": "0.35", "lw": 1.1, "ls": "--"}
+    low, high = ax.get_ylim()
+    ax.set_ylim(low, high + 0.05 * (high - low))  # the ceiling and the top error bar off the frame
+    if target is not None:
+        ax.annotate("target", (target, 1), xycoords=("data", "axes fraction"), ha="center", va="bottom", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"compute per run ({chart_text(unit, 24)})")
+    ax.set_ylabel(chart_text(design.get("metric_label") or metric))
+    ax.grid(True, which="major", alpha=0.25)
+    handles = [Line2D([], [], label=LADDER_LABELS[k], **drawn[k]) for k in LADDER_LABELS if k in drawn]
+    handles += [Line2D([], [], color=color[v], lw=4, label=chart_text(v)) for v in variants if v in coloured]
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+    return fig
+
+
+def _ladder_stops(
+    ax: Any,
+    scaling: dict[str, Any],
+    target: float | None,
+    variants: list[str],
+    color: dict[str, str],
+    drawn: dict[str, dict[str, Any]],
+) -> set[str]:
+    """The stops (crosses), their forecasts at the target (error bars) and the exhaustive references (hollow
+    circles), each variant's bar and circle at the same small offset from the target; the variants drawn."""
+    coloured = set()
+    stops = {str(k): v for k, v in (scaling.get("stops") or {}).items() if isinstance(v, dict)}
+    reference = {str(k): v for k, v in (scaling.get("reference") or {}).items() if isinstance(v, dict)}
+    at_target = [v for v in variants if v in stops or v in reference]
+    offset = {v: 10 ** (0.025 * (i - (len(at_target) - 1) / 2)) for i, v in enumerate(at_target)}
+    for v, stop in stops.items():
+        if _number(stop.get("compute")) and stop["compute"] > 0:
+            mean = last_measured_mean(scaling, v, stop["compute"])
+            if mean is not None:
+                ax.plot([stop["compute"]], [mean], "x", color=color[v], ms=9, mew=2, zorder=4)
+                coloured.add(v)
+                drawn["stop"] = {"color": "0.3", "marker": "x", "ls": "none", "ms": 9, "mew": 2}
+        f = stop.get("forecast") or {}
+        if target is None or not _number(f.get("value")):
+            continue
+        low = f["ci_low"] if _number(f.get("ci_low")) else f["value"]
+        high = f["ci_high"] if _number(f.get("ci_high")) else f["value"]
+        yerr = [[max(0.0, f["value"] - low)], [max(0.0, high - f["value"])]]
+        ax.errorbar([target * offset[v]], [f["value"]], yerr=yerr, fmt="D", ms=4, color=color[v], capsize=3, zorder=4)
+        coloured.add(v)
+        drawn["forecast"] = {"color": "0.3", "marker": "D", "ms": 4}
+    for v, ref in reference.items():
+        if target is not None and _number(ref.get("value")):
+            ax.plot([target * offset[v]], [ref["value"]], "o", ms=9, mfc="none", mec=color[v], mew=1.5, zorder=5)
+            drawn["reference"] = {"marker": "o", "ls": "none", "ms": 9, "mfc": "none", "mec": "0.3", "mew": 1.5}
+            coloured.add(v)
+    return coloured
+
+
+def ladder_chart(scaling: dict[str, Any]) -> bytes:
+    """ladder_figure as PNG bytes (800 px wide): the runner puts it in images["ladder.png"]."""
+    return _render(ladder_figure(scaling))
 
 
 # ---- the content -------------------------------------------------------------------------------------------------
@@ -178,72 +390,361 @@ def _node(data: dict[str, Any], images: dict[str, bytes], add: Callable[[Block],
 
 
 def _overlap(data: dict[str, Any], images: dict[str, bytes], add: Callable[[Block], None]) -> None:
-    """2. The overlap study: predicted against measured per layer."""
-    # 2. overlap
+    """2. The overlap study: predicted against measured per layer, or the one line saying why it was skipped."""
     overlap = data.get("overlap")
-    if overlap is not None:
-        add(("h", 2, f"2. Overlap: {overlap.get('preset')} at TP={overlap.get('tp')}"))
-        measured = overlap.get("measured") or {}
-        notes = [overlap.get("measure_note")]
-        notes += [f"tune_overlap: {n}" for n in (measured.get("note"), measured.get("backend_decision")) if n]
-        notes = [n.rstrip(".") + "." for n in notes if n]
-        if notes:
-            add(("p", " ".join(notes)))
-        rows = overlap.get("rows") or []
-        if rows:
-            table = []
-            for r in rows:
-                p, m = r.get("predicted") or {}, r.get("measured") or {}
-                best = m.get("best") or "none valid"
-                if not m.get("best") and m.get("fastest"):
-                    best += f" (fastest: {m['fastest']['name']} {ms(m['fastest']['t_ms'])} ms, invalid)"
-                table.append(
-                    [
-                        r["layer"],
-                        str(r.get("pattern")),
-                        str(p.get("shape", "-")),
-                        ms(p.get("t_sequential_ms")),
-                        ms(p.get("t_overlap_ms")),
-                        "-" if p.get("speedup") is None else f"{p['speedup']:.2f}x",
-                        str(m.get("shape", "-")),
-                        ms(m.get("t_sequential_ms")),
-                        best,
-                        "-" if m.get("gain") is None else f"{100 * m['gain']:+.1f}%",
-                        str(m.get("verdict", "-")),
-                    ]
-                )
-            gpu = overlap.get("predicted_for")
-            add(
-                (
-                    "table",
-                    [
-                        "layer",
-                        "pattern",
-                        f"predicted shape ({gpu})",
-                        "T_seq ms",
-                        "T_overlap ms",
-                        "speedup",
-                        "measured shape",
-                        "T_seq ms",
-                        "best valid",
-                        "gain",
-                        "verdict (tune_overlap)",
-                    ],
-                    table,
-                )
+    if not isinstance(overlap, dict):
+        return
+    if overlap.get("skipped"):
+        add(("h", 2, "2. Overlap: skipped"))
+        add(("p", str(overlap["skipped"])))
+        return
+    add(("h", 2, f"2. Overlap: {overlap.get('preset')} at TP={overlap.get('tp')}"))
+    measured = overlap.get("measured") or {}
+    notes = [overlap.get("measure_note")]
+    notes += [f"tune_overlap: {n}" for n in (measured.get("note"), measured.get("backend_decision")) if n]
+    notes = [n.rstrip(".") + "." for n in notes if n]
+    if notes:
+        add(("p", " ".join(notes)))
+    rows = overlap.get("rows") or []
+    gpu = overlap.get("predicted_for")
+    if rows:
+        headers = [*OVERLAP_HEADERS[:2], f"predicted shape ({gpu})", *OVERLAP_HEADERS[2:]]
+        add(("table", headers, _overlap_rows(rows)))
+    if "overlap.png" in images:
+        add(("img", "overlap.png", "overlap: predicted vs measured per layer"))
+    predicted = [r for r in rows if r.get("predicted")]
+    if measured.get("prediction_note") and predicted:
+        add(
+            (
+                "p",
+                f"The predicted columns above are predict_overlap's, for {gpu} at the preset's full-size shapes "
+                f"(the loop calls it per layer). tune_overlap predicts only for the GPU it measured on, so its own "
+                f"table below has no prediction: {measured['prediction_note']}",
             )
-        if "overlap.png" in images:
-            add(("img", "overlap.png", "overlap: predicted vs measured per layer"))
-        if overlap.get("table"):
-            add(("pre", overlap["table"]))
+        )
+    if overlap.get("table"):
+        add(("pre", overlap["table"]))
+
+
+OVERLAP_HEADERS = [
+    "layer",
+    "pattern",
+    "T_seq ms",
+    "T_overlap ms",
+    "speedup",
+    "measured shape",
+    "T_seq ms",
+    "best valid",
+    "gain",
+    "verdict (tune_overlap)",
+]
+
+
+def _overlap_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
+    table = []
+    for r in rows:
+        p, m = r.get("predicted") or {}, r.get("measured") or {}
+        best = str(m.get("best") or "none valid")
+        fastest = m.get("fastest") or {}
+        if not m.get("best") and fastest:
+            best += f" (fastest: {fastest.get('name')} {ms(fastest.get('t_ms'))} ms, invalid)"
+        table.append(
+            [
+                str(r.get("layer")),
+                str(r.get("pattern")),
+                str(p.get("shape", "-")),
+                ms(p.get("t_sequential_ms")),
+                ms(p.get("t_overlap_ms")),
+                "-" if not _number(p.get("speedup")) else f"{p['speedup']:.2f}x",
+                str(m.get("shape", "-")),
+                ms(m.get("t_sequential_ms")),
+                best,
+                "-" if not _number(m.get("gain")) else f"{100 * m['gain']:+.1f}%",
+                str(m.get("verdict", "-")),
+            ]
+        )
+    return table
+
+
+def _design(data: dict[str, Any], images: dict[str, bytes], add: Callable[[Block], None]) -> None:
+    """3. The RL scaling study's heading, and its design (adaptive or exhaustive): the rungs, the steps per run at
+    each, the ceiling, what compute counts, the stop rule."""
+    scaling = data.get("scaling") or {}
+    add(("h", 2, f"3. RL scaling study ({scaling.get('recipe', 'tiny-grpo')})"))
+    design = scaling.get("design")
+    if not isinstance(design, dict):
+        return
+    unit = design.get("unit") or scaling.get("unit", "")
+    rungs = design.get("rungs") or []
+    mode = scaling.get("mode")
+    add(("h", 3, "Design"))
+    lines = []
+    if mode == "adaptive":
+        lines.append(
+            "Adaptive study: every variant and seed starts at the first rung; after each round the losing variants "
+            "are stopped on their forecasts at the target and the rest continue from their checkpoints."
+        )
+    elif mode == "exhaustive":
+        lines.append("Exhaustive study: every variant and seed runs to the target, none is stopped.")
+    if rungs:
+        lines.append(
+            f"Rungs (compute per run at each round, {unit}): {', '.join(g3(c) for c in rungs)}; the target is "
+            f"{g3(design.get('target', rungs[-1]))} {unit}."
+        )
+    if design.get("rule"):
+        lines.append(f"How the rungs were chosen: {design['rule']}")
+    if design.get("compute_counts"):
+        lines.append(f"What compute counts: {design['compute_counts']}")
+    label = design.get("metric_label") or design.get("metric") or "the metric"
+    if _number(design.get("ceiling")):
+        note = design.get("ceiling_note")
+        lines.append(f"Ceiling: {f3(design['ceiling'])} {label}" + (f": {note}" if note else "."))
+    elif design.get("ceiling_note"):
+        lines.append(f"Ceiling: not measured. {design['ceiling_note']}")
+    if design.get("stop_rule"):
+        level = f" (intervals at level {prob(design['level'])})" if _number(design.get("level")) else ""
+        lines.append(f"Stop rule{level}: {design['stop_rule']}")
+    add(("ul", lines))
+    steps = design.get("steps") or {}
+    pilot = design.get("pilot") or {}
+    if steps or pilot:
+        rows = []
+        for name in dict.fromkeys([*steps, *pilot]):
+            p = pilot.get(name) or {}
+            per = steps.get(name) or []
+            rows.append(
+                [
+                    str(name),
+                    g3(p.get("rate")),
+                    g3(p.get("c_mid")),
+                    *(str(per[i]) if i < len(per) else "-" for i in range(len(rungs))),
+                ]
+            )
+        add(
+            (
+                "table",
+                [
+                    "variant",
+                    f"{unit} per step (pilot)",
+                    f"C_mid from the pilot ({unit})",
+                    *(f"steps per run, round {i + 1} ({g3(c)} {unit})" for i, c in enumerate(rungs)),
+                ],
+                rows,
+            )
+        )
+
+
+def _action(name: str, rung: dict[str, Any]) -> str:
+    actions = []
+    if name == rung.get("leader"):
+        actions.append("leader")
+    if name in (rung.get("stopped") or []):
+        actions.append("stopped")
+    elif name in (rung.get("tied") or []):
+        actions.append("stopped, tied with the leader")
+    elif name in (rung.get("continued") or []) and name != rung.get("leader"):
+        actions.append("continued")
+    return ", ".join(actions) or "-"
+
+
+def _forecast(f: dict[str, Any] | None) -> str:
+    if not f or not _number(f.get("value")):
+        return "no forecast"
+    return f"{f3(f['value'])} {interval(f.get('ci_low'), f.get('ci_high'))}"
+
+
+def _ladder(data: dict[str, Any], images: dict[str, bytes], add: Callable[[Block], None]) -> None:
+    """The ladder: each round's forecasts at the target and what was done with each variant, the stops, how the
+    study ended, the compute spent against an exhaustive study, and the picture."""
+    scaling = data.get("scaling") or {}
+    design = scaling.get("design") or {}
+    unit = design.get("unit") or scaling.get("unit", "")
+    target = f"{g3(design['target'])} {unit}" if _number(design.get("target")) else "the target"
+    for rung in scaling.get("ladder") or []:
+        forecasts = rung.get("forecasts") or {}
+        p_higher = rung.get("p_leader_higher") or {}
+        leader = rung.get("leader")
+        add(("h", 3, f"Round {rung.get('round')}: {g3(rung.get('compute'))} {unit} per run"))
+        names = [str(n) for n in dict.fromkeys([*(rung.get("active") or []), *forecasts])]
+        add(
+            (
+                "table",
+                [
+                    "variant",
+                    f"forecast at {target} [CI]",
+                    "prediction interval",
+                    "points fitted",
+                    f"P({leader if leader is not None else 'leader'} higher at target)",
+                    "action",
+                ],
+                [
+                    [
+                        name,
+                        _forecast(forecasts.get(name)),
+                        interval((forecasts.get(name) or {}).get("pi_low"), (forecasts.get(name) or {}).get("pi_high")),
+                        str((forecasts.get(name) or {}).get("points", "-")),
+                        "-" if name == leader else prob(p_higher.get(name)),
+                        _action(name, rung),
+                    ]
+                    for name in names
+                ],
+            )
+        )
+        if rung.get("note"):
+            add(("p", rung["note"]))
+    _stops(scaling, unit, add)
+    end = scaling.get("end")
+    if isinstance(end, dict):
+        add(("h", 3, "End"))
+        why = END_WHY.get(str(end.get("why")), str(end.get("why")))
+        add(("p", f"{why}: {end.get('text') or ''}".rstrip(": ")))
+    _spent(scaling, unit, add)
+    _forecast_checks(scaling, target, add)
+    if "ladder.png" in images:
+        add(("img", "ladder.png", "the ladder: each run's eval curve, its stops and their forecasts at the target"))
+        add(("p", LADDER_CAPTION))
+
+
+END_WHY = {
+    "one_leader": "One variant leads at the study's level",
+    "indistinguishable": "The remaining variants are indistinguishable",
+    "budget": "The budget is spent",
+    "failed": "The study could not go on",
+    "target": "The target was reached",
+}
+STOP_KIND = {"below": "below the leader", "tied": "tied with the leader"}
+LADDER_CAPTION = (
+    "Each line is one run's eval points (one line per seed, one colour per variant); the faint vertical lines are "
+    "the rungs. A cross marks where a variant was stopped, at the mean of its seeds' last measured values; the "
+    "error bar at the target is its forecast there at that moment, with its CI. A hollow circle is what an "
+    "exhaustive run reached at the target; the dashed line is the task's ceiling."
+)
+
+
+def _stops(scaling: dict[str, Any], unit: str, add: Callable[[Block], None]) -> None:
+    """One row per stopped variant: when, its forecast at the target then, against whom, why, and what an
+    exhaustive run reached at the target where the study has one."""
+    stops = {k: v for k, v in (scaling.get("stops") or {}).items() if isinstance(v, dict)}
+    if not stops:
+        return
+    reference = scaling.get("reference") or {}
+    with_reference = bool(reference)
+    add(("h", 3, "Stops"))
+    rows = []
+    for name, s in stops.items():
+        row = [
+            str(name),
+            str(s.get("round", "-")),
+            g3(s.get("compute")),
+            _forecast(s.get("forecast")),
+            str(s.get("leader", "-")),
+            ": ".join(str(x) for x in (STOP_KIND.get(str(s.get("kind")), s.get("kind")), s.get("reason")) if x) or "-",
+        ]
+        if with_reference:
+            ref = reference.get(name) or {}
+            row.append(f"{f3(ref.get('value'))} at {g3(ref.get('compute'))} {unit}" if ref else "-")
+        rows.append(row)
+    headers = ["variant", "round", f"stopped at ({unit})", "its forecast at the target [CI]", "leader", "reason"]
+    add(("table", headers + (["exhaustive run reached"] if with_reference else []), rows))
+
+
+def _forecast_checks(scaling: dict[str, Any], target: str, add: Callable[[Block], None]) -> None:
+    """Each round's forecast at the target against what the variant measured there, for those that reached it."""
+    checks = [c for c in scaling.get("forecast_checks") or [] if isinstance(c, dict)]
+    if not checks:
+        return
+
+    def inside(x: Any) -> str:
+        return "-" if x is None else "yes" if x else "no"
+
+    add(("h", 3, f"Forecasts against what was measured at {target}"))
+    add(
+        (
+            "table",
+            [
+                "variant",
+                "forecast made in round",
+                "forecast",
+                "measured (mean of seeds)",
+                "error",
+                "inside CI",
+                "inside PI",
+            ],
+            [
+                [
+                    str(c.get("variant")),
+                    str(c.get("round")),
+                    f3(c.get("forecast")),
+                    f3(c.get("measured")),
+                    "-" if not _number(c.get("error")) else f"{c['error']:+.3f}",
+                    inside(c.get("inside_ci")),
+                    inside(c.get("inside_pi")),
+                ]
+                for c in checks
+            ],
+        )
+    )
+
+
+def _spent(scaling: dict[str, Any], unit: str, add: Callable[[Block], None]) -> None:
+    spent = scaling.get("spent")
+    if not isinstance(spent, dict):
+        return
+    unit = spent.get("unit") or unit
+    text = f"Compute spent: {g3(spent.get('compute'))} {unit}"
+    if _number(spent.get("exhaustive_equivalent")):
+        text += f", against {g3(spent['exhaustive_equivalent'])} {unit} for every variant and seed run to the target"
+    if _number(spent.get("pilot")):
+        text += f" (and {g3(spent['pilot'])} {unit} for the pilot)"
+    if _number(spent.get("share")):
+        text += f": a share of {prob(spent['share'])} ({percent(spent['share'])})"
+    if _number(spent.get("budget")):
+        text += f"; the budget was {g3(spent['budget'])} {unit}"
+    add(("h", 3, "Compute spent"))
+    add(("p", text + "."))
+
+
+def _chains(data: dict[str, Any], images: dict[str, bytes], add: Callable[[Block], None]) -> None:
+    """Each chain (one variant and seed, resumed from round to round): its segments' jobs, and where it ended."""
+    scaling = data.get("scaling") or {}
+    chains = [c for c in scaling.get("chains") or [] if isinstance(c, dict)]
+    if not chains:
+        return
+    design = scaling.get("design") or {}
+    key, metric = design.get("compute_key") or "compute_flops", design.get("metric") or "pass_rate"
+    unit = design.get("unit") or scaling.get("unit", "")
+    label = design.get("metric_label") or metric
+    add(("h", 3, "Runs: one chain per variant and seed, resumed from round to round"))
+    rows = []
+    for c in chains:
+        points = chain_points(c, key, metric)
+        for i, seg in enumerate(c.get("segments") or []):
+            last = i == len(c.get("segments") or []) - 1
+            rows.append(
+                [
+                    str(c.get("variant")),
+                    str(c.get("seed")),
+                    str(seg.get("round", "-")),
+                    str(seg.get("job_id") or "-"),
+                    str(seg.get("steps", "-")),
+                    str(seg.get("resumed_from") or "-"),
+                    str(seg.get("state") or "-"),
+                    f"{f3(points[-1][1])} at {g3(points[-1][0])}" if last and points else "",
+                ]
+            )
+    add(
+        (
+            "table",
+            ["variant", "seed", "round", "job", "steps", "resumed from", "state", f"last {label} (at {unit})"],
+            rows,
+        )
+    )
 
 
 def _runs(data: dict[str, Any], images: dict[str, bytes], add: Callable[[Block], None]) -> None:
-    """3. The RL scaling study: its budget and its runs."""
+    """The budget and the runs of a study with rounds of fresh runs (a pilot, round 1, a follow-up)."""
     scaling = data.get("scaling") or {}
     unit = scaling.get("unit", "")
-    # 3. RL scaling
-    add(("h", 2, f"3. RL scaling study ({scaling.get('recipe', 'tiny-grpo')})"))
     budget = scaling.get("budget")
     if budget:
         spent = scaling.get("spent") or {}
@@ -308,6 +809,8 @@ def _held_out(data: dict[str, Any], images: dict[str, bytes], add: Callable[[Blo
     """The held-out check: the first half of compute fitted, the second predicted."""
     scaling = data.get("scaling") or {}
     unit = scaling.get("unit", "")
+    if "held_out" not in scaling and "fit_heldout.png" not in images:
+        return  # a study without this check (the adaptive one forecasts at each round instead)
     held = [h for h in scaling.get("held_out") or [] if h.get("rows")]
     add(("h", 3, "Held-out check: fit the first half of compute, predict the second"))
     if "fit_heldout.png" in images:
@@ -315,8 +818,10 @@ def _held_out(data: dict[str, Any], images: dict[str, bytes], add: Callable[[Blo
         add(
             (
                 "p",
-                "Each variant's seeds pooled, fitted on compute up to half the largest (plot_scaling_fit: filled "
-                "points fitted, hollow points held out, the shaded region extrapolated, bands from the bootstrap).",
+                "Each variant's seeds pooled, fitted on compute up to half the largest (plot_scaling_fit). Filled "
+                "points ('fitted points' in the legend) were fitted; hollow points ('held out' in the legend: "
+                "compute beyond the split) were left out of the fit and predicted. The shaded region is "
+                "extrapolated; the bands are from the bootstrap.",
             )
         )
     if held:
@@ -455,8 +960,8 @@ def _comparison(rnd: dict[str, Any], label: str, unit: str, add: Callable[[Block
                     [
                         names.get(p["first"], p["first"]),
                         names.get(p["second"], p["second"]),
-                        f3(p.get("p_first_higher_asymptote")),
-                        f3(p.get("p_first_more_efficient")),
+                        prob(p.get("p_first_higher_asymptote")),
+                        prob(p.get("p_first_more_efficient")),
                         ", ".join(g3(c) for c in p.get("crossings") or []) or "-",
                     ]
                     for p in comparison.get("pairs") or []
@@ -476,8 +981,10 @@ def _tail(data: dict[str, Any], images: dict[str, bytes], add: Callable[[Block],
         add(("h", 3, "Follow-up round"))
         add(("p", ("Run: " if followup.get("needed") else "Not run: ") + followup.get("reason", "")))
 
-    add(("h", 2, "What the loop would run next"))
-    add(("p", (scaling.get("next") or {}).get("text") or "Nothing: the study did not get far enough (see the errors)."))
+    if scaling.get("next") or not scaling.get("decision"):
+        add(("h", 2, "What the loop would run next"))
+        text = (scaling.get("next") or {}).get("text")
+        add(("p", text or "Nothing: the study did not get far enough (see the errors)."))
 
     add(("h", 2, "Errors and notes"))
     errors = data.get("errors") or []
@@ -515,7 +1022,7 @@ def _tail(data: dict[str, Any], images: dict[str, bytes], add: Callable[[Block],
 def blocks(data: dict[str, Any], images: dict[str, bytes]) -> list[Block]:
     """The report's content, section by section, as blocks (heading, paragraph, table, image, preformatted)."""
     out: list[Block] = []
-    for section in (_header, _node, _overlap, _runs, _held_out, _rounds, _tail):
+    for section in (_header, _node, _overlap, _design, _ladder, _chains, _runs, _held_out, _rounds, _tail):
         section(data, images, out.append)
     return out
 
@@ -582,22 +1089,37 @@ def render_markdown(content: list[Block]) -> str:
     return "\n".join(lines)
 
 
+# Tables fit the page down to an 800 px window: as wide as the body at most, small type, cells wrapped at spaces,
+# and a cell with a long word (class "w": a job id, a shape, a variant's flags) broken anywhere, so that no column
+# needs more than its share while short words ("stopped", "leader") stay whole.
 CSS = """
 body { font-family: system-ui, -apple-system, Segoe UI, sans-serif; max-width: 1180px; margin: 2em auto; padding: 0 1em;
        color: #1d2329; line-height: 1.45; }
 h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #d0d7de; padding-bottom: .2em; margin-top: 1.6em; }
-table { border-collapse: collapse; margin: .8em 0; font-size: .86em; }
-th, td { border: 1px solid #d0d7de; padding: .25em .5em; text-align: left; vertical-align: top; }
+table { border-collapse: collapse; margin: .8em 0; font-size: .8em; table-layout: auto; max-width: 100%; }
+th, td { border: 1px solid #d0d7de; padding: .2em .4em; text-align: left; vertical-align: top;
+         overflow-wrap: break-word; hyphens: none; }
+th.w, td.w { overflow-wrap: anywhere; }
 th { background: #f3f5f7; }
+p, li { overflow-wrap: anywhere; }
 pre { background: #f6f8fa; padding: .8em; overflow-x: auto; font-size: .8em; }
-img { max-width: 100%; border: 1px solid #d0d7de; }
+img { max-width: 100%; height: auto; border: 1px solid #d0d7de; }
 """
+
+
+LONG_WORD = 12  # a cell with a word longer than this (a job id, a shape) may break it anywhere: class "w"
+
+
+def _cell(tag: str, text: str) -> str:
+    long = any(len(word) > LONG_WORD for word in str(text).split())
+    return f'<{tag} class="w">{html.escape(text)}</{tag}>' if long else f"<{tag}>{html.escape(text)}</{tag}>"
 
 
 def render_html(content: list[Block], images: dict[str, bytes], title: str) -> str:
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{html.escape(title)}</title>",
         f"<style>{CSS}</style></head><body>",
     ]
@@ -616,8 +1138,8 @@ def render_html(content: list[Block], images: dict[str, bytes], title: str) -> s
             data = base64.b64encode(images[block[1]]).decode()
             parts.append(f'<p><img alt="{e(block[2])}" src="data:image/png;base64,{data}"></p>')
         elif kind == "table":
-            head = "".join(f"<th>{e(h)}</th>" for h in block[1])
-            body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in block[2])
+            head = "".join(_cell("th", h) for h in block[1])
+            body = "".join("<tr>" + "".join(_cell("td", c) for c in row) + "</tr>" for row in block[2])
             parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
     parts.append("</body></html>")
     return "\n".join(parts)
