@@ -134,56 +134,60 @@ def overlap_figure(rows: list[dict[str, Any]], predicted_for: str, measured_on: 
     """The overlap picture as a matplotlib Figure: two panels of bars per layer, predict_overlap's sequential and
     overlapped times on the catalog GPU, and tune_overlap's measured sequential time and best valid overlapped time
     here (solid red). A layer with no valid row shows its fastest row instead, as a different mark (white, orange
-    cross-hatched) that claims no gain. Each legend names only marks that are drawn."""
+    cross-hatched) that claims no gain. Each legend names only marks that are drawn. The caller closes it."""
     from matplotlib.patches import Patch
 
     plt = _pyplot()
     layers = [chart_text(r.get("layer"), 24) for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
-    x = list(range(len(layers)))
-    w = 0.38
+    try:
+        x = list(range(len(layers)))
+        w = 0.38
 
-    def bars(ax: Any, offset: float, heights: list[float], kinds: list[str]) -> set[str]:
-        drawn = set()
-        for i, (h, kind) in enumerate(zip(heights, kinds, strict=True)):
-            if kind == "none" or h <= 0:
-                continue
-            style = OVERLAP_MARKS[kind]
-            ax.bar(i + offset, h, w, color=style["facecolor"], edgecolor=style["edgecolor"], hatch=style["hatch"])
-            drawn.add(kind)
-        return drawn
+        def bars(ax: Any, offset: float, heights: list[float], kinds: list[str]) -> set[str]:
+            drawn = set()
+            for i, (h, kind) in enumerate(zip(heights, kinds, strict=True)):
+                if kind == "none" or h <= 0:
+                    continue
+                style = OVERLAP_MARKS[kind]
+                ax.bar(i + offset, h, w, color=style["facecolor"], edgecolor=style["edgecolor"], hatch=style["hatch"])
+                drawn.add(kind)
+            return drawn
 
-    def legend(ax: Any, drawn: set[str]) -> None:
-        handles = [
-            Patch(label=OVERLAP_LABELS[k], **{a: v for a, v in OVERLAP_MARKS[k].items() if v is not None})
-            for k in OVERLAP_MARKS
-            if k in drawn
-        ]
-        if handles:
-            ax.legend(handles=handles, fontsize=8)
+        def legend(ax: Any, drawn: set[str]) -> None:
+            handles = [
+                Patch(label=OVERLAP_LABELS[k], **{a: v for a, v in OVERLAP_MARKS[k].items() if v is not None})
+                for k in OVERLAP_MARKS
+                if k in drawn
+            ]
+            if handles:
+                ax.legend(handles=handles, fontsize=8)
 
-    pred = [r.get("predicted") or {} for r in rows]
-    pred_seq = [p.get("t_sequential_ms") or 0.0 for p in pred]
-    pred_ovl = [p.get("t_overlap_ms") or 0.0 for p in pred]
-    drawn = bars(left, -w / 2, pred_seq, ["sequential"] * len(rows))
-    drawn |= bars(left, w / 2, pred_ovl, ["overlapped"] * len(rows))
-    for i, p in enumerate(pred):
-        if isinstance(p.get("speedup"), int | float) and pred_ovl[i] > 0:
-            left.annotate(f"{p['speedup']:.2f}x", (i + w / 2, pred_ovl[i]), ha="center", va="bottom", fontsize=8)
-    legend(left, drawn)
-    left.set_title(f"predicted: {chart_text(predicted_for)} (predict_overlap)", fontsize=10)
+        pred = [r.get("predicted") or {} for r in rows]
+        pred_seq = [p.get("t_sequential_ms") or 0.0 for p in pred]
+        pred_ovl = [p.get("t_overlap_ms") or 0.0 for p in pred]
+        drawn = bars(left, -w / 2, pred_seq, ["sequential"] * len(rows))
+        drawn |= bars(left, w / 2, pred_ovl, ["overlapped"] * len(rows))
+        for i, p in enumerate(pred):
+            if isinstance(p.get("speedup"), int | float) and pred_ovl[i] > 0:
+                left.annotate(f"{p['speedup']:.2f}x", (i + w / 2, pred_ovl[i]), ha="center", va="bottom", fontsize=8)
+        legend(left, drawn)
+        left.set_title(f"predicted: {chart_text(predicted_for)} (predict_overlap)", fontsize=10)
 
-    meas = [r.get("measured") or {} for r in rows]
-    marks = [_measured_mark(m) for m in meas]
-    drawn = bars(right, -w / 2, [m.get("t_sequential_ms") or 0.0 for m in meas], ["sequential"] * len(rows))
-    drawn |= bars(right, w / 2, [h for h, _ in marks], [k for _, k in marks])
-    legend(right, drawn)
-    right.set_title(f"measured: {chart_text(measured_on)} (tune_overlap)", fontsize=10)
-    for ax in (left, right):
-        ax.set_ylabel("time per layer (ms)")
-        ax.set_xticks(x, layers, rotation=15, fontsize=8)
-    fig.tight_layout()
-    return fig
+        meas = [r.get("measured") or {} for r in rows]
+        marks = [_measured_mark(m) for m in meas]
+        drawn = bars(right, -w / 2, [m.get("t_sequential_ms") or 0.0 for m in meas], ["sequential"] * len(rows))
+        drawn |= bars(right, w / 2, [h for h, _ in marks], [k for _, k in marks])
+        legend(right, drawn)
+        right.set_title(f"measured: {chart_text(measured_on)} (tune_overlap)", fontsize=10)
+        for ax in (left, right):
+            ax.set_ylabel("time per layer (ms)")
+            ax.set_xticks(x, layers, rotation=15, fontsize=8)
+        fig.tight_layout()
+        return fig
+    except BaseException:  # a figure that fails half-drawn is closed, not left in pyplot's registry
+        plt.close(fig)
+        raise
 
 
 def overlap_chart(rows: list[dict[str, Any]], predicted_for: str, measured_on: str) -> bytes:
@@ -248,8 +252,8 @@ def ladder_figure(scaling: dict[str, Any]) -> Any:
     lines, each stopped variant's stop as a cross (its compute, the mean of its seeds' last measured values) and its
     forecast at the target at that moment as an error bar (the value with its CI) at the target, offset a little
     per variant; the task's ceiling as a dashed line; what an exhaustive run reached at the target (when given) as
-    hollow circles. The legend has one entry per kind of mark drawn and one per variant colour. ValueError when
-    there is nothing to draw."""
+    hollow circles. The legend has one entry per kind of mark drawn and one per variant colour drawn. The caller
+    closes it; ValueError when there is nothing to draw."""
     from matplotlib.lines import Line2D
 
     design = scaling.get("design") or {}
@@ -265,34 +269,38 @@ def ladder_figure(scaling: dict[str, Any]) -> Any:
         raise ValueError("the ladder needs eval rows in scaling['chains'] or rungs in scaling['design']: none given")
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5.6), dpi=100, layout="constrained")
-    drawn: dict[str, dict[str, Any]] = {}
-    coloured: set[str] = set()  # the variants with a mark in their colour
-    for c in rungs:
-        ax.axvline(c, color="0.82", lw=0.9, zorder=0)
-        drawn["rungs"] = {"color": "0.82", "lw": 0.9}
-    for v, pts in chains:
-        if pts:
-            xs, ys = zip(*pts, strict=True)
-            ax.plot(xs, ys, color=color[v], lw=0.8, marker="o", ms=2.5, alpha=0.75)
-            coloured.add(v)
-            drawn["runs"] = {"color": "0.3", "lw": 0.8, "marker": "o", "ms": 2.5}
-    coloured |= _ladder_stops(ax, scaling, target, variants, color, drawn)
-    ceiling = design.get("ceiling")
-    if _number(ceiling):
-        ax.axhline(ceiling, color="0.35", lw=1.1, ls="--", zorder=1)
-        drawn["ceiling"] = {"color": "0.35", "lw": 1.1, "ls": "--"}
-    low, high = ax.get_ylim()
-    ax.set_ylim(low, high + 0.05 * (high - low))  # the ceiling and the top error bar off the frame
-    if target is not None:
-        ax.annotate("target", (target, 1), xycoords=("data", "axes fraction"), ha="center", va="bottom", fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlabel(f"compute per run ({chart_text(unit, 24)})")
-    ax.set_ylabel(chart_text(design.get("metric_label") or metric))
-    ax.grid(True, which="major", alpha=0.25)
-    handles = [Line2D([], [], label=LADDER_LABELS[k], **drawn[k]) for k in LADDER_LABELS if k in drawn]
-    handles += [Line2D([], [], color=color[v], lw=4, label=chart_text(v)) for v in variants if v in coloured]
-    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
-    return fig
+    try:
+        drawn: dict[str, dict[str, Any]] = {}
+        coloured: set[str] = set()  # the variants with a mark in their colour
+        for c in rungs:
+            ax.axvline(c, color="0.82", lw=0.9, zorder=0)
+            drawn["rungs"] = {"color": "0.82", "lw": 0.9}
+        for v, pts in chains:
+            if pts:
+                xs, ys = zip(*pts, strict=True)
+                ax.plot(xs, ys, color=color[v], lw=0.8, marker="o", ms=2.5, alpha=0.75)
+                coloured.add(v)
+                drawn["runs"] = {"color": "0.3", "lw": 0.8, "marker": "o", "ms": 2.5}
+        coloured |= _ladder_stops(ax, scaling, target, variants, color, drawn)
+        ceiling = design.get("ceiling")
+        if _number(ceiling):
+            ax.axhline(ceiling, color="0.35", lw=1.1, ls="--", zorder=1)
+            drawn["ceiling"] = {"color": "0.35", "lw": 1.1, "ls": "--"}
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high + 0.05 * (high - low))  # the ceiling and the top error bar off the frame
+        if target is not None:
+            ax.annotate("target", (target, 1), xycoords=("data", "axes fraction"), ha="center", va="bottom", fontsize=8)
+        ax.set_xscale("log")
+        ax.set_xlabel(f"compute per run ({chart_text(unit, 24)})")
+        ax.set_ylabel(chart_text(design.get("metric_label") or metric))
+        ax.grid(True, which="major", alpha=0.25)
+        handles = [Line2D([], [], label=LADDER_LABELS[k], **drawn[k]) for k in LADDER_LABELS if k in drawn]
+        handles += [Line2D([], [], color=color[v], lw=4, label=chart_text(v)) for v in variants if v in coloured]
+        fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+        return fig
+    except BaseException:  # a figure that fails half-drawn is closed, not left in pyplot's registry
+        plt.close(fig)
+        raise
 
 
 def _ladder_stops(
