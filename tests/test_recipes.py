@@ -17,6 +17,7 @@ import pytest
 
 from servers.launch import metrics
 from servers.launch.recipes import RECIPES, recipe_path
+from servers.launch.recipes.arguments import Bounded
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -160,11 +161,25 @@ def test_registry_matches_each_scripts_parser(name: str) -> None:
     parser: argparse.ArgumentParser = _load_recipe(name).build_parser()
     actions = [a for a in parser._actions if a.option_strings and a.dest != "help"]
     types = {int: "int", float: "float", str: "str", None: "str"}
+
+    def bounds(kind: object) -> tuple[object, object, object]:
+        if isinstance(kind, Bounded) or type(kind).__name__ == "Bounded":  # the script loads arguments.py by path
+            return kind.minimum, kind.maximum, kind.exclusive_minimum  # type: ignore[attr-defined]
+        return None, None, None
+
     from_parser = [
-        (a.option_strings[0], types[a.type], a.default, (a.help or "").replace("%%", "%"))  # type: ignore[index]
+        (
+            a.option_strings[0],
+            types[getattr(a.type, "kind", a.type)],  # type: ignore[index]
+            a.default,
+            (a.help or "").replace("%%", "%"),
+            *bounds(a.type),
+        )
         for a in actions
     ]
-    from_registry = [(r.name, r.type, r.default, r.help) for r in info.arguments]
+    from_registry = [
+        (r.name, r.type, r.default, r.help, r.minimum, r.maximum, r.exclusive_minimum) for r in info.arguments
+    ]
     assert from_parser == from_registry
 
 
@@ -173,11 +188,12 @@ def test_registry_arguments_are_read_from_the_parsers_written_once() -> None:
     from servers.launch.recipes import RecipeArg
 
     gpt, grpo = RECIPES["tiny-gpt"].arguments, RECIPES["tiny-grpo"].arguments
-    assert RecipeArg("--lr", "float", 3e-3, "peak learning rate (AdamW; warmup, then cosine to 10%)") in gpt
-    assert RecipeArg("--group-size", "int", 16, "answers sampled per prompt (the GRPO group)") in grpo
+    lr = RecipeArg("--lr", "float", 3e-3, "peak learning rate (AdamW; warmup, then cosine to 10%)", exclusive_minimum=0)
+    assert lr in gpt
+    assert RecipeArg("--group-size", "int", 16, "answers sampled per prompt (the GRPO group)", minimum=2) in grpo
     stragglers = ["--slow-rank", "--slow-factor", "--slow-from-step"]
     assert [a.name for a in gpt[-3:]] == stragglers == [a.name for a in grpo[-3:]]
-    assert len({a.name for a in gpt}) == len(gpt) == 13 and len(grpo) == 17
+    assert len({a.name for a in gpt}) == len(gpt) == 13 and len(grpo) == 19
 
 
 def test_recipe_path_names_the_recipes_when_unknown() -> None:

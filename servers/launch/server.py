@@ -109,6 +109,9 @@ class RecipeArgument(Model):
     type: str
     default: Any | None = None
     help: str | None = None
+    minimum: int | float | None = None
+    maximum: int | float | None = None
+    exclusive_minimum: int | float | None = None
 
 
 class RecipeDoc(Model):
@@ -153,7 +156,18 @@ def recipe_docs() -> list[RecipeDoc]:
 
     docs = []
     for info in RECIPES.values():
-        args = [RecipeArgument(name=a.name, type=a.type, default=a.default, help=a.help) for a in info.arguments]
+        args = [
+            RecipeArgument(
+                name=a.name,
+                type=a.type,
+                default=a.default,
+                help=a.help,
+                minimum=a.minimum,
+                maximum=a.maximum,
+                exclusive_minimum=a.exclusive_minimum,
+            )
+            for a in info.arguments
+        ]
         docs.append(
             RecipeDoc(
                 name=info.name,

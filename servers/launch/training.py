@@ -506,10 +506,14 @@ def recipe_checks(recipe: str | None, args: list[str]) -> tuple[list[str], dict[
     if recipe is None:
         return [], None
     from servers.core.refs import resolve
-    from servers.launch.recipes import RECIPES
+    from servers.launch.recipes import RECIPES, check_recipe_args
 
     info = RECIPES[recipe]
     notes: list[str] = []
+    try:  # the recipe's own parser (torch-free), bounds included: a bad value is refused before any job starts
+        check_recipe_args(recipe, list(args))
+    except ValueError as exc:
+        raise InputError(f"args: {exc}") from None
     if info.plan_check is not None:
         try:
             notes.append(resolve(info.plan_check)(list(args)))

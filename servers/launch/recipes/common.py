@@ -108,14 +108,39 @@ def checkpoint_dir(arg: str | None) -> Path | None:
     return Path(value) if value else None
 
 
+RNG_KEY = "torch_rng"
+
+
+def rng_state() -> dict[str, Any]:
+    """torch's global random state: the CPU generator's, and every CUDA device's when CUDA is initialised."""
+    state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Set torch's global random state back to `state` (from rng_state); the CUDA states of the devices present
+    (a checkpoint from a machine with more devices restores the first ones)."""
+    torch.set_rng_state(state["cpu"].cpu())
+    cuda = state.get("cuda")
+    if cuda and torch.cuda.is_available():
+        for index, device_state in enumerate(cuda[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(device_state.cpu(), index)
+
+
 def save_checkpoint(directory: Path | None, step: int, state: dict[str, Any], d: Dist, keep: int = 2) -> Path | None:
-    """Rank 0 writes step_<step>.pt atomically (temporary file, then rename) and keeps the newest `keep`."""
+    """Rank 0 writes step_<step>.pt atomically (temporary file, then rename) and keeps the newest `keep`. The file
+    also carries torch's global random state (rng_state, under RNG_KEY), which load_latest_checkpoint restores, so
+    that a resumed run draws what the run made straight through would have drawn. Rank 0's state stands for every
+    rank's: the recipes seed every rank alike and draw the same amounts on each (per-rank draws use their own
+    generators)."""
     if directory is None or not d.is_main:
         return None
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step_{step:08d}.pt"
     tmp = directory / f".step_{step:08d}.pt.tmp{os.getpid()}"
-    torch.save({"step": step, **state}, tmp)
+    torch.save({"step": step, **state, RNG_KEY: rng_state()}, tmp)
     os.replace(tmp, path)
     for old in _checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
@@ -127,15 +152,23 @@ def _checkpoints(directory: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def load_latest_checkpoint(directory: Path | None, device: torch.device) -> dict[str, Any] | None:
-    """The newest readable checkpoint in `directory` (an unreadable one is skipped with a message), or None."""
+def load_latest_checkpoint(
+    directory: Path | None, device: torch.device, *, restore_rng: bool = True
+) -> dict[str, Any] | None:
+    """The newest readable checkpoint in `directory` (an unreadable one is skipped with a message), or None. With
+    `restore_rng` (the default), torch's global random state is set back to the one saved with it (checkpoints
+    older than that have none: the state is left as it is)."""
     if directory is None or not directory.is_dir():
         return None
     for path in reversed(_checkpoints(directory)):
         try:
-            return torch.load(path, map_location=device, weights_only=True)
+            state: dict[str, Any] = torch.load(path, map_location=device, weights_only=True)
         except Exception as exc:  # a damaged file: fall back to the one before
             print(f"[recipe] could not read checkpoint {path}: {exc}; trying an older one", flush=True)
+            continue
+        if restore_rng and isinstance(state.get(RNG_KEY), dict):
+            restore_rng_state(state[RNG_KEY])
+        return state
     return None
 
 

@@ -19,13 +19,26 @@ from collapsing onto wrong answers (an unanswerable prompt sometimes rewards a w
 close to the best reachable pass rate. At the defaults (1 rank, CPU) the pass rate goes from about 0.06 to about
 0.68 over 3.5 decades of compute in under 10 s.
 
-Evaluation: the greedy pass rate on a fixed held-out set of --eval-size prompts (own seed, own unanswerable ones),
-at --evals steps spaced geometrically from step 1 to --steps, so that the points spread evenly over log compute.
-Eval rows carry pass_rate, split "eval", compute_flops and compute_gpu_hours; compute_flops counts the training
-forward and backward passes as 6 * parameters per prompt (the group's answers are sampled from that one forward,
-since the answer is a single token); evaluation is not counted. compute_gpu_hours is training wall time *
-world_size / 3600; on CPU these are CPU-process hours, not GPU hours: they vary with the machine's load, so fit
-CPU runs on compute_flops. Eval rows also carry device ("cpu" or "cuda").
+Evaluation: the greedy pass rate on a fixed held-out set of --eval-size prompts, drawn from --eval-seed alone (not
+from --seed), unanswerable ones included: every run of a study, whatever its --seed or variant, is judged on the
+same prompts and has the same ceiling. The evaluation steps are --evals steps spaced geometrically from step 1 to
+the horizon (--eval-horizon, or --steps when it is 0), those of them up to --steps, and --steps itself: so the
+points spread evenly over log compute, and a run continued to a longer --steps evaluates at the steps a run made
+straight through to it does (give every run of a study its longest --steps as the horizon). A resumed run evaluates
+only after the step it resumed from.
+
+Eval rows carry pass_rate, ceiling (the best pass rate reachable on the held-out set: the share of its prompts whose
+reference is the true sum), chance (1 / base), split "eval", compute_flops, compute_gpu_hours and device ("cpu" or
+"cuda"). compute_flops counts the training forward and backward passes only: each step adds 6 * parameters *
+--batch-size (prompts per rank) * world_size; sampling the group's answers (drawn from that one forward, since the
+answer is a single token) and evaluation are not counted. compute_gpu_hours is training wall time * world_size /
+3600; on CPU these are CPU-process hours, not GPU hours: they vary with the machine's load, so fit CPU runs on
+compute_flops.
+
+Randomness: the weights come from --seed; each step's prompts and the group's sampled answers come from generators
+seeded by (--seed, step, rank), and checkpoints carry torch's global random state (common.save_checkpoint), so a
+run stopped at --steps N and started again with a larger --steps on the same checkpoint folder logs the same rows
+as one made straight through (on one machine; its times aside).
 
 Contract with the launch server: rank 0 appends rows to LLM_INFRA_MCP_METRICS; rank 0 saves checkpoints to
 LLM_INFRA_MCP_CHECKPOINT_DIR every --ckpt-every steps, and a start (or a torchrun restart) resumes from the newest.
@@ -101,12 +114,14 @@ def eval_schedule(steps: int, count: int) -> list[int]:
     return out
 
 
+def eval_steps(steps: int, horizon: int, count: int) -> list[int]:
+    """The steps a run to `steps` evaluates at: those of eval_schedule(horizon, count) up to `steps`, and `steps`
+    (horizon 0: `steps`)."""
+    return sorted({s for s in eval_schedule(horizon or steps, count) if s <= steps} | {steps})
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if not 0.0 <= args.difficulty <= 1.0:
-        raise SystemExit(f"--difficulty must lie in [0, 1], got {args.difficulty}")
-    if args.group_size < 2:
-        raise SystemExit("--group-size must be at least 2 (advantages are relative to the group)")
+    args = build_parser().parse_args(argv)  # the bounds are the parser's (arguments.py)
     d = common.setup_distributed()
     try:
         code = train(args, d)
@@ -127,9 +142,10 @@ def train(args: argparse.Namespace, d: common.Dist) -> int:
     params = sum(p.numel() for p in policy.parameters())
     opt = torch.optim.Adam(policy.parameters(), lr=args.lr)
 
-    eval_gen = torch.Generator().manual_seed(10_007 * args.seed + 1)
+    eval_gen = torch.Generator().manual_seed(10_007 * args.eval_seed + 1)  # --eval-seed alone: one set per study
     ea, eb, eref = (t.to(d.device) for t in make_prompts(args.eval_size, args.base, args.difficulty, eval_gen))
     ceiling = float(((ea + eb) % args.base == eref).float().mean())
+    chance = 1.0 / args.base
 
     start_step, flops, offset = 0, 0.0, 0.0
     state = common.load_latest_checkpoint(ckpt_dir, d.device)
@@ -170,6 +186,8 @@ def train(args: argparse.Namespace, d: common.Dist) -> int:
         metrics.log(
             step,
             pass_rate=pass_rate,
+            ceiling=ceiling,
+            chance=chance,
             split="eval",
             compute_flops=flops,
             compute_gpu_hours=hours,
@@ -188,7 +206,7 @@ def train(args: argparse.Namespace, d: common.Dist) -> int:
         }
         common.save_checkpoint(ckpt_dir, step, state, d)
 
-    evals = set(eval_schedule(args.steps, args.evals))
+    evals = set(eval_steps(args.steps, args.eval_horizon, args.evals))
     g = args.group_size
     times = common.StepTimes(d, args.slow_rank, args.slow_factor, args.slow_from_step)
     for step in range(start_step + 1, args.steps + 1):
@@ -196,12 +214,14 @@ def train(args: argparse.Namespace, d: common.Dist) -> int:
         lr = args.lr / (1.0 + step / args.lr_decay_steps)
         for group in opt.param_groups:
             group["lr"] = lr
-        gen = torch.Generator().manual_seed((args.seed * 1_000_003 + step) * 4099 + d.rank)
+        step_seed = (args.seed * 1_000_003 + step) * 4099 + d.rank  # within 64 bits: --seed <= 2**31 - 1
+        gen = torch.Generator().manual_seed(step_seed)
         a, b, ref = (t.to(d.device) for t in make_prompts(args.batch_size, args.base, args.difficulty, gen))
+        sampler = torch.Generator(device=d.device).manual_seed(step_seed + 1_000_000_007)
         logits = model(a, b)
         logp = F.log_softmax(logits.float(), dim=-1)
         with torch.no_grad():
-            answers = torch.multinomial(logp.exp(), g, replacement=True, generator=None)  # (batch, group)
+            answers = torch.multinomial(logp.exp(), g, replacement=True, generator=sampler)  # (batch, group)
             reward = (answers == ref[:, None]).float()
             adv = (reward - reward.mean(1, keepdim=True)) / (reward.std(1, keepdim=True) + 1e-6)
         loss = -(adv * logp.gather(1, answers)).mean()
