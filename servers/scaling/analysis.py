@@ -400,6 +400,41 @@ def _draw_gaps(first: StoredFit, second: StoredFit, c: np.ndarray) -> np.ndarray
     return np.where(np.isfinite(gaps), gaps, np.nan)
 
 
+def share_above_at(first: StoredFit, second: StoredFit, at: float) -> float | None:
+    """The share of bootstrap draw pairs (paired as lead_regions pairs them: _draw_gaps, on a one-point grid) in
+    which first's curve is above second's at compute `at`, ties counting half (so the two orders add up to 1);
+    pairs not finite there are not counted. None without draws, or when no pair is finite there."""
+    gaps = _draw_gaps(first, second, np.array([at], dtype=float))
+    if gaps is None:
+        return None
+    column = gaps[:, 0]
+    finite = column[np.isfinite(column)]
+    if finite.size == 0:
+        return None
+    return float((np.sum(finite > 0) + 0.5 * np.sum(finite == 0)) / finite.size)
+
+
+def value_at(fit: StoredFit, at: float) -> float:
+    """The fitted curve (point estimate) at compute `at`, as predict_scaling evaluates it."""
+    with np.errstate(all="ignore"):
+        return float(curve(fit.model, point_params(fit), np.array([at], dtype=float))[0])
+
+
+def _at_statement(
+    x: StoredFit, y: StoredFit, at: float, p: float | None, data_end: float, unit: str, level: float
+) -> str:
+    """What the pair says at one compute: both fitted values, and how many draw pairs agree which is higher."""
+    vx, vy = value_at(x, at), value_at(y, at)
+    where = f"At {at:.3g} {unit}" + (" (extrapolated)" if at > data_end else "")
+    text = f" {where}: {_name(x)} {vx:.4g}, {_name(y)} {vy:.4g}"
+    if p is None:
+        return text + " (point estimates only: no bootstrap draws)."
+    hi, p_hi = (x, p) if vx >= vy else (y, 1 - p)
+    if p_hi >= level:
+        return text + f"; {_name(hi)} higher in {p_hi:.0%} of draw pairs (at least {level:.0%})."
+    return text + f"; {_name(hi)} higher in only {p_hi:.0%} of draw pairs, below {level:.0%}: no call."
+
+
 def lead_regions(first: StoredFit, second: StoredFit, level: float) -> list[LeadRegion]:
     """Who leads where over compute_range. At each compute of a fine grid, a fit is ahead when its fitted curve is
     above the other's and at least `level` of the bootstrap draw pairs agree (without draws: when the curves
@@ -646,7 +681,10 @@ def _most_efficient(fits: list[StoredFit], level: float, unit: str) -> tuple[str
     return None, None, text
 
 
-def compare(fits: list[StoredFit], level: float = 0.95) -> Comparison:
+def compare(fits: list[StoredFit], level: float = 0.95, at_compute: float | None = None) -> Comparison:
+    """compare_scaling_fits' work. With at_compute, also each fit's fitted value there (value_at) and, per pair,
+    the share of draw pairs with the first above (p_first_higher_at) and a sentence in its verdict; without it the
+    comparison is as before, those fields absent."""
     comparable = [n for n in laws.names(on_compute=True) if {"A", "B"} <= set(laws.get(n).parameter_names)]
     models = {f.model for f in fits}
     if not models <= set(comparable):
@@ -677,6 +715,7 @@ def compare(fits: list[StoredFit], level: float = 0.95) -> Comparison:
                 b=p["B"].value,
                 warnings=list(f.outcome.warnings),
                 not_identified=not_identified(f),
+                value_at=value_at(f, at_compute) if at_compute is not None else None,
             )
         )
     pairs = []
@@ -691,6 +730,11 @@ def compare(fits: list[StoredFit], level: float = 0.95) -> Comparison:
                 p_e = _share([d[eff] for d in draws_x], [d[eff] for d in draws_y], lambda u, v: u < v)
             start, end, data_end = compute_range(x, y)
             regions = lead_regions(x, y, level)
+            verdict = _pair_verdict(x, y, p_a, regions, (start, end, data_end), unit, level)
+            p_at = None
+            if at_compute is not None:
+                p_at = share_above_at(x, y, at_compute)
+                verdict += _at_statement(x, y, at_compute, p_at, data_end, unit, level)
             pairs.append(
                 PairVerdict(
                     first=x.id,
@@ -700,7 +744,8 @@ def compare(fits: list[StoredFit], level: float = 0.95) -> Comparison:
                     compute_range=(start, end),
                     regions=regions,
                     crossings=crossings(x, y),
-                    verdict=_pair_verdict(x, y, p_a, regions, (start, end, data_end), unit, level),
+                    p_first_higher_at=p_at,
+                    verdict=verdict,
                 )
             )
     highest = max(rows, key=lambda r: r.asymptote)
@@ -722,6 +767,7 @@ def compare(fits: list[StoredFit], level: float = 0.95) -> Comparison:
         most_efficient=efficient,
         p_most_efficient=p_eff,
         efficiency_statement=e_text,
+        at_compute=at_compute,
         verdict=verdict,
     )
 

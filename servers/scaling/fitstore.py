@@ -5,8 +5,14 @@ The file is shared with the jobs, and may be damaged: opening the store checks i
 newer schema is refused unchanged, a damaged file is moved aside), every failing operation raises a
 StateDatabaseError saying what is wrong, and a row that cannot be read is skipped by list_fits (and named by
 get) rather than breaking the listing. A database moved aside lately is told by notices() (list_scaling_fits shows
-them): the fits stored before are in the moved file."""
+them): the fits stored before are in the moved file.
 
+A fit is stored once: add() with a digest of what determines the fit (fit_digest: the law, the points, the settings,
+the label) returns the readable fit stored before under that digest instead of adding a copy, so a rerun of a study
+does not grow the store. The digest is a column of its own (added to a table made before it, NULL for old rows,
+which older versions of the suite ignore)."""
+
+import hashlib
 import json
 import logging
 import secrets
@@ -39,7 +45,8 @@ CREATE TABLE IF NOT EXISTS fits (
     options TEXT NOT NULL,
     outcome TEXT NOT NULL,
     points TEXT NOT NULL,
-    excluded TEXT NOT NULL
+    excluded TEXT NOT NULL,
+    digest TEXT
 );
 CREATE INDEX IF NOT EXISTS fits_created ON fits(created_at);
 """
@@ -65,6 +72,24 @@ class StoredFit(Model):
 
 log = logging.getLogger(__name__)
 _JSON_COLUMNS = ("options", "outcome", "points", "excluded")
+
+
+def fit_digest(
+    *, model: str, label: str | None, compute_unit: str, options: dict[str, Any], points: list[DataPoint]
+) -> str:
+    """What determines a stored fit, as a SHA-256 hex digest: the law, the label, the compute unit, the options
+    (min/max compute, r0, y_max, method, bootstrap, seed, level, thinning, the metric's name, a run's reading) and
+    the points as read (floats in JSON's exact round-trip form). Where the points came from is not part of it: the
+    same points fitted the same way are the same fit."""
+    key = {
+        "model": model,
+        "label": label,
+        "compute_unit": compute_unit,
+        "options": options,
+        "points": [p.model_dump(mode="json") for p in points],
+    }
+    text = json.dumps(key, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def new_fit(
@@ -98,6 +123,22 @@ class FitStore:
     def __init__(self, settings: Settings) -> None:
         self.db_path = settings.db_path
         initialise(self.db_path, _SCHEMA)  # StateDatabaseError (what is wrong, what to do) if it cannot be used
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """A fits table made before the digest column gets it (NULL for its rows: they are never matched), and the
+        index on it; in one write transaction, so two processes opening the store at once do not both add it."""
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                columns = {r["name"] for r in conn.execute("PRAGMA table_info(fits)").fetchall()}
+                if "digest" not in columns:
+                    conn.execute("ALTER TABLE fits ADD COLUMN digest TEXT")
+                conn.execute("CREATE INDEX IF NOT EXISTS fits_digest ON fits(digest)")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -130,6 +171,23 @@ class FitStore:
                 "fits are unaffected. Fit again (fit_scaling_law) to replace it"
             ) from None
 
+    def _stored(self, conn: sqlite3.Connection, digest: str) -> StoredFit | None:
+        """The newest readable fit stored under `digest`, or None (a damaged one is skipped, and logged)."""
+        rows = conn.execute(
+            "SELECT * FROM fits WHERE digest = ? ORDER BY created_at DESC, id DESC LIMIT 20", (digest,)
+        ).fetchall()
+        for row in rows:
+            try:
+                return self._parse(row)
+            except InputError as exc:
+                log.warning("%s", exc)
+        return None
+
+    def find(self, digest: str) -> StoredFit | None:
+        """The readable fit stored under `digest` (fit_digest), or None."""
+        with self._connect() as conn:
+            return self._stored(conn, digest)
+
     def add(
         self,
         *,
@@ -140,7 +198,11 @@ class FitStore:
         outcome: FitOutcome,
         points: list[DataPoint],
         excluded: list[Excluded],
-    ) -> StoredFit:
+        digest: str | None = None,
+    ) -> tuple[StoredFit, bool]:
+        """Store a fit: (the fit, False). With a digest (fit_digest) under which a readable fit is stored already:
+        (that fit, True), nothing added; the check and the insert are one write transaction, so two identical fits
+        finishing at once are stored once."""
         fit = new_fit(
             f"fit-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}",
             label=label,
@@ -154,14 +216,23 @@ class FitStore:
         row = fit.model_dump(mode="json")
         for key in _JSON_COLUMNS:
             row[key] = json.dumps(row[key])
+        row["digest"] = digest
         with self._connect() as conn:
-            conn.execute(
-                "INSERT INTO fits (id, label, model, method, compute_unit, created_at, source, options, outcome, "
-                "points, excluded) VALUES (:id, :label, :model, :method, :compute_unit, :created_at, :source, "
-                ":options, :outcome, :points, :excluded)",
-                row,
-            )
-        return fit
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                before = self._stored(conn, digest) if digest is not None else None
+                if before is None:
+                    conn.execute(
+                        "INSERT INTO fits (id, label, model, method, compute_unit, created_at, source, options, "
+                        "outcome, points, excluded, digest) VALUES (:id, :label, :model, :method, :compute_unit, "
+                        ":created_at, :source, :options, :outcome, :points, :excluded, :digest)",
+                        row,
+                    )
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        return (before, True) if before is not None else (fit, False)
 
     def get(self, fit_id: str) -> StoredFit:
         with self._connect() as conn:

@@ -183,6 +183,9 @@ class FitInComparison(Model):
     not_identified: list[NotIdentified] = Field(
         default_factory=list, description="Parameters the fit's data do not determine; no call rests on them"
     )
+    value_at: float | None = Field(
+        default=None, exclude_if=lambda v: v is None, description="Fitted curve at at_compute (with at_compute)"
+    )
 
 
 class LeadRegion(Model):
@@ -220,6 +223,12 @@ class PairVerdict(Model):
         description="Compute values where the two fitted curves (point estimates) cross; whether either is clearly "
         "ahead on each side is in regions"
     )
+    p_first_higher_at: float | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="Share of draw pairs with the first's curve above the second's at at_compute (ties count half); "
+        "absent without at_compute or draws",
+    )
     verdict: str
 
 
@@ -245,4 +254,7 @@ class Comparison(Model):
         description="Least share of draw pairs in which the lowest fitted C_mid is below another's"
     )
     efficiency_statement: str
+    at_compute: float | None = Field(
+        default=None, exclude_if=lambda v: v is None, description="Where value_at and p_first_higher_at are taken"
+    )
     verdict: str

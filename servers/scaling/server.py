@@ -20,7 +20,7 @@ from servers.core.models import Model
 from servers.core.paths import resolve_inside_roots
 from servers.scaling import laws, limits
 from servers.scaling.data import Columns, DataPoint, Excluded, RunSource, load_run, points_from_rows, read_rows
-from servers.scaling.fitstore import FIT_ID_PATTERN, FitStore, StoredFit, new_fit
+from servers.scaling.fitstore import FIT_ID_PATTERN, FitStore, StoredFit, fit_digest, new_fit
 from servers.scaling.fitting import (
     Comparison,
     ComputeForTarget,
@@ -113,6 +113,16 @@ class LoadedData:
     compute_column: str | None = None  # the file's or job's column the compute came from
     notes: list[str] = field(default_factory=list)
     run: Any = None  # data.LoadedRun, for a run source
+    metric: str | None = None  # the metric's name where the source names it (plots label their y axis with it)
+
+
+def metric_name(model: str, source: DataSource) -> str | None:
+    """The name of what a fit of `source` fits: the value (curves) or loss (chinchilla) column's name, for a file or
+    a job (read from that column) or for inline points whose data.columns names it; else None."""
+    column = "value" if laws.get(model).on_compute else "loss"
+    if source.points is not None and column not in source.columns.model_fields_set:
+        return None
+    return str(getattr(source.columns, column))
 
 
 def job_device(spec: dict[str, Any], rows: list[dict[str, Any]]) -> str | None:
@@ -141,12 +151,13 @@ def load_points(app: App, model: str, source: DataSource) -> LoadedData:
     if len(given) != 1:
         raise InputError(f"give exactly one of points, path, job_id or run (got {', '.join(given) or 'none'})")
     if source.points is not None:
-        return LoadedData(source.points, "inline")
+        return LoadedData(source.points, "inline", metric=metric_name(model, source))
     if source.run is not None:
         if not laws.get(model).on_compute:
             raise InputError(f"data.run: a run gives a metric against compute; {model} fits params, tokens and loss")
         run = load_run(app.settings, app.engine, source.run)
-        return LoadedData(run.points, run.source, run.unit, run.notes, run)
+        key = run.info.get("metric_key")
+        return LoadedData(run.points, run.source, run.unit, run.notes, run, str(key) if key else None)
     keys = _wanted_keys(model, source.columns)
     curves = laws.get(model).on_compute
     if source.path is not None:
@@ -161,7 +172,8 @@ def load_points(app: App, model: str, source: DataSource) -> LoadedData:
         notes = []
         if wall and job_device({}, [r for r in rows if r.get(source.columns.value) not in (None, "")]) == "cpu":
             notes.append(cpu_wall_time_warning(f"the run in {path.name}", FLOPS_COLUMN in present))
-        return LoadedData(points, f"file:{path}", source.columns.compute if curves else None, notes)
+        compute_column = source.columns.compute if curves else None
+        return LoadedData(points, f"file:{path}", compute_column, notes, metric=metric_name(model, source))
     assert source.job_id is not None
     record = app.engine.get(source.job_id)
     metrics = app.engine.files(record).metrics
@@ -172,7 +184,8 @@ def load_points(app: App, model: str, source: DataSource) -> LoadedData:
     rows, present = read_rows(metrics, list(dict.fromkeys(keys + extra)), where)
     columns, notes = source.columns, []
     if not curves:
-        return LoadedData(points_from_rows(rows, present, model, columns, where), f"job:{source.job_id}")
+        points = points_from_rows(rows, present, model, columns, where)
+        return LoadedData(points, f"job:{source.job_id}", metric=metric_name(model, source))
     with_value = [r for r in rows if r.get(columns.value) not in (None, "")]
     device = job_device(record.spec if isinstance(record.spec, dict) else {}, with_value)
     if "compute" not in columns.model_fields_set and columns.compute not in present:
@@ -190,7 +203,7 @@ def load_points(app: App, model: str, source: DataSource) -> LoadedData:
     if columns.compute == GPU_HOURS_COLUMN and device == "cpu":
         notes.append(cpu_wall_time_warning(f"job {source.job_id}", FLOPS_COLUMN in present))
     points = points_from_rows(rows, present, model, columns, where)
-    return LoadedData(points, f"job:{source.job_id}", columns.compute, notes)
+    return LoadedData(points, f"job:{source.job_id}", columns.compute, notes, metric=metric_name(model, source))
 
 
 PLAUSIBLE_UNIT = 1e9  # no training run has used 1e9 GPU-hours (Llama 3 405B: 3.08e7), nor as few as 1e9 FLOPs
@@ -276,9 +289,15 @@ class FitReport(Model):
     run: dict[str, Any] | None = Field(
         default=None, description="A run source's reader, metric key, compute choice and assumption, restarts, partial"
     )
+    stored_before: bool = Field(
+        default=False,
+        exclude_if=lambda v: not v,
+        description="Present, true: this fit (same law, points, settings, label) was stored already; that one is "
+        "returned",
+    )
 
 
-def report(fit: StoredFit) -> FitReport:
+def report(fit: StoredFit, stored_before: bool = False) -> FitReport:
     o = fit.outcome
     thinning = fit.options.get("thinning") or {}
     return FitReport(
@@ -306,6 +325,7 @@ def report(fit: StoredFit) -> FitReport:
         duration_s=o.duration_s,
         resource_uri=fit.resource_uri,
         run=fit.options.get("run"),
+        stored_before=stored_before,
     )
 
 
@@ -523,9 +543,12 @@ async def run_fit(
     notes: list[str] | None = None,
     run: dict[str, Any] | None = None,
     store: bool = True,
-) -> StoredFit:
-    """Validate, fit and store (store=False: the fit is kept in memory only, its id "unstored"). Nothing is stored
-    unless the whole fit succeeded (and was not cancelled). `run`: what a run source's fit reports of its run."""
+    metric: str | None = None,
+) -> tuple[StoredFit, bool]:
+    """Validate, fit and store: (the fit, False). Stored once: when the same fit (fitstore.fit_digest: the law, the
+    points, the options, the label, the compute unit) is stored already, (that fit, True), without fitting again.
+    store=False: the fit is kept in memory only, its id "unstored". Nothing is stored unless the whole fit succeeded
+    (and was not cancelled). `run`: what a run source's fit reports of its run; `metric`: the metric's name."""
     prepared: PreparedFit = await in_thread(
         prepare_fit,
         model,
@@ -539,12 +562,19 @@ async def run_fit(
         seed=seed,
         level=level,
     )
+    options = {**prepared.options, "run": run} if run is not None else dict(prepared.options)
+    if metric is not None:
+        options["metric"] = metric
+    digest = fit_digest(model=model, label=label, compute_unit=compute_unit, options=options, points=points)
+    if store:
+        before = await in_thread(_fits(app).find, digest)
+        if before is not None:
+            return before, True
     outcome = await compute_outcome(prepared.task)
     check_outcome(outcome, model, compute_unit)
     outcome.warnings = [*outcome.warnings, *prepared.notes, *(notes or [])]
-    options = {**prepared.options, "run": run} if run is not None else prepared.options
     if not store:
-        return new_fit(
+        fitted = new_fit(
             "unstored",
             label=label,
             compute_unit=compute_unit,
@@ -554,7 +584,8 @@ async def run_fit(
             points=points,
             excluded=prepared.excluded,
         )
-    return await in_thread(
+        return fitted, False
+    stored: tuple[StoredFit, bool] = await in_thread(
         _fits(app).add,
         label=label,
         compute_unit=compute_unit,
@@ -563,7 +594,9 @@ async def run_fit(
         outcome=outcome,
         points=points,
         excluded=prepared.excluded,
+        digest=digest,
     )
+    return stored
 
 
 class Prediction(Model):
@@ -777,7 +810,7 @@ async def forecast_fit(app: App, model: str | None, data: DataSource) -> StoredF
     loaded = await in_thread(load_points, app, name, data)
     unit = default_compute_unit(None, loaded)
     note = "fitted for this prediction and not stored (fit_scaling_law stores a fit)"
-    return await run_fit(
+    fit, _ = await run_fit(
         app,
         name,
         loaded.points,
@@ -794,7 +827,9 @@ async def forecast_fit(app: App, model: str | None, data: DataSource) -> StoredF
         notes=[note, *loaded.notes],
         run=loaded.run.info if loaded.run is not None else None,
         store=False,
+        metric=loaded.metric,
     )
+    return fit
 
 
 def forecast_end(fit: StoredFit, level: float) -> Forecast | None:
@@ -971,7 +1006,7 @@ def _register_fit_scaling_law(server: MCPServer, app: App) -> None:
         loaded = await in_thread(load_points, app, model, data)
         points = loaded.points
         await ctx.report_progress(0, 1, f"fitting {model} to {len(points)} points")
-        fit = await run_fit(
+        fit, stored_before = await run_fit(
             app,
             model,
             points,
@@ -988,13 +1023,15 @@ def _register_fit_scaling_law(server: MCPServer, app: App) -> None:
             level=level,
             notes=loaded.notes,
             run=loaded.run.info if loaded.run is not None else None,
+            metric=loaded.metric,
         )
         await ctx.report_progress(1, 1, "fitted")
-        result = report(fit)
+        result = report(fit, stored_before)
+        again = " (stored before: the same law, points, settings and label; not fitted or stored again)"
         text = (
-            f"{model} fit {fit.id}: {describe_parameters(result.parameters)}; rmse {result.rmse:.4g} on "
-            f"{result.points_used} points ({result.points_excluded} excluded), compute in {fit.compute_unit}; "
-            f"{describe_bootstrap(result)}"
+            f"{model} fit {fit.id}{again if stored_before else ''}: {describe_parameters(result.parameters)}; "
+            f"rmse {result.rmse:.4g} on {result.points_used} points ({result.points_excluded} excluded), compute "
+            f"in {fit.compute_unit}; {describe_bootstrap(result)}"
         )
         if result.warnings:
             text += "\nwarnings:\n" + "\n".join(f"- {w}" for w in result.warnings)
@@ -1087,7 +1124,7 @@ def _register_check_extrapolation(server: MCPServer, app: App) -> None:
         checks = []
         for k, model in enumerate(models):
             await ctx.report_progress(k, len(models), f"fitting {model} on compute <= {cut:g}")
-            fit = await run_fit(
+            fit, _ = await run_fit(
                 app,
                 model,
                 points,
@@ -1103,6 +1140,7 @@ def _register_check_extrapolation(server: MCPServer, app: App) -> None:
                 seed=0,
                 notes=loaded.notes,
                 run=loaded.run.info if loaded.run is not None else None,
+                metric=loaded.metric,
             )
             import numpy as np
 
@@ -1164,13 +1202,14 @@ def _register_compare_scaling_fits(server: MCPServer, app: App) -> None:
         level: Annotated[
             float, Field(ge=0.5, le=0.99, description="Share of draw pairs that must agree to call a lead")
         ] = 0.95,
+        at_compute: Annotated[ComputeValue | None, Field(description="Also compare the curves here")] = None,
     ) -> Annotated[CallToolResult, Comparison]:
         """Compare RL recipes' fits: who has the higher asymptote, who is more efficient, who leads where along
         compute, with bootstrap probabilities. Instant."""
         from servers.scaling.analysis import compare
 
         fits = [await in_thread(_fits(app).get, i) for i in fit_ids]
-        comparison = await in_thread(compare, fits, level)
+        comparison = await in_thread(compare, fits, level, at_compute)
         return finite_result(comparison, comparison.verdict)
 
 
