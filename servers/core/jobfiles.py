@@ -3,7 +3,8 @@
 A job folder holds everything a job leaves behind, so that a server started later (or a person with a
 shell) can read it: job.json (what to run), logs/<process>.log, metrics.jsonl, progress.json,
 result.json, error.json (the exception that ended the work), exit.json (how the supervisor saw it end),
-supervisor.json (the supervisor's and the worker's process identities), and run/, the work's working directory.
+supervisor.json (the supervisor's and the worker's process identities), resume.json (the checkpoints copied
+from the job it resumes from), and run/, the work's working directory.
 
 The work runs in run/, apart from these files, but it can still write anything in the folder: every file read
 from a job folder is read as untrusted (regular files only, no symbolic links followed, bounded in size,
@@ -160,6 +161,11 @@ class JobFiles:
     @property
     def checkpoints(self) -> Path:
         return self.dir / "checkpoints"
+
+    @property
+    def resume_record(self) -> Path:
+        """What was copied into checkpoints/ from the job this one resumes from (launch/local.py seed_checkpoints)."""
+        return self.dir / "resume.json"
 
 
 class JobContext:

@@ -31,7 +31,7 @@ register(
         options="servers.launch.local:LocalOptions",
         detect="servers.launch.backends:detect_local",
         poll_s=0.5,
-        capabilities=frozenset({"in_engine"}),
+        capabilities=frozenset({"in_engine", "local_job_folder"}),
     )
 )
 register(
@@ -43,7 +43,7 @@ register(
         options="servers.launch.slurm:SlurmOptions",
         detect="servers.launch.backends:detect_slurm",
         poll_s=1.0,  # slurmctld is shared by every user of the cluster: at most once a second per job
-        capabilities=frozenset({"multi_node", "arrays", "node_pinning"}),
+        capabilities=frozenset({"multi_node", "arrays", "node_pinning", "local_job_folder"}),
     )
 )
 register(
@@ -56,7 +56,7 @@ register(
         plan_model="servers.launch.ray_backend:RayPlan",
         detect="servers.launch.backends:detect_ray",
         poll_s=0.25,  # one cheap HTTP GET
-        capabilities=frozenset(),
+        capabilities=frozenset({"local_job_folder"}),
     )
 )
 register(

@@ -13,7 +13,11 @@ Capabilities (`CAPABILITIES`):
 - ``images``: a container image runs the job; ``arrays``: a sweep can go as one job array;
 - ``node_pinning``: a job can be pinned to named nodes (what the bandwidth probes need);
 - ``log_sync``: the ranks' logs live on the engine and are copied into the job folder as the job is followed
-  (the backend's ``sync_logs``).
+  (the backend's ``sync_logs``);
+- ``local_job_folder``: the job's folder (its checkpoints among its files) is the job engine's folder on this
+  machine's file system, where the job's processes read and write it (local torchrun; Slurm and Ray with a file
+  system the nodes share): what a job resuming from another job's checkpoints needs (launch/training.py
+  resume_from), since the server copies them there before the job starts.
 A capability with methods of its own names the sub-protocol the backend then implements (engines/backend.py):
 ``log_sync`` -> LogSyncBackend, ``arrays`` -> ArrayBackend.
 
@@ -38,7 +42,9 @@ from typing import Any
 
 from servers.core.refs import resolve
 
-CAPABILITIES = frozenset({"in_engine", "multi_node", "cluster_nodes", "images", "arrays", "node_pinning", "log_sync"})
+CAPABILITIES = frozenset(
+    {"in_engine", "multi_node", "cluster_nodes", "images", "arrays", "node_pinning", "log_sync", "local_job_folder"}
+)
 
 
 @dataclass(frozen=True)

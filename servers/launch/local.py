@@ -10,6 +10,8 @@ and every rank with it). The work function:
 - starts it with torchrun's own output in logs/torchrun.log, and every ~0.5 s copies the new complete lines of
   each rank's stdout.log and stderr.log (torchrun writes them under torchrun-logs/<run_id>_*/attempt_<n>/<rank>/)
   to logs/rank<r>.log, so read_job_logs serves "rank0", "rank1"... while the job runs;
+- for a job that resumes from another (resume_from), first copies that job's checkpoints into its own folder
+  (`seed_checkpoints`, below; the remote backends' worker calls it too);
 - reports progress from the last step in metrics.jsonl (rank 0 writes it: LLM_INFRA_MCP_METRICS);
 - on failure, finds the root cause (torchrun collapses every worker failure to exit 1): the "Root Cause (first
   observed failure)" block of torchrun's output gives the rank and its exit code, the rank's error.json (written
@@ -26,18 +28,22 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from servers.core import ENV_PREFIX as SETTINGS_PREFIX
-from servers.core.jobfiles import JobContext, JobFiles
+from servers.core.jobfiles import JobContext, JobFiles, atomic_write_json, read_json
 from servers.core.jobstore import JobState
 from servers.core.netns import LOOPBACK_ENV, isolated_argv
 from servers.core.procs import ExitWaiter, stop_on_sigterm
@@ -60,6 +66,7 @@ from servers.launch.torchrun import (
     RankLogMirror,
     attempt_dirs,
     describe_failure,
+    open_beneath,
     tail_text,
     torchrun_argv,
 )
@@ -383,6 +390,7 @@ def run_training_job(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     Path(plan.cwd).mkdir(parents=True, exist_ok=True)
     ctx.files.metrics.touch(exist_ok=True)  # shown to the sandboxed job as it is: it must exist
+    resumed = seed_checkpoints(spec, ctx)  # another job's checkpoints, before any process of this one starts
     # The server's settings (an HTTP token among them) are not the job's business: only the plan's own variables.
     inherited = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
     env = {**inherited, **plan.env, JOB_ID_ENV: ctx.job_id}
@@ -425,7 +433,13 @@ def run_training_job(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         "gpus": plan.gpus,
         "logs_cut": sorted(mirror.cut),
         "log_bytes_dropped": mirror.dropped,
+        **({"resumed_from": _resumed(resumed)} if resumed is not None else {}),
     }
+
+
+def _resumed(record: Mapping[str, Any]) -> dict[str, Any]:
+    """What a job's result says of the checkpoints it started from (resume.json has the files)."""
+    return {k: record.get(k) for k in ("from_job", "newest_step", "files", "bytes", "skipped")}
 
 
 def _follow(
@@ -460,3 +474,241 @@ def _stop(proc: subprocess.Popen[bytes]) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
     return proc.wait()
+
+
+# ---- resume: another job's checkpoints, copied in before the job starts ----------------------------------------------
+# A job that resumes from another (TrainingJobSpec.resume_from) starts with a copy of that job's checkpoints folder in
+# its own: each job sees only its own folder (the sandbox hides the others), and the recipes resume from the newest
+# checkpoint in LLM_INFRA_MCP_CHECKPOINT_DIR. Every backend whose job folder is on this machine (the registry's
+# `local_job_folder`: local, Slurm, Ray) copies here, in the job's worker, before its processes start or its
+# engine gets it (run_training_job, remote.run_remote_job).
+#
+# Copied, never hard-linked: the new job's processes run as the server's user and may open a linked file for writing,
+# which would change the old job's checkpoint in place (common.save_checkpoint writes a new file and renames it, but a
+# job's own script need not). A reflink (FICLONE: copy-on-write, where the file system has it) costs no space; else
+# the bytes are copied. Regular files only, reached without following a symbolic link; anything else is skipped and
+# named in the record. A name starting with '.' is an unfinished write (save_checkpoint's temporary): skipped.
+MAX_RESUME_BYTES = 8 * 1024**3
+MAX_RESUME_FILES = 4096
+MAX_RESUME_DEPTH = 8
+_STEP_NAME = re.compile(r"^step_(\d{1,18})\.pt$")
+_FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
+_CHUNK = 8 * 1024 * 1024
+_NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class ResumeError(ValueError):
+    """A source job's checkpoints that cannot be used: too many, too big, or unreadable (the message says which)."""
+
+
+@dataclass
+class CheckpointFiles:
+    """The regular files of a checkpoints folder (paths relative to it, with their sizes) and what was skipped."""
+
+    files: list[tuple[str, int]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(size for _, size in self.files)
+
+    @property
+    def newest_step(self) -> int | None:
+        """The highest step of the step_<N>.pt files at the top (what common.load_latest_checkpoint reads first)."""
+        steps = [int(m.group(1)) for name, _ in self.files if (m := _STEP_NAME.match(name))]
+        return max(steps) if steps else None
+
+    def describe(self) -> str:
+        step = self.newest_step
+        what = f"its newest checkpoint (step {step})" if step is not None else "its checkpoints"
+        skipped = f"; {len(self.skipped)} skipped (not regular files)" if self.skipped else ""
+        return f"{what}, {len(self.files)} file(s), {self.total_bytes} bytes{skipped}"
+
+
+def scan_checkpoints(folder: Path) -> CheckpointFiles:
+    """The files `folder` holds, down to MAX_RESUME_DEPTH folders, without following a symbolic link (`folder`
+    included); ResumeError past MAX_RESUME_FILES files or MAX_RESUME_BYTES bytes, with the numbers. An absent
+    folder holds nothing."""
+    found = CheckpointFiles()
+    try:
+        fd = os.open(folder, _NOFOLLOW_DIR)
+    except FileNotFoundError:
+        return found
+    except OSError as exc:
+        raise ResumeError(
+            f"{folder} cannot be read as a folder (a symbolic link is not followed): {exc.strerror}"
+        ) from None
+    try:
+        _walk(fd, "", 0, found, None)
+    finally:
+        os.close(fd)
+    return found
+
+
+def _walk(fd: int, prefix: str, depth: int, found: CheckpointFiles, into: int | None) -> None:
+    """Scan (into None) or copy (into: the destination folder's descriptor) the folder open as `fd`."""
+    with os.scandir(fd) as listing:
+        names = sorted(entry.name for entry in listing)
+    for name in names:
+        relative = f"{prefix}{name}"
+        if name.startswith("."):
+            found.skipped.append(f"{relative}: a temporary file (a name starting with '.')")
+            continue
+        try:
+            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(info.st_mode):
+            found.skipped.append(f"{relative}: a symbolic link, not followed")
+        elif stat.S_ISDIR(info.st_mode):
+            if depth >= MAX_RESUME_DEPTH:
+                found.skipped.append(f"{relative}: a folder deeper than {MAX_RESUME_DEPTH} levels")
+                continue
+            inner = os.open(name, _NOFOLLOW_DIR, dir_fd=fd)
+            target = None
+            try:
+                if into is not None:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(name, 0o700, dir_fd=into)
+                    target = os.open(name, _NOFOLLOW_DIR, dir_fd=into)
+                _walk(inner, f"{relative}/", depth + 1, found, target)
+            finally:
+                os.close(inner)
+                if target is not None:
+                    os.close(target)
+        elif stat.S_ISREG(info.st_mode):
+            size = info.st_size if into is None else _copy_file(fd, name, into, relative, found)
+            found.files.append((relative, size))
+            _check_bounds(found)
+        else:
+            found.skipped.append(f"{relative}: not a regular file")
+
+
+def _check_bounds(found: CheckpointFiles) -> None:
+    if len(found.files) > MAX_RESUME_FILES:
+        raise ResumeError(
+            f"more than {MAX_RESUME_FILES} files (at {found.files[-1][0]!r}); at most {MAX_RESUME_FILES} are copied"
+        )
+    if found.total_bytes > MAX_RESUME_BYTES:
+        raise _too_big(found.total_bytes, len(found.files))
+
+
+def _too_big(total: int, files: int) -> ResumeError:
+    return ResumeError(
+        f"{total} bytes in {files} file(s) so far, more than the {MAX_RESUME_BYTES} bytes "
+        f"({MAX_RESUME_BYTES / 1024**3:g} GiB) that are copied at most"
+    )
+
+
+def _copy_file(src_dir: int, name: str, dst_dir: int, relative: str, found: CheckpointFiles) -> int:
+    """Copy one regular file into `dst_dir` under a temporary name, then rename it; its size."""
+    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=src_dir)
+    tmp = f".{name}.resume-{os.getpid()}.tmp"
+    try:
+        info = os.fstat(src)
+        if not stat.S_ISREG(info.st_mode):
+            raise ResumeError(f"{relative} changed into something other than a regular file while it was copied")
+        os.set_blocking(src, True)
+        room = MAX_RESUME_BYTES - found.total_bytes
+        if info.st_size > room:
+            raise _too_big(found.total_bytes + info.st_size, len(found.files) + 1)
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dst_dir)
+        try:
+            copied = _copy_bytes(src, dst, room, relative)
+            os.fsync(dst)
+        finally:
+            os.close(dst)
+        os.utime(tmp, ns=(info.st_atime_ns, info.st_mtime_ns), dir_fd=dst_dir)
+        os.replace(tmp, name, src_dir_fd=dst_dir, dst_dir_fd=dst_dir)
+        return copied
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dst_dir)
+        raise
+    finally:
+        os.close(src)
+
+
+def _copy_bytes(src: int, dst: int, room: int, relative: str) -> int:
+    """The file's bytes: a reflink where the file system makes one, else copied in chunks; at most `room` bytes."""
+    import fcntl
+
+    size = os.fstat(src).st_size
+    if size <= room:
+        with contextlib.suppress(OSError):
+            fcntl.ioctl(dst, _FICLONE, src)
+            if os.fstat(dst).st_size == size:
+                return size
+            os.ftruncate(dst, 0)
+    copied = 0
+    while True:
+        chunk = os.read(src, _CHUNK)
+        if not chunk:
+            return copied
+        copied += len(chunk)
+        if copied > room:
+            raise ResumeError(
+                f"{relative} grew while it was copied, past the {MAX_RESUME_BYTES} bytes that are copied at most"
+            )
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(dst, view) :]
+
+
+def seed_checkpoints(spec: Mapping[str, Any], ctx: JobContext) -> dict[str, Any] | None:
+    """For a job that resumes from another (its spec's `resume_from`, set by the server at plan time: the source job's
+    id and its checkpoints folder), copy that folder into this job's checkpoints folder, once: resume.json records
+    what was copied (a follower taken up again finds it and copies nothing twice), logs/resume.log says it. None for
+    a job that resumes from nothing; RuntimeError (the job's reason) when the copy fails."""
+    source = spec.get("resume_from")
+    if not isinstance(source, Mapping):
+        return None
+    job_id, folder = str(source.get("job_id")), Path(str(source.get("checkpoints")))
+    done = read_json(ctx.files.resume_record, 4 * 1024 * 1024)
+    if isinstance(done, dict) and done.get("from_job") == job_id:
+        return done
+    if spec.get("slurm_array"):
+        raise RuntimeError(
+            f"resume_from {job_id}: a run of a job array cannot resume (the array may start before the copy ends); "
+            "nothing ran. Submit the run as a job of its own"
+        )
+    dest = ctx.checkpoint_dir
+    try:
+        source_fd = open_beneath(folder.parent, folder, directory=True)
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(
+            f"resume_from {job_id}: its checkpoints folder {folder} cannot be read (a symbolic link is not followed): "
+            f"{exc}; nothing of this job ran"
+        ) from exc
+    copied = CheckpointFiles()
+    try:
+        dest_fd = os.open(dest, _NOFOLLOW_DIR)
+        try:
+            _walk(source_fd, "", 0, copied, dest_fd)
+        finally:
+            os.close(dest_fd)
+    except (OSError, ResumeError) as exc:
+        raise RuntimeError(
+            f"resume_from {job_id}: copying its checkpoints from {folder} failed: {exc}; nothing of this job ran"
+        ) from exc
+    finally:
+        os.close(source_fd)
+    if not copied.files:
+        raise RuntimeError(f"resume_from {job_id}: {folder} holds no checkpoint any more; nothing of this job ran")
+    record = {
+        "from_job": job_id,
+        "source": str(folder),
+        "files": len(copied.files),
+        "bytes": copied.total_bytes,
+        "newest_step": copied.newest_step,
+        "copied": [{"path": p, "bytes": b} for p, b in copied.files[:256]],
+        "skipped": copied.skipped[:256],
+        "at": round(time.time(), 3),
+    }
+    atomic_write_json(ctx.files.resume_record, record)
+    line = f"resumes from job {job_id}: copied {copied.describe()} from {folder} into {dest}\n"
+    line += "".join(f"skipped {s}\n" for s in copied.skipped[:256])
+    with open(ctx.log_path("resume"), "a") as log:
+        log.write(line)
+    ctx.progress(0, None, f"copied {len(copied.files)} checkpoint file(s) of job {job_id}")
+    return record

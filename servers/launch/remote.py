@@ -46,6 +46,9 @@ def run_remote_job(spec: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     backend: Backend = info.build(dict(spec.get("backend_config") or {}))
     plan = info.load_plan(spec["plan"]).bind(ctx.files.dir)
     request = SubmitRequest(key=str(spec["idempotency_key"]), spec=spec, timeout_s=spec.get("max_wall_s"))
+    from servers.launch.local import seed_checkpoints
+
+    seed_checkpoints(spec, ctx)  # resume_from: the other job's checkpoints, before the engine gets this job
     with stop_on_sigterm() as stop:
         if spec.get("slurm_array"):
             handle = wait_for_array(info, backend, request.key, ctx, stop, str(spec["slurm_array"]))

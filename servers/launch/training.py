@@ -23,6 +23,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from servers.core.db import connect, initialise
 from servers.core.errors import InputError
+from servers.core.jobs import JOB_ID_PATTERN
 from servers.core.models import Model
 from servers.core.paths import resolve_inside_roots
 from servers.core.settings import Settings
@@ -73,6 +74,9 @@ class TrainingJobSpec(Model):
     tags: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=32)
     idempotency_key: Annotated[str, Field(pattern=KEY_PATTERN)] | None = None
     backend: Annotated[str, Field(max_length=64)] = Field(default="local", json_schema_extra=_backend_names)
+    resume_from: Annotated[str, Field(pattern=JOB_ID_PATTERN)] | None = Field(
+        default=None, description="Start from this ended job's newest checkpoint"
+    )
     options: dict[Annotated[str, Field(max_length=64)], Any] = Field(
         default_factory=dict, max_length=backend_options.MAX_OPTIONS, description=OPTIONS_TEXT
     )
@@ -111,6 +115,15 @@ class TrainingJobSpec(Model):
         return backend_options.validate(backend, value, within="", join="; ", strict=info.mode == "json")
 
 
+class ResumeSource(Model):
+    job_id: str
+    checkpoints: str = Field(description="Its checkpoints folder, copied into the new job's before it starts")
+    newest_step: int | None = Field(description="The newest step_<N>.pt there, when the files are named so")
+    files: int
+    bytes: int
+    skipped: list[str] = Field(description="What is not copied: links (never followed), other non-regular files")
+
+
 class TrainingPlan(Model):
     plan_token: str = Field(description="Pass to submit_training_job: it is bound to exactly this spec")
     plan_hash: str = Field(description="Hash of the normalised spec; recorded in the audit log")
@@ -138,6 +151,77 @@ class TrainingPlan(Model):
     network: str = Field(description="Where the job's sockets live, and the trust that assumes")
     quotas: list[str] = Field(description="The quotas checked, with their values")
     warnings: list[str]
+    resume: ResumeSource | None = Field(default=None, description="The checkpoints the job starts from")
+
+
+# The job kinds of training jobs (launch/server.py TRAINING_KIND and REMOTE_KIND; a test keeps them in step).
+TRAINING_KINDS = ("training", "training_remote")
+
+
+def resume_source(settings: Settings, spec: "TrainingJobSpec", script: Path, recipe: str | None) -> ResumeSource:
+    """The job `spec.resume_from` names, checked: a training job of this state directory that has ended, ran the
+    same recipe (or script), and left at least one checkpoint; on a backend whose job folder is on this machine,
+    where the checkpoints are copied before the job starts (launch/local.py seed_checkpoints). InputError naming
+    the job and what is wrong otherwise."""
+    from servers.core.jobfiles import JobFiles
+    from servers.core.jobstore import JobStore
+    from servers.launch.local import ResumeError, scan_checkpoints
+
+    job_id = spec.resume_from
+    assert job_id is not None
+    accepted = ", ".join(registry.with_capability("local_job_folder"))
+    if not registry.get(spec.backend).can("local_job_folder"):
+        raise InputError(
+            f"resume_from {job_id}: the {spec.backend} backend runs the job in a folder of its own cluster, not in "
+            f"its job folder on this machine, so job {job_id}'s checkpoints cannot be copied to it; accepted: "
+            f"backend {accepted}"
+        )
+    # Read only (no migration): the plan has no side effects; no database yet means no job yet.
+    record = JobStore(settings.db_path, prepare=False).get(job_id) if settings.db_path.is_file() else None
+    if record is None:
+        raise InputError(f"resume_from {job_id}: no such job in this server's job store (list_jobs shows them)")
+    if record.kind not in TRAINING_KINDS:
+        raise InputError(f"resume_from {job_id}: a {record.kind} job, not a training job; accepted: a training job")
+    if not record.state.terminal:
+        raise InputError(
+            f"resume_from {job_id}: the job is {record.state.value}; accepted: a job that has ended (its "
+            "checkpoints still change while it runs): wait_for_job, or cancel_job"
+        )
+    theirs, ours = record.spec.get("recipe"), recipe
+    if ours is not None and theirs != ours:
+        raise InputError(
+            f"resume_from {job_id}: it ran {_ran(record.spec)}, this job runs recipe {ours}; accepted: a job of "
+            "the same recipe (its checkpoints hold that recipe's model)"
+        )
+    if ours is None and (theirs is not None or record.spec.get("script") != str(script)):
+        raise InputError(
+            f"resume_from {job_id}: it ran {_ran(record.spec)}, this job runs script {script}; accepted: a job of "
+            "the same script"
+        )
+    folder = JobFiles(record.job_dir).checkpoints
+    try:
+        found = scan_checkpoints(folder)
+    except ResumeError as exc:
+        raise InputError(f"resume_from {job_id}: its checkpoints cannot be copied: {exc}") from None
+    if not found.files:
+        raise InputError(
+            f"resume_from {job_id}: its checkpoints folder {folder} holds no checkpoint"
+            + (f" ({len(found.skipped)} entries skipped: {'; '.join(found.skipped[:3])})" if found.skipped else "")
+            + "; accepted: a job that saved at least one (the recipes' --ckpt-every)"
+        )
+    return ResumeSource(
+        job_id=job_id,
+        checkpoints=str(folder),
+        newest_step=found.newest_step,
+        files=len(found.files),
+        bytes=found.total_bytes,
+        skipped=found.skipped[:32],
+    )
+
+
+def _ran(spec: dict[str, Any]) -> str:
+    recipe = spec.get("recipe")
+    return f"recipe {recipe}" if isinstance(recipe, str) else f"script {str(spec.get('script'))[:4096]}"
 
 
 def state_dir_refusal(settings: Settings, folder: Path) -> str | None:
@@ -396,6 +480,12 @@ def plan(
         script, recipe, expected = Path(framework.module), spec.recipe, None
     check_env(spec.env)
     info = registry.get(spec.backend)
+    if spec.resume_from is not None and framework is not None:
+        raise InputError(
+            f"resume_from {spec.resume_from}: {spec.recipe} keeps its checkpoints its own way; accepted: a bundled "
+            "recipe (list_recipes) or a script, which read LLM_INFRA_MCP_CHECKPOINT_DIR"
+        )
+    resume = resume_source(settings, spec, script, recipe) if spec.resume_from is not None else None
     try:  # again: a spec made with model_copy skipped its validators
         options = backend_options.validate(spec.backend, spec.options)
     except ValueError as exc:
@@ -454,6 +544,18 @@ def plan(
     }
     if declared_run is not None:
         backend_spec[RUN_SOURCE_KEY] = declared_run
+    if resume is not None:  # what the job's worker copies before the job starts (launch/local.py seed_checkpoints)
+        backend_spec["resume_from"] = {"job_id": resume.job_id, "checkpoints": resume.checkpoints}
+        checked.append(
+            f"resumes from job {resume.job_id}: "
+            + (
+                f"its newest checkpoint (step {resume.newest_step})"
+                if resume.newest_step is not None
+                else "its checkpoints"
+            )
+            + f", {resume.files} file(s), {resume.bytes} bytes, copied into this job's checkpoints before it starts"
+            + (f"; {len(resume.skipped)} skipped (not regular files)" if resume.skipped else "")
+        )
     if framework is not None:  # python -m MODULE ARGS in place of torchrun SCRIPT ARGS
         backend_spec.update(module=framework.module, args=framework.args, env={**spec.env, **framework.env})
     try:
@@ -497,6 +599,7 @@ def plan(
         ),
         quotas=quotas,
         warnings=warnings,
+        resume=resume,
     )
 
 
