@@ -4,6 +4,7 @@ rerun that must start no job, the HTML report opened in a real browser, and a st
 """
 
 import html
+import itertools
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -39,29 +41,144 @@ def test_parse_variant() -> None:
 
 
 def test_check_variants_against_the_recipe_arguments() -> None:
-    arguments = [{"name": n} for n in ("--steps", "--seed", "--evals", "--lr", "--group-size")]
-    assert loop_study.check_variants([loop_study.parse_variant("lr=0.1")], arguments) == []
+    arguments = [{"name": n} for n in loop_study.LOOP_FLAGS] + [
+        {"name": "--lr", "type": "float", "exclusive_minimum": 0.0},
+        {"name": "--group-size", "type": "int", "minimum": 2},
+        {"name": "--difficulty", "type": "float", "minimum": 0.0, "maximum": 1.0},
+        {"name": "--tag", "type": "str"},
+    ]
+    assert loop_study.check_variants([loop_study.parse_variant("lr=0.1,group-size=4,tag=x")], arguments) == []
     problems = loop_study.check_variants(
         [loop_study.parse_variant("bogus=1"), loop_study.parse_variant("steps=5")], arguments
     )
     assert any("no --bogus argument" in p for p in problems)
     assert any("--steps is set by the loop" in p for p in problems)
     assert loop_study.check_variants([], [{"name": "--lr"}])  # a recipe without the loop's flags
+    # values refused before anything starts, from the types and bounds list_recipes gives
+    for text, why in (
+        ("lr=abc", "--lr abc: not a number"),
+        ("lr=-1", "--lr -1: must be > 0"),
+        ("lr=0", "--lr 0: must be > 0"),
+        ("lr=nan", "not a finite number"),
+        ("group-size=2.5", "--group-size 2.5: not an integer"),
+        ("group-size=1", "must be >= 2"),
+        ("difficulty=1.5", "must be <= 1"),
+    ):
+        problems = loop_study.check_variants([loop_study.parse_variant(text)], arguments)
+        assert len(problems) == 1 and why in problems[0], (text, problems)
 
 
-def test_split_budget_reserves_a_doubling_follow_up() -> None:
-    plan = loop_study.split_budget(1.2e11, "flops", {"a": 1e7, "b": 2e7}, seeds=2, followup=True)
-    assert plan.runs == 4
-    assert plan.reserve == pytest.approx(1.2e11 * 2 / 6)
-    assert plan.per_run == pytest.approx((1.2e11 - plan.reserve) / 4)
-    assert plan.steps == {"a": int(plan.per_run / 1e7), "b": int(plan.per_run / 2e7)}
-    # the follow-up run of either variant has twice the compute of one of its round-1 runs
-    for name, rate in plan.per_step.items():
-        assert plan.followup_steps[name] * rate == pytest.approx(2 * plan.steps[name] * rate, rel=1e-3)
-    whole = loop_study.split_budget(1.2e11, "flops", {"a": 1e7, "b": 2e7}, seeds=2, followup=False)
-    assert whole.reserve == 0 and whole.followup_steps == {}
-    with pytest.raises(loop_study.StudyError, match="at least 200 steps"):
-        loop_study.split_budget(1e9, "flops", {"a": 1e7, "b": 1e7}, seeds=2, followup=True)
+def test_the_ladder_starts_where_the_curves_rise() -> None:
+    rates = {"a": 1e7, "b": 1e7, "c": 2e7}
+    design = loop_study.design_ladder(
+        rates, {"a": 1e9, "b": 2e9, "c": 9e9}, {"a": 4e9, "b": 4e9, "c": 8e9}, unit="flops", compute_key="k", rungs=3
+    )
+    # c's midpoint lies beyond its pilot: the latest one seen is b's
+    assert design.rungs == pytest.approx([4e9, 8e9, 16e9]) and design.target == pytest.approx(16e9)
+    assert design.steps == {"a": [400, 800, 1600], "b": [400, 800, 1600], "c": [200, 400, 800]}
+    assert design.horizon == {"a": 1600, "b": 1600, "c": 800}
+    assert "b: C_mid 2e+09" in design.rule and "c: midpoint beyond the pilot" in design.rule
+    # a first rung below the fewest steps is raised to them
+    low = loop_study.design_ladder(
+        {"a": 1e7, "b": 1e7}, {"a": 1e8, "b": None}, {"a": 4e9, "b": 4e9}, unit="flops", compute_key="k", rungs=2
+    )
+    assert low.steps["a"][0] == loop_study.MIN_STEPS and "raised" in low.rule
+    none = loop_study.design_ladder(
+        {"a": 1e7, "b": 1e7}, {"a": None, "b": None}, {"a": 4e9, "b": 4e9}, unit="flops", compute_key="k", rungs=1
+    )
+    assert none.rungs == [pytest.approx(8e9)] and "no midpoint" in none.rule
+    assert loop_study.round_cost([1.0, 2.0, 4.0], 0, 3) == 3.0 and loop_study.round_cost([1.0, 2.0, 4.0], 2, 2) == 4.0
+
+
+def forecast(value: float, low: float, high: float, fit_id: str = "f") -> dict[str, Any]:
+    return {"fit_id": fit_id, "value": value, "ci_low": low, "ci_high": high}
+
+
+def test_a_round_stops_the_variants_that_cannot_beat_the_leader_by_the_margin() -> None:
+    call = loop_study.judge_round(
+        {
+            "lead": forecast(0.67, 0.66, 0.68),
+            "below": forecast(0.40, 0.30, 0.65),  # upper bound under the leader's lower bound
+            "tie": forecast(0.665, 0.662, 0.675),  # within 0.02 of the leader either way
+            "futile": forecast(0.50, 0.30, 0.678),  # may be far worse, cannot be better by 0.02
+            "open": forecast(0.60, 0.50, 0.70),  # could still beat it by more than the margin
+            "unfit": None,
+        },
+        margin=0.02,
+    )
+    assert call.leader == "lead" and call.stopped == ["below"] and call.tied == ["tie"] and call.futile == ["futile"]
+    assert call.continued == ["lead", "open", "unfit"] and call.end is None
+    assert "0.650 is below lead's lower bound 0.660" in call.note and "unfit: no forecast" in call.note
+    assert "futile stops: its upper bound 0.678 is within the margin 0.02" in call.note
+    # the leader alone goes on: the study ends
+    done = loop_study.judge_round({"lead": forecast(0.67, 0.66, 0.68), "b": forecast(0.5, 0.4, 0.6)}, margin=0.02)
+    assert done.end == "one_leader" and done.continued == ["lead"]
+    # overlapping, wider than the margin: both go on; with margin 0 only a variant clearly below stops
+    both = loop_study.judge_round({"a": forecast(0.67, 0.6, 0.7), "b": forecast(0.66, 0.62, 0.69)}, margin=0.02)
+    assert both.stopped == both.tied == both.futile == [] and both.end is None
+    strict = loop_study.judge_round({"a": forecast(0.67, 0.66, 0.68), "b": forecast(0.66, 0.65, 0.665)}, margin=0)
+    assert strict.continued == ["a", "b"]
+    assert loop_study.judge_round({"a": None, "b": None}, 0.02).leader is None
+
+
+def test_the_forecast_decision_quotes_each_stop() -> None:
+    ladder = [
+        {
+            "round": 1,
+            "forecasts": {
+                "a": forecast(0.67, 0.66, 0.68, "f1"),
+                "b": forecast(0.4, 0.3, 0.6, "f2"),
+                "c": forecast(0.6, 0.5, 0.7, "f3"),
+            },
+            "p_leader_higher": {"b": 0.999, "c": 0.91},
+        },
+        {
+            "round": 2,
+            "forecasts": {"a": forecast(0.671, 0.665, 0.675, "f4"), "c": forecast(0.668, 0.66, 0.678, "f5")},
+            "p_leader_higher": {"c": 0.62},
+        },
+    ]
+    stops = {
+        "b": {"round": 1, "kind": "below", "forecast": ladder[0]["forecasts"]["b"], "leader": "a"},
+        "c": {"round": 2, "kind": "tied", "forecast": ladder[1]["forecasts"]["c"], "leader": "a"},
+        "d": {"round": 1, "kind": "futile", "forecast": forecast(0.5, 0.3, 0.67, "f6"), "leader": "a"},
+    }
+    d = loop_study.decide_forecast("a", ladder, stops, 0.95, "flops", 1.6e10, 0.02)
+    assert d.kind == "forecast" and d.variant == "a" and d.fit_id == "f4"
+    assert d.quoted["ties"] == ["c"] and d.quoted["probabilities"] == {"b": 0.999, "c": 0.62, "d": None}
+    assert "unable to beat the leader by the margin 0.02" in d.text and "d after round 1" in d.text
+    assert "0.671 [0.665, 0.675]" in d.text and "P(a higher) = 1.00" in d.text and "P(a higher) = 0.62" in d.text
+    assert loop_study.acceptable(asdict(d)) == frozenset({"a", "c"})
+    assert loop_study.acceptable(None) == frozenset() and loop_study.acceptable({"variant": None}) == frozenset()
+
+
+def test_forecasts_are_checked_against_what_the_runs_reached() -> None:
+    rows = [{"compute_flops": c, "pass_rate": v} for c, v in ((1e9, 0.2), (8e9, 0.6), (16e9, 0.66))]
+    assert loop_study.measured_at(rows, "compute_flops", 16e9) == 0.66
+    assert loop_study.measured_at(rows[:2], "compute_flops", 16e9) is None
+    ladder = [
+        {
+            "round": 1,
+            "at_target": False,
+            "forecasts": {
+                "a": {**forecast(0.7, 0.65, 0.72), "pi_low": 0.6, "pi_high": 0.8},
+                "b": forecast(0.5, 0.4, 0.6),
+            },
+        },
+        {"round": 2, "at_target": True, "forecasts": {"a": forecast(0.66, 0.65, 0.67)}},
+    ]
+    checks = loop_study.forecast_checks(ladder, {"a": 0.66})
+    assert checks == [
+        {
+            "variant": "a",
+            "round": 1,
+            "forecast": 0.7,
+            "measured": 0.66,
+            "error": pytest.approx(0.04),
+            "inside_ci": True,
+            "inside_pi": True,
+        }
+    ]
 
 
 def test_held_out_split_and_errors() -> None:
@@ -128,18 +245,6 @@ def test_decide_follows_the_bootstrap_probabilities() -> None:
     assert d.kind == "none" and "0.60" in d.text
     with pytest.raises(ValueError, match="best asymptote's fit first"):
         loop_study.decide(comparison("f1", [("f2", "f1", 0.1, 0.9)], "f2"), None, names, 0.95)
-
-
-def test_followup_needed() -> None:
-    plan = loop_study.split_budget(1.2e11, "flops", {"a": 1e7, "b": 1e7}, seeds=2, followup=True)
-    check = {"models": [{"model": "scalerl", "mean_abs_error": 0.05}, {"model": "power_law", "mean_abs_error": 0.01}]}
-    needed, why = loop_study.followup_needed(check, 0.02, plan, "a")
-    assert needed and "0.0500 > 0.02" in why
-    needed, why = loop_study.followup_needed(check, 0.1, plan, "a")
-    assert not needed and "within the threshold" in why
-    assert not loop_study.followup_needed(None, 0.02, plan, "a")[0]
-    assert not loop_study.followup_needed(check, 0.02, None, "a")[0]
-    assert not loop_study.followup_needed(check, 0.02, plan, None)[0]
 
 
 def test_node_verdict_says_no_gpu_plainly() -> None:
@@ -220,6 +325,13 @@ def run_loop(home: Path, out: Path, *args: str, timeout: float = 300) -> subproc
     )
 
 
+def fit_count(home: Path) -> int:
+    import sqlite3
+
+    with sqlite3.connect(home / "state.db") as db:
+        return int(db.execute("SELECT COUNT(*) FROM fits").fetchone()[0])
+
+
 def job_count(home: Path) -> int:
     from servers.core.mcp_layer import App
     from servers.core.settings import Settings
@@ -249,75 +361,82 @@ def quick_study(tmp_path_factory: pytest.TempPathFactory) -> QuickStudy:
 @pytest.mark.timeout(400)
 def test_quick_study_writes_its_report(quick_study: QuickStudy) -> None:
     out = quick_study.out
-    for name in ("report.md", "report.html", "study.json", "fit_heldout.png", "fit_full.png", "overlap.png"):
+    for name in ("report.md", "report.html", "study.json", "ladder.png", "fit_full.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     printed = quick_study.first.stdout
     assert str((out / "report.html").resolve()) in printed
     study = quick_study.study
     assert study["node"]["verdict"].startswith("No GPU here") or study["node"]["gpu_count"] > 0
+    if study["node"]["gpu_count"] == 0:  # on CPU the overlap step is skipped, in one line that says why
+        assert "Overlap skipped (no GPU here)" in study["overlap"]["skipped"] and not (out / "overlap.png").exists()
     md = (out / "report.md").read_text()
     page = (out / "report.html").read_text()
     decision = study["scaling"]["decision"]
     assert md_text(decision["text"]) in md and html.escape(decision["text"]) in page
     # self-contained: every picture inline, nothing fetched from elsewhere
     sources = re.findall(r'<img[^>]*src="([^"]*)"', page)
-    assert len(sources) >= 3 and all(s.startswith("data:image/png;base64,") for s in sources)
+    assert len(sources) >= 2 and all(s.startswith("data:image/png;base64,") for s in sources)
     assert not re.search(r'(src|href)="(https?:|//|file:)', page)
     assert study["errors"] == [], study["errors"]
 
 
 @pytest.mark.timeout(400)
-def test_quick_study_decision_follows_the_fits_it_quotes(quick_study: QuickStudy) -> None:
+def test_quick_study_stops_on_forecasts_and_decides_from_them(quick_study: QuickStudy) -> None:
+    """Each round's stops follow from its forecasts and the rule; every round after the first continues exactly
+    the variants the round before kept, from their previous jobs' checkpoints; the decision quotes the forecasts."""
     scaling = quick_study.study["scaling"]
-    final = scaling["rounds"][-1]
+    design, ladder, stops = scaling["design"], scaling["ladder"], scaling["stops"]
+    margin, target = design["margin"], design["target"]
+    assert (
+        design["ceiling"] is not None and 0.5 < design["ceiling"] < 1 and "held-out prompts" in design["ceiling_note"]
+    )
+    assert "6 x parameters" in design["compute_counts"] and design["rungs"][-1] == target
+    assert ladder and [r["round"] for r in ladder] == list(range(1, len(ladder) + 1))
+    active = [v["name"] for v in quick_study.study["config"]["variants"]]
+    for rnd in ladder:
+        assert rnd["active"] == active
+        forecasts = {v: f for v, f in rnd["forecasts"].items() if f}
+        leader = max(forecasts, key=lambda v: forecasts[v]["value"])
+        assert rnd["leader"] == leader
+        floor = forecasts[leader]["ci_low"] + margin + 1e-12
+        stopped = {v for v, f in forecasts.items() if v != leader and f["ci_high"] <= floor}
+        assert set(rnd["stopped"]) | set(rnd["tied"]) | set(rnd["futile"]) == stopped
+        assert all(forecasts[v]["ci_high"] < forecasts[leader]["ci_low"] for v in rnd["stopped"])
+        for v in stopped:
+            assert stops[v]["round"] == rnd["round"] and stops[v]["forecast"] == forecasts[v]
+        active = rnd["continued"]
+    chains = scaling["chains"]
+    for chain in chains:
+        segments = chain["segments"]
+        assert [s["round"] for s in segments] == list(range(1, len(segments) + 1))
+        for before, after in itertools.pairwise(segments):
+            assert after["resumed_from"] == before["job_id"]
+            assert abs(after["steps"] - 2 * before["steps"]) <= 1
+        steps = [r["step"] for r in chain["rows"]]
+        assert steps == sorted(set(steps)), "a continued run evaluates after its resume point only"
+        stopped_at = stops.get(chain["variant"], {}).get("round")
+        assert len(segments) == (stopped_at or len(ladder))
     decision = scaling["decision"]
-    assert decision == final["decision"]
-    comparison = final["comparison"]
-    fits = {f["fit_id"]: f for f in comparison["fits"]}
-    full = {name: v["full"] for name, v in final["variants"].items()}
-    level = scaling["level"]
-    # the comparison is of the variants' fits on all compute, best asymptote first
-    assert set(fits) == {f["fit_id"] for f in full.values()}
-    assert comparison["fits"][0]["fit_id"] == comparison["highest_fitted_asymptote"]
-    assert fits[comparison["highest_fitted_asymptote"]]["asymptote"] == max(f["asymptote"] for f in fits.values())
-    quoted = decision["quoted"]
-    fit = fits[quoted["fit_id"]]
-    variant = final["variant_of_fit"][quoted["fit_id"]]
-    assert quoted["A"] == fit["asymptote"] == full[variant]["parameters"]["A"]["value"]
-    assert quoted["C_mid"] == fit["c_mid"] == full[variant]["parameters"]["C_mid"]["value"]
-    assert f"A={quoted['A']:.3f}" in decision["text"] and f"C_mid={quoted['C_mid']:.3g}" in decision["text"]
-    if decision["kind"] == "asymptote":
-        pairs = [p for p in comparison["pairs"] if p["first"] == quoted["fit_id"]]
-        assert quoted["fit_id"] == comparison["best_asymptote"] and decision["variant"] == variant
-        assert all(p["p_first_higher_asymptote"] >= level for p in pairs)
-        assert quoted["probabilities_by_fit"] == {p["second"]: p["p_first_higher_asymptote"] for p in pairs}
-    elif decision["kind"] == "efficiency":
-        other = final["comparison_efficient_first"]
-        pairs = [p for p in other["pairs"] if p["first"] == quoted["fit_id"]]
-        assert quoted["fit_id"] == comparison["most_efficient"] and decision["variant"] == variant
-        assert all(p["p_first_more_efficient"] >= level for p in pairs)
-        assert all(p["p_first_higher_asymptote"] >= 1 - level for p in pairs)
-        assert quoted["probabilities_by_fit"] == {p["second"]: p["p_first_more_efficient"] for p in pairs}
+    end = scaling["end"]
+    if end["why"] == "one_leader":
+        assert decision["kind"] == "forecast" and decision["variant"] == ladder[-1]["leader"]
+        last = ladder[-1]["forecasts"][decision["variant"]]
+        assert decision["quoted"]["forecast"] == last
+        assert f"{last['value']:.3f} [{last['ci_low']:.3f}, {last['ci_high']:.3f}]" in decision["text"]
+        assert set(decision["quoted"]["probabilities"]) == set(stops)
+        for value in decision["quoted"]["probabilities"].values():
+            assert value is None or f"{value:.2f}" in decision["text"]
     else:
-        pairs = [p for p in comparison["pairs"] if p["first"] == comparison["highest_fitted_asymptote"]]
-        unsure = min(p["p_first_higher_asymptote"] for p in pairs) < level or comparison["best_asymptote"] is None
-        assert decision["variant"] is None and unsure
-    for value in quoted["probabilities"].values():
-        assert f"{value:.2f}" in decision["text"]
-    # The follow-up round ran (the quick study's held-out errors are far above its threshold) and the final round's
-    # fits include its run: the one study that runs it end to end (the cluster studies leave it out).
-    followup = scaling["followup"]
-    assert followup["needed"], followup["reason"]
-    extra = followup["run"]
-    assert extra["round"] == "2" and extra["state"] == "SUCCEEDED", extra
-    assert len(scaling["rounds"]) == 2 and extra["job_id"] in final["variants"][extra["variant"]]["runs"]
-    assert [s["key"] for s in scaling["sweeps"]] == ["pilot-0", "1-0", "2-0"]
+        assert decision == scaling["rounds"][-1]["decision"]
+    spent = scaling["spent"]
+    assert spent["share"] == pytest.approx(spent["compute"] / spent["exhaustive_equivalent"])
+    assert spent["exhaustive_equivalent"] == pytest.approx(len(chains) * target)
 
 
 @pytest.mark.timeout(400)
 def test_quick_study_numbers_come_from_the_tools(quick_study: QuickStudy) -> None:
-    """Every held-out prediction is a value predict_scaling returned, every measurement a row read_job_metrics
-    returned; the held-out points are the run's points beyond half its largest compute."""
+    """Every forecast is what predict_scaling returned for its round's fit at the target, every curve point a row
+    read_job_metrics returned for the chain's own jobs."""
     study = quick_study.study
     calls = study["calls"]
     predictions = {c["args"]["fit_id"]: c["result"] for c in calls if c["tool"] == "predict_scaling" and c["ok"]}
@@ -325,30 +444,27 @@ def test_quick_study_numbers_come_from_the_tools(quick_study: QuickStudy) -> Non
     for c in calls:
         if c["tool"] == "read_job_metrics" and c["ok"]:
             metrics.setdefault(c["args"]["job_id"], []).extend(c["result"]["rows"])
-    key = study["scaling"]["compute_key"]
-    held = study["scaling"]["held_out"]
-    assert held and all(h.get("rows") for h in held)
-    for h in held:
-        returned = predictions[h["fit"]["fit_id"]]["values"]
-        assert [r["predicted"] for r in h["rows"]] == [v["value"] for v in returned]
-        measured = {
-            row[key]: row["pass_rate"] for row in metrics[h["job_id"]] if row.get("split") == "eval" and key in row
-        }
-        assert all(measured[r["compute"]] == r["measured"] for r in h["rows"])
-        assert all(r["compute"] > max(measured) / 2 for r in h["rows"])
-        assert len(h["rows"]) == sum(1 for c in measured if c > max(measured) / 2)
+    target = study["scaling"]["design"]["target"]
+    for rnd in study["scaling"]["ladder"]:
+        for f in rnd["forecasts"].values():
+            returned = predictions[f["fit_id"]]
+            assert returned["values"][0]["compute"] == target
+            assert {k: returned["values"][0][k] for k in ("value", "ci_low", "ci_high")} == {
+                k: f[k] for k in ("value", "ci_low", "ci_high")
+            }
+    for chain in study["scaling"]["chains"]:
+        mine = [r for s in chain["segments"] for r in metrics[s["job_id"]] if r.get("split") == "eval"]
+        assert chain["rows"] == mine
     tools = {c["tool"] for c in calls}
     for tool in (
         "gpu_health",
-        "predict_overlap",
-        "tune_overlap",
-        "plan_sweep",
-        "submit_sweep",
+        "list_recipes",
+        "plan_training_job",
+        "submit_training_job",
         "wait_for_job",
         "read_job_metrics",
         "fit_scaling_law",
         "predict_scaling",
-        "check_extrapolation",
         "compare_scaling_fits",
         "plot_scaling_fit",
     ):
@@ -357,15 +473,14 @@ def test_quick_study_numbers_come_from_the_tools(quick_study: QuickStudy) -> Non
 
 
 @pytest.mark.timeout(400)
-def test_quick_study_rerun_starts_no_job(quick_study: QuickStudy) -> None:
+def test_quick_study_rerun_starts_no_job_and_stores_no_fit_twice(quick_study: QuickStudy) -> None:
+    fits_before = fit_count(quick_study.home)
     again = run_loop(quick_study.home, quick_study.out, "--quick")
     assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
     assert job_count(quick_study.home) == quick_study.jobs_after_first
+    assert fit_count(quick_study.home) == fits_before
     study = json.loads((quick_study.out / "study.json").read_text())
     assert study["jobs"] and all(j["reused"] for j in study["jobs"])
-    sweeps = study["scaling"]["sweeps"]
-    assert sweeps and all(s["started"] == 0 for s in sweeps)
-    assert "none started again" in again.stdout
     assert study["scaling"]["decision"]["text"] == quick_study.study["scaling"]["decision"]["text"]
 
 
@@ -441,11 +556,11 @@ async def kill_a_round_one_run(home: Path, limit_s: float) -> tuple[str | None, 
     return None, None
 
 
-@pytest.mark.timeout(400)
-def test_failed_and_killed_jobs_are_reported_and_the_study_goes_on(tmp_path: Path) -> None:
-    """A third variant (group-size=1: tiny-grpo refuses it and exits with an error) fails its pilot, and one round-1
-    run is killed (cancel_job's SIGTERM/SIGKILL) while it runs: both are in the report, with the reason, and left
-    out of the fits; the study compares what is left and decides, and no number is shown for the failed runs."""
+@pytest.mark.timeout(600)
+def test_a_killed_job_is_reported_the_study_goes_on_and_a_rerun_tries_it_again(tmp_path: Path) -> None:
+    """One round-1 run is killed (cancel_job's SIGTERM/SIGKILL) while it runs: it is in the report with its reason,
+    its chain ends there and nothing of it is fitted; the study decides from what is left. A rerun of the study
+    starts nothing that succeeded and tries the killed run once more, under a new key."""
     home, out = tmp_path / "state", tmp_path / "out"
     args = [
         sys.executable,
@@ -454,17 +569,15 @@ def test_failed_and_killed_jobs_are_reported_and_the_study_goes_on(tmp_path: Pat
         str(out),
         "--quick",
         "--no-overlap",
-        "--no-followup",
         "--seeds",
         "2",
-        "--budget",
-        "6e10",  # 4 runs of ~1.7k steps: each runs long enough (seconds) to be seen RUNNING and killed
+        "--rungs",
+        "2",
         "--name",
         "failing",
         "--variants",
         "lr=0.02",
         "lr=0.005",
-        "group-size=1",
     ]
     proc = subprocess.Popen(
         args, cwd=REPO_ROOT, env=loop_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -482,30 +595,38 @@ def test_failed_and_killed_jobs_are_reported_and_the_study_goes_on(tmp_path: Pat
     study = json.loads((out / "study.json").read_text())
     scaling = study["scaling"]
     errors = " ".join(e["message"] for e in study["errors"])
-    assert scaling["dropped_variants"] == ["group-size=1"]
-    failed_pilot = next(r for r in scaling["pilot"]["runs"] if r["variant"] == "group-size=1")
-    assert failed_pilot["state"] == "FAILED" and failed_pilot["job_id"] in errors
-    assert "group-size" in (failed_pilot.get("log_tail") or "") + (failed_pilot.get("reason") or "")
-    run = next(r for r in scaling["runs"] if r.get("job_id") == killed)
-    assert run["state"] == "CANCELLED" and killed in errors and "rows" not in run
-    # left out of everything that was fitted
-    assert all(h["job_id"] != killed for h in scaling["held_out"])
-    for variant in scaling["rounds"][-1]["variants"].values():
-        assert killed not in variant["runs"]
+    assert killed in errors and "rerun the study to try it again" in errors
+    chain = next(c for c in scaling["chains"] if any(s["job_id"] == killed for s in c["segments"]))
+    assert chain["failed"] and chain["segments"][-1]["state"] == "CANCELLED" and chain["rows"] == []
     assert scaling["decision"] is not None
     md = (out / "report.md").read_text()
-    row = next(line for line in md.splitlines() if line.startswith("| 1 |") and killed in line)
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[4] == "CANCELLED" and cells[6] == "-" and cells[7] == "-", row  # no pass rate, no compute
-    assert "group-size=1 was left out" in md and killed in md.split("## Errors and notes")[1]
+    assert killed in md and "CANCELLED" in md
+    jobs_before = job_count(home)
+    again = run_loop(home, out, *args[4:])
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
+    assert f"{killed} CANCELLED in an earlier run of the study; trying again" in again.stdout
+    study = json.loads((out / "study.json").read_text())
+    chain = next(
+        c for c in study["scaling"]["chains"] if c["variant"] == chain["variant"] and c["seed"] == chain["seed"]
+    )
+    retried = chain["segments"][0]
+    assert retried["retried"] == killed and retried["state"] == "SUCCEEDED" and retried["job_id"] != killed
+    assert not chain.get("failed") and chain["rows"]
+    started = job_count(home) - jobs_before
+    assert 1 <= started <= 1 + len(study["scaling"]["design"]["rungs"]) - 1  # the retried run (and what follows it)
 
 
 @pytest.mark.timeout(120)
 def test_a_study_that_cannot_run_says_why_and_starts_nothing(tmp_path: Path) -> None:
     home = tmp_path / "state"
-    done = run_loop(home, tmp_path / "out", "--quick", "--variants", "lr=0.02", "bogus=1", timeout=100)
-    assert done.returncode == 2
-    assert "the recipe has no --bogus argument" in done.stderr
+    for variant, why in (
+        ("bogus=1", "the recipe has no --bogus argument"),
+        ("lr=abc", "--lr abc: not a number"),
+        ("lr=-1", "--lr -1: must be > 0"),
+        ("group-size=1", "--group-size 1: must be >= 2"),
+    ):
+        done = run_loop(home, tmp_path / "out", "--quick", "--variants", "lr=0.02", variant, timeout=100)
+        assert done.returncode == 2 and why in done.stderr, (variant, done.stderr)
     assert not (home / "state.db").exists() or job_count(home) == 0
     one = run_loop(home, tmp_path / "out2", "--quick", "--variants", "lr=0.02", timeout=100)
     assert one.returncode == 2 and "at least two variants" in one.stderr
@@ -514,9 +635,9 @@ def test_a_study_that_cannot_run_says_why_and_starts_nothing(tmp_path: Path) -> 
 # ---- the same study on a cluster engine ----------------------------------------------------------------------------
 
 
-# The quick study less its overlap step and its follow-up round (one more sweep of the same kind, which the local
-# quick study has): round 1 as in the quick study (its budget less the follow-up's reserve, 2 runs of ~1.1k steps).
-CLUSTER_STUDY = ("--quick", "--no-overlap", "--no-followup", "--budget", "2e10")
+# Two variants, two rungs: a pilot, a first round, and a second round continued from the first's checkpoints (on
+# the cluster: the copy into the new job's folder, then the recipe's resume) when the first does not decide.
+CLUSTER_STUDY = ("--quick", "--no-overlap", "--rungs", "2", "--variants", "lr=0.02", "lr=0.005")
 
 
 def cluster_study(tmp_path: Path, backend: str, extra_env: dict[str, str]) -> dict[str, Any]:
@@ -536,6 +657,9 @@ def cluster_study(tmp_path: Path, backend: str, extra_env: dict[str, str]) -> di
     jobs = study["jobs"]
     assert jobs and all(j["kind"] == "training_remote" and j["state"] == "SUCCEEDED" for j in jobs)
     assert study["scaling"]["decision"] is not None
+    for chain in study["scaling"]["chains"]:
+        for before, after in itertools.pairwise(chain["segments"]):
+            assert after["resumed_from"] == before["job_id"] and after["state"] == "SUCCEEDED"
     return study
 
 

@@ -1,15 +1,19 @@
-"""The study, step by step, over the suite's tools: node check, overlap, the RL scaling study (pilot, round 1, the
-held-out check, fits, comparison, decision, an optional follow-up round), then the report.
+"""The study, step by step, over the suite's tools: node check, overlap (where GPUs are), and the RL scaling study
+as a ladder: a pilot of every variant (its compute per step, where its curve rises), then rounds that double the
+compute per run: after each, every variant's runs are fitted and forecast at the target, the variants that cannot
+catch the leader stop, and the rest continue from their checkpoints (a job with resume_from), until one is left,
+those left are a tie within the margin, the target is reached, or the budget is spent; then the report.
 
 Every result that decides something comes from a tool; study.py turns those results into decisions. A tool that
 fails (a job that fails or is killed, a fit that is refused) is recorded in the report and the study goes on with
-what is left. The study is resumable: sweeps are planned from the same spec on a rerun (so the suite gives them the
-same sweep id) and submit_sweep of a submitted sweep starts nothing; the overlap job, which has no key, is found
-again through the study's ledger (ledger.json in the output folder).
+what is left. The study is resumable: each run carries an idempotency key made from its spec, and the study's
+ledger (ledger.json in the output folder) records which job answered which run, so a rerun starts nothing that
+succeeded and tries a failed run once more; the overlap job, which has no key, is found again through the ledger.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -18,9 +22,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from servers.loop import study
 from servers.loop.client import SuiteClient, ToolCallError, connect
-from servers.loop.study import StudyConfig, StudyError, Variant
+from servers.loop.study import StudyConfig, StudyError
 
 CPU_METHODS = ["sequential", "chunked", "ring"]  # symm_mem needs NVLink GPUs
 OVERLAP_CHUNKS = [2, 4]
@@ -84,6 +90,10 @@ class StudyRun:
         self.gpu_count = 0
         self.gpu_name: str | None = None
         self.recipe: dict[str, Any] | None = None
+        self.margin: float = cfg.margin if cfg.margin is not None else 0.02
+        self.margin_note = ""
+        self.ceiling: float | None = None
+        self.variant_of = {v.name: v for v in cfg.variants}
         self.pending_chart: tuple[list[dict[str, Any]], str, str] | None = None
 
     # ---- helpers ---------------------------------------------------------------------------------------------
@@ -116,6 +126,7 @@ class StudyRun:
             raise StudyError(
                 f"the suite has no {study.RECIPE} recipe (list_recipes: {[r['name'] for r in recipes['recipes']]})"
             )
+        self.margin, self.margin_note = study.resolve_margin(self.cfg.margin, self.recipe["arguments"])
         problems = study.check_variants(self.cfg.variants, self.recipe["arguments"])
         if problems:
             raise StudyError("--variants: " + "; ".join(problems))
@@ -292,6 +303,18 @@ class StudyRun:
                 f"{m.get('verdict') or 'no measurement'}"
             )
 
+    def skip_overlap(self) -> None:
+        """On CPU the overlap step measures gloo on the preset's shapes at a few tokens: minutes of CPU time that say
+        nothing about GPU overlap. It is skipped there unless asked for (--overlap)."""
+        why = f"{self.gpu_count} GPU(s) here, TP={self.cfg.tp} needs {self.cfg.tp}" if self.gpu_count else "no GPU here"
+        self.data["overlap"] = {
+            "skipped": (
+                f"Overlap skipped ({why}): on CPU its timings say nothing about GPU overlap; --overlap measures it "
+                "anyway (gloo, the preset's shapes at a few tokens)."
+            )
+        }
+        self.say(f"== overlap: {self.data['overlap']['skipped']}")
+
     def draw_pending(self) -> None:
         """The overlap chart (matplotlib), once there is something to draw; the loop calls it while jobs run."""
         if self.pending_chart is None:
@@ -306,100 +329,97 @@ class StudyRun:
             self.error("overlap", f"the overlap chart could not be drawn: {type(exc).__name__}: {exc}")
 
     # ---- 3. the RL scaling study --------------------------------------------------------------------------
-    def base_spec(self, round_key: str, base_args: list[str], runs: int) -> dict[str, Any]:
+    def run_spec(self, chain: dict[str, Any], steps: int, round_no: int, resume_from: str | None) -> dict[str, Any]:
+        """One run of the ladder: a chain (variant x seed) to `steps`, continued from its previous run's job."""
+        cfg = self.cfg
+        variant = self.variant_of[chain["variant"]]
+        horizon = chain.get("horizon")
+        evals = study.PILOT_EVALS if round_no == 0 else cfg.evals
         spec: dict[str, Any] = {
             "recipe": study.RECIPE,
-            "args": base_args,
-            "name": self.cfg.name,
-            "tags": [f"study:{self.cfg.name}", f"round:{round_key}"],
-            "backend": self.cfg.backend,
-            "max_wall_s": self.cfg.run_wall_s,
+            "args": study.run_args(variant, steps, chain["seed"], evals=evals, horizon=horizon),
+            "name": cfg.name,
+            "tags": [f"study:{cfg.name}", f"round:{'pilot' if round_no == 0 else round_no}"],
+            "backend": cfg.backend,
+            "max_wall_s": cfg.run_wall_s,
         }
-        if self.cfg.backend == "local" and 0 < self.gpu_count < runs:  # share_gpus: a local backend's option
+        if resume_from:
+            spec["resume_from"] = resume_from
+        if cfg.backend == "local" and 0 < self.gpu_count < cfg.max_runs_per_sweep:
             spec["options"] = {"share_gpus": True}  # more runs at once than GPUs here: the tiny recipe shares them
         return spec
 
-    async def run_sweep(self, round_key: str, base_args: list[str], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Every run (dicts with variant, seed, args) as sweeps of at most max_runs_per_sweep runs; returns the runs
-        with job_id, state, reason, times, and the metrics rows of those that succeeded."""
-        size = self.cfg.max_runs_per_sweep
-        sweeps = self.data.setdefault("scaling", {}).setdefault("sweeps", [])
-        for b in range(0, len(runs), size):
-            batch = runs[b : b + size]
-            key = f"{round_key}-{b // size}"
-            spec = self.base_spec(round_key, base_args, len(batch))
-            variants = [r["args"] for r in batch]
-            label = f"sweep {round_key}" + (f" part {b // size + 1}" if len(runs) > size else "")
-            record: dict[str, Any] = {"key": key, "runs": len(batch)}
-            sweeps.append(record)
-            sweep_id = self.ledger.get(key, {"spec": spec, "variants": variants})
-            resumed = False
-            if sweep_id is not None:  # planned and submitted before: still running? then follow it, do not re-plan
-                listed = await self.try_call(label, "list_jobs", {"sweep_id": sweep_id, "limit": 200})
-                if listed and listed["total"] == len(batch) and not all(j["finished"] for j in listed["jobs"]):
-                    resumed = True
-                    record.update(sweep_id=sweep_id, resumed_running=True, existing_before_submit=len(batch), started=0)
-                    self.say(f"   {label}: {sweep_id} is still running (submitted by an earlier run); following it")
-            if not resumed:
-                plan = await self.try_call(label, "plan_sweep", {"spec": spec, "variants": variants})
-                if plan is None:
-                    for r in batch:
-                        r.update(state="NOT STARTED", reason="plan_sweep refused the sweep (see the errors)")
-                    continue
-                sweep_id = plan["sweep_id"]
-                record.update(sweep_id=sweep_id, total_gpu_hours=plan["total_gpu_hours"], warnings=plan["warnings"])
-                if plan["needs_confirmation"]:
-                    self.say(f"   {label}: needs the person's approval (plan_id {plan['plan_id']})")
-                before = await self.try_call(label, "list_jobs", {"sweep_id": sweep_id, "limit": 1})
-                submitted = await self.try_call(label, "submit_sweep", {"sweep_token": plan["sweep_token"]})
-                if submitted is None:
-                    for r in batch:
-                        r.update(state="NOT STARTED", reason="submit_sweep refused the sweep (see the errors)")
-                    continue
-                existing = before["total"] if before else None
-                record.update(
-                    existing_before_submit=existing, started=None if existing is None else len(batch) - existing
-                )
-                self.ledger.put(key, {"spec": spec, "variants": variants}, sweep_id)
-                for r, job_id in zip(batch, submitted["job_ids"], strict=True):
-                    r["job_id"] = job_id
-                if existing:
-                    self.say(
-                        f"   {label}: {sweep_id} was submitted before; {existing} run(s) reused, none started again"
-                    )
-                else:
-                    self.say(f"   {label}: {sweep_id} submitted: {len(batch)} run(s)")
-            assert sweep_id is not None
-            self.draw_pending()
-            try:
-                status = await self.c.wait_sweep(sweep_id, label, self.cfg.run_wall_s + 120)
-            except ToolCallError as exc:
-                self.error(label, exc.message, tool="wait_for_job")
-                status = {"jobs": []}
-            by_index = {j["index"]: j for j in status["jobs"]}
-            for i, r in enumerate(batch):
-                job = by_index.get(i)
-                if job is not None:
-                    r["job_id"] = job["job_id"]
-            record["job_ids"] = [r.get("job_id") for r in batch]
-            for r in batch:
-                if r.get("job_id"):
-                    self.track(r["job_id"], reused=bool(resumed or record.get("existing_before_submit")))
-                    await self.collect(r)
-        return runs
+    async def run_jobs(self, label: str, items: list[dict[str, Any]]) -> None:
+        """Run every item ({chain, steps, round, resume_from}) as one job, at most max_runs_per_sweep at once; each
+        item gets job_id, state, reason and, when it succeeded, its evaluation rows. A rerun finds each job again
+        through the study's ledger (and the job's idempotency key); a job that failed in an earlier run of the study
+        is tried again once, under a new key."""
+        limiter = anyio.CapacityLimiter(self.cfg.max_runs_per_sweep)
+        done = [0]
+
+        async def one(item: dict[str, Any]) -> None:
+            async with limiter:
+                await self.run_one(item)
+            done[0] += 1
+            chain = item["chain"]
+            state = item.get("state")
+            self.say(
+                f"   {label}: {done[0]}/{len(items)} done ({chain['variant']} seed {chain['seed']}: {state}"
+                + (", reused" if item.get("reused") else "")
+                + ")"
+            )
+
+        async with anyio.create_task_group() as tg:
+            for item in items:
+                tg.start_soon(one, item)
+
+    async def run_one(self, item: dict[str, Any]) -> None:
+        chain, round_no = item["chain"], item["round"]
+        spec = self.run_spec(chain, item["steps"], round_no, item.get("resume_from"))
+        slot = f"run:{chain['variant']}:{chain['seed']}:{round_no}"
+        identity = json.dumps(spec, sort_keys=True)
+        where = f"{chain['variant']} seed {chain['seed']} round {round_no or 'pilot'}"
+        attempt = int(self.ledger.get(f"{slot}:attempt", identity) or 0)
+        earlier = self.ledger.get(slot, identity)
+        if earlier is not None:
+            view = await self.try_call(where, "get_job", {"job_id": earlier})
+            if view is not None and view["finished"] and view["state"] != "SUCCEEDED":
+                attempt += 1
+                self.say(f"   {where}: {earlier} {view['state']} in an earlier run of the study; trying again")
+                self.ledger.put(f"{slot}:attempt", identity, str(attempt))
+                item["retried"] = earlier
+        digest = hashlib.sha256(f"{identity}|{attempt}".encode()).hexdigest()[:16]
+        spec["idempotency_key"] = f"{self.cfg.name}-{digest}"
+        plan = await self.try_call(where, "plan_training_job", {"spec": spec})
+        if plan is None:
+            item.update(state="NOT STARTED", reason="plan_training_job refused the run (see the errors)")
+            return
+        if plan.get("needs_confirmation"):
+            self.say(f"   {where}: needs the person's approval (plan_id {plan.get('plan_id')})")
+        started = await self.try_call(where, "submit_training_job", {"plan_token": plan["plan_token"], "wait_s": 0})
+        if started is None:
+            item.update(state="NOT STARTED", reason="submit_training_job refused the run (see the errors)")
+            return
+        job_id = started["job_id"]
+        item["job_id"] = job_id
+        reused = earlier == job_id or bool(started.get("finished"))
+        item["reused"] = reused
+        self.ledger.put(slot, identity, job_id)
+        self.track(job_id, reused=reused)
+        try:
+            await self.c.wait_job(job_id, where, self.cfg.run_wall_s + 120)
+        except ToolCallError as exc:
+            self.error(where, exc.message, tool="wait_for_job")
+        await self.collect(item)
 
     async def collect(self, run: dict[str, Any]) -> None:
-        """The run's final view, and its metrics rows when it succeeded (its log's tail when it did not)."""
+        """The run's final view, and its evaluation rows when it succeeded (its log's tail when it did not)."""
+        chain = run["chain"]
         job = await self.try_call("runs", "get_job", {"job_id": run["job_id"]})
         if job is None:
             run.update(state="UNKNOWN", reason="get_job failed (see the errors)")
             return
-        run.update(
-            {
-                k: job.get(k)
-                for k in ("state", "reason", "exit_code", "created_at", "started_at", "ended_at", "elapsed_s")
-            }
-        )
+        run.update({k: job.get(k) for k in ("state", "reason", "exit_code", "elapsed_s")})
         if job["state"] != "SUCCEEDED":
             logs = {entry["process"]: entry["size_bytes"] for entry in job.get("logs") or []}
             process = "rank0" if "rank0" in logs else "main" if "main" in logs else None
@@ -412,12 +432,11 @@ class StudyRun:
                 run["log_tail"] = chunk["text"] if chunk else None
             self.error(
                 "runs",
-                f"{run['variant']} seed {run['seed']} ({run['job_id']}) {job['state']}: "
-                f"{job.get('reason') or 'no reason given'}; left out of the "
-                + ("study" if run["round"] == "pilot" else "fits"),
+                f"{chain['variant']} seed {chain['seed']} ({run['job_id']}) {job['state']}: "
+                f"{job.get('reason') or 'no reason given'}; its chain ends here (rerun the study to try it again)",
             )
             return
-        keys = [study.VALUE_KEY, "compute_flops", "compute_gpu_hours", "split", "device"]
+        keys = [study.VALUE_KEY, "compute_flops", "compute_gpu_hours", "split", "ceiling", "device"]
         rows: list[dict[str, Any]] = []
         since: int | None = None
         while True:  # page through with since_step: the evaluations are spread over the whole run
@@ -433,40 +452,86 @@ class StudyRun:
             since = page["last_step"]
         run["rows"] = rows
 
-    async def pilot(self) -> dict[str, float]:
-        """A short run of every variant (seed 0): that it runs at all, and its compute per step (for the budget)."""
+    async def pilot(self) -> dict[str, dict[str, Any]]:
+        """A short run of every variant (the first seed): that it runs at all, its compute per step, and where its
+        curve rises (a fit's C_mid), from which the ladder's first rung is set."""
         cfg = self.cfg
         unit = cfg.budget_unit or "flops"
         key = study.COMPUTE_KEYS[unit]
-        self.say(f"== pilot: {study.PILOT_STEPS} steps of each variant, to measure its compute per step")
-        runs = [
-            {"variant": v.name, "seed": 0, "round": "pilot", "args": study.run_args(v, study.PILOT_STEPS, 0)}
+        self.say(f"== pilot: {study.PILOT_STEPS} steps of each variant: its compute per step and where it rises")
+        items = [
+            {"chain": {"variant": v.name, "seed": cfg.seed}, "steps": study.PILOT_STEPS, "round": 0}
             for v in cfg.variants
         ]
-        await self.run_sweep("pilot", ["--evals", "2"], runs)
-        rates: dict[str, float] = {}
-        for r in runs:
-            rate = study.per_step_rate(r.get("rows") or [], key) if r.get("state") == "SUCCEEDED" else None
-            if rate is not None:
-                rates[r["variant"]] = rate
-            elif r.get("state") == "SUCCEEDED":
-                self.error("pilot", f"{r['variant']}: its metrics have no {key}; left out of the study")
-        self.data["scaling"]["pilot"] = {"runs": runs, "per_step": rates, "unit": unit, "compute_key": key}
-        for name, rate in rates.items():
-            self.say(f"   {name}: {rate:.4g} {unit} per step")
-        return rates
+        await self.run_jobs("pilot", items)
+        out: dict[str, dict[str, Any]] = {}
+        for item in items:
+            name = item["chain"]["variant"]
+            rows = item.get("rows") or []
+            rate = study.per_step_rate(rows, key) if item.get("state") == "SUCCEEDED" else None
+            if rate is None:
+                if item.get("state") == "SUCCEEDED":
+                    self.error("pilot", f"{name}: its metrics have no {key}; left out of the study")
+                continue
+            entry: dict[str, Any] = {
+                "rate": rate,
+                "job_id": item.get("job_id"),
+                "compute": max(float(r[key]) for r in rows if isinstance(r.get(key), int | float)),
+                "c_mid": None,
+                "fit_id": None,
+                "rows": rows,
+            }
+            points = study.curve_points(rows, key)
+            if len(points) >= 8:
+                fit = await self.try_call(
+                    f"pilot {name}",
+                    "fit_scaling_law",
+                    {
+                        "model": study.LAW,
+                        "data": {"points": points, "columns": {"value": study.VALUE_KEY}},
+                        "compute_unit": unit,
+                        "bootstrap": 0,
+                        "seed": 0,
+                        "label": f"{name}: pilot",
+                        **self.y_max_arg(rows),
+                    },
+                )
+                if fit is not None:
+                    entry.update(fit_id=fit["fit_id"], c_mid=fit["parameters"]["C_mid"]["value"])
+            out[name] = entry
+            mid = entry["c_mid"]
+            self.say(
+                f"   {name}: {rate:.4g} {unit} per step"
+                + (f"; C_mid {mid:.3g} {unit} (pilot reached {entry['compute']:.3g})" if mid is not None else "")
+            )
+        return out
+
+    def y_max_arg(self, rows: list[dict[str, Any]]) -> dict[str, float]:
+        """fit_scaling_law's y_max: the task's ceiling when the recipe states it and no evaluation is above it (a
+        fit's asymptote then cannot pass what no run can reach; where the data would put it higher, the fit says
+        the asymptote ended at its bound, and predictions beyond the data widen to what the curve can still do)."""
+        ceiling = self.ceiling if self.ceiling is not None else study.ceiling_of(rows)
+        if ceiling is None or not 0 < ceiling <= 1:
+            return {}
+        values = [float(r[study.VALUE_KEY]) for r in rows if isinstance(r.get(study.VALUE_KEY), int | float)]
+        return {"y_max": ceiling} if max(values, default=0.0) <= ceiling else {}
 
     async def scaling(self) -> None:
         cfg = self.cfg
         section = self.data.setdefault("scaling", {})
-        section.update(recipe=study.RECIPE, level=cfg.level)
-        rates = await self.pilot()
+        mode = "exhaustive" if cfg.exhaustive else "adaptive"
+        section.update(recipe=study.RECIPE, level=cfg.level, mode=mode)
+        self.variant_of = {v.name: v for v in cfg.variants}
+        self.ceiling = None
+        pilot = await self.pilot()
         unit = cfg.budget_unit or "flops"
         key = study.COMPUTE_KEYS[unit]
         section.update(unit=unit, compute_key=key)
-        variants = [v for v in cfg.variants if v.name in rates]
-        dropped = [v.name for v in cfg.variants if v.name not in rates]
-        section["dropped_variants"] = dropped
+        variants = [v for v in cfg.variants if v.name in pilot]
+        section["dropped_variants"] = [v.name for v in cfg.variants if v.name not in pilot]
+        section["pilot"] = {
+            v: {k: e[k] for k in ("rate", "job_id", "compute", "c_mid", "fit_id")} for v, e in pilot.items()
+        }
         if len(variants) < 2:
             self.error(
                 "scaling",
@@ -474,160 +539,337 @@ class StudyRun:
                 "comparison needs two: no RL study this time",
             )
             return
-        plan = study.split_budget(cfg.budget, unit, {v.name: rates[v.name] for v in variants}, cfg.seeds, cfg.followup)
-        section["budget"] = asdict(plan)
-        self.say(f"== RL scaling study: {plan.rule}")
-        for v in variants:
-            self.say(f"   {v.name}: {plan.steps[v.name]} steps per run x {cfg.seeds} seed(s)")
-        runs = [
-            {"variant": v.name, "seed": s, "round": "1", "args": study.run_args(v, plan.steps[v.name], s)}
+        self.ceiling = study.ceiling_of([r for e in pilot.values() for r in e["rows"]])
+        design = study.design_ladder(
+            {v.name: pilot[v.name]["rate"] for v in variants},
+            {v.name: pilot[v.name]["c_mid"] for v in variants},
+            {v.name: pilot[v.name]["compute"] for v in variants},
+            unit=unit,
+            compute_key=key,
+            rungs=cfg.rungs,
+        )
+        rungs = [design.target] if cfg.exhaustive else design.rungs
+        steps = {v: [s[-1]] for v, s in design.steps.items()} if cfg.exhaustive else design.steps
+        section["design"] = self.describe_design(design, rungs, steps)
+        self.say(f"== ladder ({mode}): {section['design']['rule']}")
+        for name, s in steps.items():
+            self.say(f"   {name}: {' -> '.join(str(x) for x in s)} steps per run x {cfg.seeds} seed(s)")
+        chains = [
+            {
+                "variant": v.name,
+                "seed": cfg.seed + s,
+                "horizon": design.horizon[v.name],
+                "segments": [],
+                "rows": [],
+            }
             for v in variants
             for s in range(cfg.seeds)
         ]
-        base_args = ["--evals", str(cfg.evals)]
-        await self.run_sweep("1", base_args, runs)
-        section["runs"] = runs
-        section["held_out"] = []
-        for r in runs:
-            await self.held_out_check(r)
-        round1 = await self.analyse("1", variants, runs)
-        section["rounds"] = [round1]
-        decision = round1.get("decision")
-        leading = decision["leading_variant"] if decision else None
-        check = (round1.get("variants", {}).get(leading) or {}).get("check") if leading else None
-        needed, why = study.followup_needed(check, cfg.followup_threshold, plan, leading)
-        section["followup"] = {"needed": needed, "reason": why}
-        self.say(f"== follow-up: {'yes' if needed else 'no'}: {why}")
-        if needed and leading is not None:
-            variant = next(v for v in variants if v.name == leading)
-            extra = {
-                "variant": leading,
-                "seed": cfg.seeds,
-                "round": "2",
-                "args": study.run_args(variant, plan.followup_steps[leading], cfg.seeds),
-            }
-            await self.run_sweep("2", base_args, [extra])
-            runs.append(extra)
-            await self.held_out_check(extra)
-            section["followup"]["run"] = extra
-            round2 = await self.analyse("2", variants, runs)
-            section["rounds"].append(round2)
-        final = section["rounds"][-1]
-        section["decision"] = final.get("decision")
-        spent = [
-            max((row[key] for row in r.get("rows") or [] if isinstance(row.get(key), int | float)), default=0.0)
-            for r in [*runs, *section["pilot"]["runs"]]
-        ]
-        section["spent"] = {"compute": float(sum(spent)), "unit": unit, "of_budget": plan.budget}
-        await self.plots(final, unit)
-        await self.next_step(final, runs, unit)
-
-    async def held_out_check(self, run: dict[str, Any]) -> None:
-        """Fit the run's first half of compute, predict its second half, and set the two side by side."""
-        if not run.get("rows"):
-            return
-        cfg = self.cfg
-        key = self.data["scaling"]["compute_key"]
-        unit = self.data["scaling"]["unit"]
-        points = study.curve_points(run["rows"], key)
-        where = f"held-out {run['variant']} seed {run['seed']}"
-        if len(points) < 8:
-            self.error(where, f"{len(points)} evaluation points: too few to fit a first half")
-            return
-        split, _, held = study.held_out(points)
-        entry: dict[str, Any] = {
-            "variant": run["variant"],
-            "seed": run["seed"],
-            "round": run["round"],
-            "job_id": run["job_id"],
-            "split": split,
+        section["chains"] = chains
+        pilot_spent = sum(e["compute"] for e in pilot.values())
+        budget = cfg.budget
+        ladder: list[dict[str, Any]] = []
+        stops: dict[str, dict[str, Any]] = {}
+        section.update(ladder=ladder, stops=stops)
+        active = [v.name for v in variants]
+        end: dict[str, Any] = {"why": "failed", "text": "no round could be judged"}
+        for index, compute in enumerate(rungs):
+            live = [c for c in chains if c["variant"] in active and not c.get("failed")]
+            cost = study.round_cost(rungs, index, len(live))
+            spent = pilot_spent + self.chain_spent(chains, key)
+            if budget is not None and spent + cost > budget * (1 + 1e-9):
+                text = (
+                    f"the budget ({budget:.3g} {unit}) is spent: {spent:.3g} so far, round {index + 1} needs "
+                    f"{cost:.3g} more"
+                )
+                if index == 0:
+                    raise StudyError(
+                        f"--budget {budget:g} {unit}: the pilot used {pilot_spent:.3g} and the first round needs "
+                        f"{cost:.3g}; give at least {pilot_spent + cost:.3g}, or fewer variants or seeds"
+                    )
+                end = {"why": "budget", "text": text}
+                break
+            round_no = index + 1
+            self.say(f"== round {round_no}: {len(live)} run(s) to {compute:.3g} {unit} each")
+            items = []
+            for chain in live:
+                last = chain["segments"][-1] if chain["segments"] else None
+                item = {
+                    "chain": chain,
+                    "steps": steps[chain["variant"]][index],
+                    "round": round_no,
+                    "resume_from": last["job_id"] if last else None,
+                }
+                items.append(item)
+            await self.run_jobs(f"round {round_no}", items)
+            self.record_segments(items, round_no)
+            rnd = await self.judge(round_no, compute, active, chains, design.target)
+            ladder.append(rnd)
+            for kind, names in (("below", rnd["stopped"]), ("tied", rnd["tied"]), ("futile", rnd["futile"])):
+                for v in names:
+                    stops[v] = {
+                        "round": round_no,
+                        "compute": compute,
+                        "kind": kind,
+                        "forecast": rnd["forecasts"][v],
+                        "leader": rnd["leader"],
+                        "reason": rnd["note"],
+                    }
+            active = rnd["continued"]
+            self.say(f"   {rnd['note']}")
+            if rnd["end"] is not None:
+                end = {"why": rnd["end"], "text": rnd["note"]}
+                break
+            if index == len(rungs) - 1:
+                end = {
+                    "why": "target",
+                    "text": f"{', '.join(active)} reached the target without one leading at {cfg.level:.0%}",
+                }
+        section["end"] = end
+        self.draw_pending()
+        spent = self.chain_spent(chains, key)
+        exhaustive_equivalent = len(chains) * design.target
+        section["spent"] = {
+            "compute": spent,
+            "pilot": pilot_spent,
+            "unit": unit,
+            "exhaustive_equivalent": exhaustive_equivalent,
+            "share": spent / exhaustive_equivalent if exhaustive_equivalent > 0 else None,
+            "budget": budget,
         }
-        self.data["scaling"]["held_out"].append(entry)
-        if not held:
-            self.error(where, "no evaluation beyond the first half of compute")
-            return
-        fit = await self.try_call(
-            where,
-            "fit_scaling_law",
-            {
-                "model": study.LAW,
-                "data": {"job_id": run["job_id"], "columns": {"compute": key, "value": study.VALUE_KEY}},
-                "max_compute": split,
-                "compute_unit": unit,
-                "label": f"{run['variant']} seed {run['seed']}: first half",
-                "bootstrap": cfg.bootstrap,
-                "seed": 0,
-            },
-        )
-        if fit is None:
-            return
-        entry["fit"] = trim_fit(fit)
-        predicted = await self.try_call(
-            where,
-            "predict_scaling",
-            {"fit_id": fit["fit_id"], "compute": [p["compute"] for p in held], "level": cfg.level},
-        )
-        if predicted is None:
-            return
-        entry["rows"] = study.error_rows(held, predicted["values"])
-        entry["summary"] = study.error_summary(entry["rows"])
-        s = entry["summary"]
+        measured = self.measured_at_target(chains, key, design.target)
+        section["measured_at_target"] = measured
+        section["forecast_checks"] = study.forecast_checks(ladder, measured)
+        await self.decide(ladder, stops, end, active, design.target, unit)
         self.say(
-            f"   {run['variant']} seed {run['seed']}: fitted on compute <= {split:.3g} {unit}, predicted {s['points']} "
-            f"held-out point(s): mean |error| {s['mean_abs_error']:.4f}, max {s['max_abs_error']:.4f}"
+            f"== spent {spent:.3g} {unit} on the ladder ({section['spent']['share']:.0%} of running every variant x "
+            f"seed to the target) + {pilot_spent:.3g} on the pilot"
         )
+        await self.plots(ladder, stops, unit, design.target)
+        await self.next_step(unit)
 
-    async def analyse(self, round_key: str, variants: list[Variant], runs: list[dict[str, Any]]) -> dict[str, Any]:
-        """Per variant (its seeds pooled): a first-half fit, the extrapolation check, a fit on all compute; then the
-        comparison of the full fits and the decision."""
+    def describe_design(
+        self, design: study.LadderDesign, rungs: list[float], steps: dict[str, list[int]]
+    ) -> dict[str, Any]:
+        """The design as the report states it: rungs, steps, the rule, the ceiling, what compute counts, the stop
+        rule."""
         cfg = self.cfg
-        unit = self.data["scaling"]["unit"]
-        key = self.data["scaling"]["compute_key"]
-        self.say(f"== fits (round {round_key})")
-        out: dict[str, Any] = {"round": round_key, "variants": {}}
-        for v in variants:
-            mine = [r for r in runs if r["variant"] == v.name and r.get("rows")]
-            points = [p for r in mine for p in study.curve_points(r["rows"], key, run=f"seed {r['seed']}")]
-            where = f"fit {v.name} (round {round_key})"
+        unit, key = design.unit, design.compute_key
+        notes = self.recipe_notes()
+        return {
+            "unit": unit,
+            "compute_key": key,
+            "rungs": rungs,
+            "target": design.target,
+            "steps": steps,
+            "horizon": design.horizon,
+            "pilot": self.data["scaling"]["pilot"],
+            "rule": design.rule
+            + ("; --exhaustive: every run goes straight to the target, judged there once" if cfg.exhaustive else ""),
+            "ceiling": self.ceiling,
+            "ceiling_note": (
+                "the best pass rate reachable on the held-out prompts (the share whose reference is the true sum), "
+                "as the recipe logs it; fits take it as the metric's maximum"
+                if self.ceiling is not None
+                else "the recipe states no ceiling; fits take 1 as the metric's maximum"
+            ),
+            "compute_counts": notes.get("compute_flops" if unit == "flops" else "compute_gpu_hours")
+            or f"the recipe's {key}",
+            "stop_rule": study.stop_rule_text(cfg.level, self.margin),
+            "level": cfg.level,
+            "margin": self.margin,
+            "margin_note": self.margin_note,
+            "metric": study.VALUE_KEY,
+            "metric_label": "eval pass rate",
+        }
+
+    def recipe_notes(self) -> dict[str, str]:
+        notes = (self.recipe or {}).get("metric_notes") or {}
+        if isinstance(notes, list):  # [[key, note], ...] or [{key, note}]
+            pairs = [(n[0], n[1]) if isinstance(n, list | tuple) else (n.get("key"), n.get("note")) for n in notes]
+            return {str(k): str(v) for k, v in pairs if k and v}
+        return {str(k): str(v) for k, v in notes.items()} if isinstance(notes, dict) else {}
+
+    @staticmethod
+    def record_segments(items: list[dict[str, Any]], round_no: int) -> None:
+        """Each run of a round onto its chain: the segment, and its evaluation rows when it succeeded (a chain whose
+        run failed ends there)."""
+        for item in items:
+            chain = item["chain"]
+            chain["segments"].append(
+                {
+                    "round": round_no,
+                    "job_id": item.get("job_id"),
+                    "steps": item["steps"],
+                    "resumed_from": item.get("resume_from"),
+                    "state": item.get("state"),
+                    "reused": item.get("reused", False),
+                    **({"retried": item["retried"]} if item.get("retried") else {}),
+                }
+            )
+            if item.get("state") == "SUCCEEDED":
+                chain["rows"] += item.get("rows") or []
+            else:
+                chain["failed"] = True
+
+    @staticmethod
+    def chain_spent(chains: list[dict[str, Any]], key: str) -> float:
+        """Compute the chains' runs used: each chain's largest compute (a continued run counts from its resume)."""
+        total = 0.0
+        for chain in chains:
+            values = [float(r[key]) for r in chain["rows"] if isinstance(r.get(key), int | float)]
+            total += max(values, default=0.0)
+        return total
+
+    @staticmethod
+    def measured_at_target(chains: list[dict[str, Any]], key: str, target: float) -> dict[str, float]:
+        """Per variant that reached the target: the mean over its seeds of the evaluation there."""
+        values: dict[str, list[float]] = {}
+        for chain in chains:
+            value = study.measured_at(chain["rows"], key, target)
+            if value is not None:
+                values.setdefault(chain["variant"], []).append(value)
+        return {v: sum(xs) / len(xs) for v, xs in values.items()}
+
+    async def judge(
+        self, round_no: int, compute: float, active: list[str], chains: list[dict[str, Any]], target: float
+    ) -> dict[str, Any]:
+        """Fit each active variant on everything it has run (seeds pooled), forecast it at the target, compare the
+        leader with the others there, and apply the stopping rule."""
+        cfg = self.cfg
+        unit, key = self.data["scaling"]["unit"], self.data["scaling"]["compute_key"]
+        self.say(f"== round {round_no}: fits and forecasts at the target ({target:.3g} {unit})")
+        forecasts: dict[str, dict[str, Any] | None] = {}
+        fits: dict[str, dict[str, Any]] = {}
+        for name in active:
+            mine = [c for c in chains if c["variant"] == name and c["rows"]]
+            points = [p for c in mine for p in study.curve_points(c["rows"], key, run=f"seed {c['seed']}")]
+            where = f"fit {name} (round {round_no})"
             if len(points) < 8:
                 self.error(where, f"{len(points)} evaluation points from {len(mine)} run(s): too few to fit")
+                forecasts[name] = None
                 continue
-            entry: dict[str, Any] = {
-                "runs": [r["job_id"] for r in mine],
-                "points": len(points),
-                "split": study.half_split(points),
-            }
-            out["variants"][v.name] = entry
-            common = {
-                "model": study.LAW,
-                "data": {"points": points},
-                "compute_unit": unit,
-                "bootstrap": cfg.bootstrap,
-                "seed": 0,
-            }
-            half = await self.try_call(
-                where, "fit_scaling_law", {**common, "max_compute": entry["split"], "label": f"{v.name}: first half"}
-            )
-            entry["half"] = trim_fit(half) if half else None
-            check = await self.try_call(
+            fit = await self.try_call(
                 where,
-                "check_extrapolation",
-                # bootstrap 0: the loop reads only the check's point errors (its stored fits' intervals go unused)
-                {"data": {"points": points}, "compute_unit": unit, "bootstrap": 0},
+                "fit_scaling_law",
+                {
+                    "model": study.LAW,
+                    "data": {"points": points, "columns": {"value": study.VALUE_KEY}},
+                    "compute_unit": unit,
+                    "bootstrap": cfg.bootstrap,
+                    "seed": 0,
+                    "label": f"{name}: round {round_no}",
+                    **self.y_max_arg([r for c in mine for r in c["rows"]]),
+                },
             )
-            entry["check"] = check
-            full = await self.try_call(where, "fit_scaling_law", {**common, "label": v.name})
-            entry["full"] = trim_fit(full) if full else None
-            if full:
-                p = full["parameters"]
-                self.say(
-                    f"   {v.name}: A={p['A']['value']:.3f}, C_mid={p['C_mid']['value']:.3g} {unit} on "
-                    f"{full['points_used']} points" + (f"; extrapolation: {check['verdict']}" if check else "")
-                )
-        fitted = {name: e["full"]["fit_id"] for name, e in out["variants"].items() if e.get("full")}
+            if fit is None:
+                forecasts[name] = None
+                continue
+            fits[name] = trim_fit(fit)
+            predicted = await self.try_call(
+                where, "predict_scaling", {"fit_id": fit["fit_id"], "compute": [target], "level": cfg.level}
+            )
+            value = (predicted or {}).get("values") or []
+            if not value or value[0].get("ci_low") is None:
+                self.error(where, "predict_scaling gave no interval at the target (a fit without bootstrap draws?)")
+                forecasts[name] = None
+                continue
+            v = value[0]
+            forecasts[name] = {
+                "fit_id": fit["fit_id"],
+                **{k: v.get(k) for k in ("value", "ci_low", "ci_high", "pi_low", "pi_high", "extrapolated")},
+                "points": len(points),
+                "max_compute": max(p["compute"] for p in points),
+            }
+            self.say(
+                f"   {name}: forecast {v['value']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}] on {len(points)} points"
+            )
+        call = study.judge_round(forecasts, self.margin)
+        p_higher: dict[str, float | None] = {}
+        judged = [v for v, f in forecasts.items() if f is not None]
+        if call.leader is not None and len(judged) >= 2:
+            ids = [forecasts[call.leader]["fit_id"]] + [  # type: ignore[index]
+                forecasts[v]["fit_id"]  # type: ignore[index]
+                for v in judged
+                if v != call.leader
+            ]
+            compared = await self.try_call(
+                f"compare (round {round_no})",
+                "compare_scaling_fits",
+                {"fit_ids": ids[:8], "level": cfg.level, "at_compute": target},
+            )
+            by_fit = {forecasts[v]["fit_id"]: v for v in judged}  # type: ignore[index]
+            for pair in (compared or {}).get("pairs") or []:
+                if pair.get("first") == ids[0] and pair.get("second") in by_fit:
+                    p_higher[by_fit[pair["second"]]] = pair.get("p_first_higher_at")
+        return {
+            "round": round_no,
+            "compute": compute,
+            "at_target": compute >= target * (1 - 1e-9),
+            "active": list(active),
+            "forecasts": forecasts,
+            "fits": fits,
+            "leader": call.leader,
+            "p_leader_higher": p_higher,
+            "stopped": call.stopped,
+            "tied": call.tied,
+            "futile": call.futile,
+            "continued": call.continued,
+            "end": call.end,
+            "note": call.note,
+        }
+
+    async def decide(
+        self,
+        ladder: list[dict[str, Any]],
+        stops: dict[str, dict[str, Any]],
+        end: dict[str, Any],
+        active: list[str],
+        target: float,
+        unit: str,
+    ) -> None:
+        """The study's decision: the ladder's own when it ended with one variant or a tie within the margin, else
+        compare_scaling_fits on the latest fits of the variants left (asymptote, then efficiency, as ScaleRL)."""
+        cfg = self.cfg
+        section = self.data["scaling"]
+        decision: study.Decision | None = None
+        if not ladder:
+            section["decision"] = None
+            return
+        last = ladder[-1]
+        if end["why"] == "one_leader" and last["leader"] is not None:
+            decision = study.decide_forecast(last["leader"], ladder, stops, cfg.level, unit, target, self.margin)
+        else:
+            latest = self.latest_fits(ladder, active)
+            final = await self.compare_and_decide(latest)
+            section["rounds"] = [final]
+            if final.get("decision"):
+                section["decision"] = final["decision"]
+                self.say(f"   decision: {final['decision']['text']}")
+                return
+        section["decision"] = asdict(decision) if decision else None
+        if decision is not None:
+            self.say(f"   decision: {decision.text}")
+
+    @staticmethod
+    def latest_fits(ladder: list[dict[str, Any]], names: list[str]) -> dict[str, dict[str, Any]]:
+        """Each variant's fit from the latest round that fitted it."""
+        out: dict[str, dict[str, Any]] = {}
+        for rnd in ladder:
+            for name, fit in (rnd.get("fits") or {}).items():
+                if name in names:
+                    out[name] = fit
+        return out
+
+    async def compare_and_decide(self, fits: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """compare_scaling_fits on the fits (the best asymptote first, and the most efficient first when another
+        fit is), then the decision from those probabilities."""
+        cfg = self.cfg
+        out: dict[str, Any] = {"round": "final", "variants": {n: {"full": f} for n, f in fits.items()}}
+        fitted = {name: f["fit_id"] for name, f in fits.items()}
         variant_of_fit = {fit_id: name for name, fit_id in fitted.items()}
         if len(fitted) < 2:
-            self.error(f"compare (round {round_key})", f"{len(fitted)} variant(s) have a fit; a comparison needs two")
+            self.error("compare", f"{len(fitted)} variant(s) have a fit; a comparison needs two")
             return out
         ids = list(fitted.values())
         first = await self.try_call("compare", "compare_scaling_fits", {"fit_ids": ids, "level": cfg.level})
@@ -659,57 +901,60 @@ class StudyRun:
         decision = study.decide(best_first, efficient_first, variant_of_fit, cfg.level)
         out["decision"] = asdict(decision)
         self.say(f"   comparison: {best_first['verdict']}")
-        self.say(f"   decision: {decision.text}")
         return out
 
-    async def plots(self, final: dict[str, Any], unit: str) -> None:
-        variants = final.get("variants") or {}
-        half_ids = [e["half"]["fit_id"] for e in variants.values() if e.get("half")]
-        full_ids = [e["full"]["fit_id"] for e in variants.values() if e.get("full")]
-        largest = max((e["split"] * 2 for e in variants.values()), default=None)
-        for name, ids, args in (
-            ("fit_heldout.png", half_ids, {"extrapolate_to": largest} if largest else {}),
-            ("fit_full.png", full_ids, {}),
-        ):
-            if not ids:
-                continue
-            try:
-                info, png = await self.c.call_image("plot_scaling_fit", {"fit_ids": ids[:6], **args})
-            except ToolCallError as exc:
-                self.error("plot", exc.message, tool="plot_scaling_fit")
-                continue
-            if png is None:
-                self.error("plot", "plot_scaling_fit returned no PNG image", tool="plot_scaling_fit")
-                continue
-            self.images[name] = png
-            self.data["scaling"].setdefault("plots", {})[name] = info
+    async def plots(self, ladder: list[dict[str, Any]], stops: dict[str, Any], unit: str, target: float) -> None:
+        """The ladder's picture (every run's curve, where each variant stopped and its forecast then), and
+        plot_scaling_fit of each variant's latest fit up to the target."""
+        from servers.loop.report import ladder_chart
 
-    async def next_step(self, final: dict[str, Any], runs: list[dict[str, Any]], unit: str) -> None:
+        try:
+            self.images["ladder.png"] = ladder_chart(self.data["scaling"])
+        except Exception as exc:  # a picture that cannot be drawn must not end the study
+            self.error("plot", f"the ladder picture could not be drawn: {type(exc).__name__}: {exc}")
+        names = [v.name for v in self.cfg.variants]
+        ids = [f["fit_id"] for f in self.latest_fits(ladder, names).values()]
+        if not ids:
+            return
+        try:
+            info, png = await self.c.call_image(
+                "plot_scaling_fit", {"fit_ids": ids[:6], "extrapolate_to": target, "level": self.cfg.level}
+            )
+        except ToolCallError as exc:
+            self.error("plot", exc.message, tool="plot_scaling_fit")
+            return
+        if png is None:
+            self.error("plot", "plot_scaling_fit returned no PNG image", tool="plot_scaling_fit")
+            return
+        self.images["fit_full.png"] = png
+        self.data["scaling"].setdefault("plots", {})["fit_full.png"] = info
+
+    async def next_step(self, unit: str) -> None:
         """What the loop would run next, with the chosen (or leading) variant's prediction there."""
-        decision = final.get("decision")
         section = self.data["scaling"]
+        decision = section.get("decision")
         if decision is None:
             section["next"] = {
                 "text": "Fix what failed (see the errors) and run the study again: nothing to compare yet."
             }
             return
         name = decision["variant"] or decision["leading_variant"]
-        fit = (final["variants"].get(name) or {}).get("full")
-        largest = max((e["split"] * 2 for e in final["variants"].values()), default=None)
-        text = ""
+        fit = self.latest_fits(section.get("ladder") or [], [name]).get(name)
+        target = section["design"]["target"]
         prediction = None
-        if fit and largest:
-            target = largest * NEXT_COMPUTE_FACTOR
+        if fit:
             prediction = await self.try_call(
-                "next", "predict_scaling", {"fit_id": fit["fit_id"], "compute": [target], "level": self.cfg.level}
+                "next",
+                "predict_scaling",
+                {"fit_id": fit["fit_id"], "compute": [target * NEXT_COMPUTE_FACTOR], "level": self.cfg.level},
             )
         if decision["kind"] == "none":
             text = (
-                f"More seeds of every variant (this study ran {self.cfg.seeds} per variant): the bootstrap could not "
-                f"separate them at {self.cfg.level:.0%}."
+                f"More seeds of the variants left (this study ran {self.cfg.seeds} per variant), or a target further "
+                f"out (--rungs {self.cfg.rungs + 1})."
             )
         else:
-            text = f"Scale {name}: one run at {NEXT_COMPUTE_FACTOR:g}x this study's largest compute."
+            text = f"Scale {name}: one run at {NEXT_COMPUTE_FACTOR:g}x the target compute."
         if prediction is not None and prediction["values"]:
             v = prediction["values"][0]
             band = f" [{v['pi_low']:.3f}, {v['pi_high']:.3f}]" if v.get("pi_low") is not None else ""
@@ -769,8 +1014,10 @@ async def run_study(cfg: StudyConfig, *, server: Any = None, say: Callable[[str]
         try:
             await run.prepare()
             await run.node_check()
-            if cfg.overlap:
+            if cfg.overlap == "on" or (cfg.overlap == "auto" and run.gpu_count >= cfg.tp):
                 await run.overlap()
+            elif cfg.overlap == "auto":
+                run.skip_overlap()
             await run.scaling()
         except StudyError as exc:
             refused = exc

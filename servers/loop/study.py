@@ -20,9 +20,12 @@ FLAG_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 RECIPE = "tiny-grpo"
 VALUE_KEY = "pass_rate"
 LAW = "scalerl"  # the law the study fits and judges by (ScaleRL's sigmoid): fit_scaling_law's model
-LOOP_FLAGS = ("--steps", "--seed", "--evals")  # the loop sets these itself; a variant may not
-PILOT_STEPS = 20
-MIN_STEPS = 200  # a round-1 run shorter than this gives too few evaluations beyond its first half
+LOOP_FLAGS = ("--steps", "--seed", "--evals", "--eval-horizon", "--eval-seed")  # the loop sets these; a variant not
+PILOT_STEPS = 400  # long enough for the quicker variants' rise (their midpoint) to show
+PILOT_EVALS = 16
+MIN_STEPS = 100  # the first rung's runs have at least this many steps
+DEFAULT_RUNGS = 3
+RISE_FACTOR = 2.0  # the first rung at this many times the latest midpoint the pilot saw
 COMPUTE_KEYS = {"flops": "compute_flops", "gpu_hours": "compute_gpu_hours"}
 
 
@@ -67,113 +70,169 @@ class StudyConfig:
     out: Path
     variants: list[Variant]
     seeds: int
-    budget: float
+    budget: float | None = None  # a cap on the study's compute (pilot included); None: what the ladder needs
     budget_unit: Literal["flops", "gpu_hours"] | None = None  # None: flops on CPU, gpu_hours on GPUs
     backend: Literal["local", "slurm", "ray"] = "local"
     quick: bool = False
     preset: str = "llama3-8b"
     tp: int = 2
-    overlap: bool = True
+    overlap: Literal["auto", "on", "off"] = "auto"  # auto: measured where the GPUs for TP are, skipped on CPU
     overlap_layers: list[str] | None = None  # None: every TP layer of the preset
     overlap_iters: int = 10
     cpu_seq_len: int = 64  # the preset's shapes at this many tokens when measured on CPU
-    followup: bool = True
-    followup_threshold: float = 0.02  # pass-rate units: check_extrapolation's mean |error| that calls a follow-up
+    exhaustive: bool = False  # every variant x seed straight to the target: the comparison for the ladder
+    rungs: int = DEFAULT_RUNGS
+    margin: float | None = None  # pass-rate units: a smaller difference at the target does not matter (None: the
+    # evaluation's own resolution, resolve_margin)
+    seed: int = 0  # the first run seed; the runs use seed, seed + 1, ...
     level: float = 0.95
     bootstrap: int = 200
-    evals: int = 60
+    evals: int = 40
     run_wall_s: float = 600.0
-    max_runs_per_sweep: int = 4  # LLM_INFRA_MCP_MAX_CONCURRENT_JOBS: a sweep starts all its runs at once
+    max_runs_per_sweep: int = 4  # LLM_INFRA_MCP_MAX_CONCURRENT_JOBS: jobs the loop runs at once
 
     def validate(self) -> None:
         if not NAME_PATTERN.fullmatch(self.name):
             raise StudyError(
                 f"--name {self.name!r}: accepted: letters, digits, '_', '.', '-' (at most 48, starting with a letter "
-                "or digit); it names the study's sweeps and jobs"
+                "or digit); it names the study's jobs"
             )
         if len(self.variants) < 2:
             raise StudyError("--variants: a study compares at least two variants, e.g. --variants lr=0.02 lr=0.005")
+        if len(self.variants) > 8:
+            raise StudyError(f"--variants: {len(self.variants)} given; accepted: 2 to 8")
         names = [v.name for v in self.variants]
         if len(set(names)) < len(names):
             raise StudyError(f"--variants: the same variant is named twice ({', '.join(names)})")
         if not 1 <= self.seeds <= 16:
             raise StudyError(f"--seeds {self.seeds}: accepted: 1 to 16")
-        if not (self.budget > 0 and math.isfinite(self.budget)):
+        if not 0 <= self.seed <= 1_000_000:
+            raise StudyError(f"--seed {self.seed}: accepted: 0 to 1000000")
+        if self.budget is not None and not (self.budget > 0 and math.isfinite(self.budget)):
             raise StudyError(f"--budget {self.budget}: must be a positive number")
+        if not 1 <= self.rungs <= 6:
+            raise StudyError(f"--rungs {self.rungs}: accepted: 1 to 6")
+        if self.margin is not None and not (0 <= self.margin < 1):
+            raise StudyError(f"--margin {self.margin}: accepted: 0 <= margin < 1 (pass-rate units)")
+        if not 0.5 <= self.level <= 0.99:
+            raise StudyError(f"--level {self.level}: accepted: 0.5 to 0.99")
         if self.max_runs_per_sweep < 1:
-            raise StudyError("LLM_INFRA_MCP_MAX_CONCURRENT_JOBS must be at least 1 for the loop's sweeps")
+            raise StudyError("LLM_INFRA_MCP_MAX_CONCURRENT_JOBS must be at least 1 for the loop's jobs")
 
 
 def check_variants(variants: list[Variant], arguments: list[dict[str, Any]]) -> list[str]:
-    """Problems with the variants against the recipe's arguments as list_recipes lists them (empty: none)."""
-    known = {str(a.get("name")) for a in arguments}
+    """Problems with the variants against the recipe's arguments as list_recipes lists them (empty: none): unknown
+    flags, flags the loop sets, and values that are not of the argument's type or outside its bounds."""
+    known = {str(a.get("name")): a for a in arguments}
     problems = [f"the recipe has no {flag} argument, which the loop sets" for flag in LOOP_FLAGS if flag not in known]
     for v in variants:
-        for flag in v.args[::2]:
+        for flag, value in zip(v.args[::2], v.args[1::2], strict=True):
             if flag in LOOP_FLAGS:
-                problems.append(f"variant {v.name}: {flag} is set by the loop (steps from the budget, seeds, evals)")
+                problems.append(f"variant {v.name}: {flag} is set by the loop (steps from the design, seeds, evals)")
             elif flag not in known:
                 problems.append(
                     f"variant {v.name}: the recipe has no {flag} argument; it has {', '.join(sorted(known))}"
                 )
+            elif (why := value_problem(known[flag], value)) is not None:
+                problems.append(f"variant {v.name}: {flag} {value}: {why}")
     return problems
 
 
-def run_args(variant: Variant, steps: int, seed: int) -> list[str]:
-    """One run's arguments beyond the sweep's base arguments."""
-    return [*variant.args, "--steps", str(steps), "--seed", str(seed)]
+def value_problem(argument: dict[str, Any], value: str) -> str | None:
+    """Why `value` is not accepted by a recipe argument (its type and bounds as list_recipes lists them), or None."""
+    kind = argument.get("type")
+    if kind not in ("int", "float"):
+        return None
+    try:
+        number = int(value) if kind == "int" else float(value)
+    except ValueError:
+        return f"not {'an integer' if kind == 'int' else 'a number'}"
+    if not math.isfinite(number):
+        return "not a finite number"
+    low, high, above = argument.get("minimum"), argument.get("maximum"), argument.get("exclusive_minimum")
+    if _number(above) and not number > above:
+        return f"must be > {above:g}"
+    if _number(low) and number < low:
+        return f"must be >= {low:g}"
+    if _number(high) and number > high:
+        return f"must be <= {high:g}"
+    return None
 
 
-# ---- the budget ------------------------------------------------------------------------------------------------
+def run_args(variant: Variant, steps: int, seed: int, *, evals: int, horizon: int | None = None) -> list[str]:
+    """One run's arguments: the variant's, then what the loop sets (steps, seed, evaluations and their horizon)."""
+    extra = ["--eval-horizon", str(horizon)] if horizon else []
+    return [*variant.args, "--steps", str(steps), "--seed", str(seed), "--evals", str(evals), *extra]
+
+
+# ---- the ladder: its design from the pilot -------------------------------------------------------------------
 
 
 @dataclass
-class BudgetPlan:
-    """How the budget splits: round 1 over every variant and seed, a reserve for the follow-up round."""
+class LadderDesign:
+    """The rounds of the study: the compute per run at each rung (doubling), the steps each variant needs there,
+    the evaluation horizon (the target's steps, so that a run continued rung by rung evaluates at the same steps as
+    one run straight to the target), and how the first rung was chosen."""
 
-    budget: float
     unit: str
-    runs: int
-    reserve: float
-    per_run: float
-    per_step: dict[str, float]
-    steps: dict[str, int]
-    followup_steps: dict[str, int]
+    compute_key: str
+    rungs: list[float]
+    steps: dict[str, list[int]]
+    horizon: dict[str, int]
     rule: str
+    pilot: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def target(self) -> float:
+        return self.rungs[-1]
 
 
-def split_budget(
-    budget: float, unit: str, per_step: dict[str, float], seeds: int, followup: bool, *, min_steps: int = MIN_STEPS
-) -> BudgetPlan:
-    """Round 1: (budget - reserve) shared evenly by the runs (variants x seeds), each run's steps from its variant's
-    compute per step (measured by the pilot). With a follow-up, the reserve is 2 / (runs + 2) of the budget: one
-    run of the leading variant at twice a round-1 run's compute, so that the follow-up doubles the compute range."""
-    runs = len(per_step) * seeds
-    reserve = budget * 2 / (runs + 2) if followup else 0.0
-    per_run = (budget - reserve) / runs
-    steps = {name: math.floor(per_run / rate) for name, rate in per_step.items()}
-    short = {name: s for name, s in steps.items() if s < min_steps}
-    if short:
-        worst = max(per_step[name] for name in short)
-        needed = min_steps * worst * runs * ((runs + 2) / runs if followup else 1.0)
-        raise StudyError(
-            f"--budget {budget:g} {unit} gives {', '.join(f'{n}: {s} steps' for n, s in short.items())} per run; "
-            f"each run needs at least {min_steps} steps: a budget of at least {needed:.3g} {unit}, or fewer "
-            "variants or seeds"
+def design_ladder(
+    rates: dict[str, float],
+    c_mids: dict[str, float | None],
+    pilot_compute: dict[str, float],
+    *,
+    unit: str,
+    compute_key: str,
+    rungs: int = DEFAULT_RUNGS,
+    rise: float = RISE_FACTOR,
+    min_steps: int = MIN_STEPS,
+) -> LadderDesign:
+    """The first rung at `rise` times the latest fitted midpoint (C_mid) seen within the pilot, so that the part
+    of every curve fitted at the first round includes its rise; then `rungs` - 1 doublings to the target. A variant
+    whose midpoint lies beyond its pilot (or could not be fitted) rises later than the pilot shows: it is judged on
+    its forecast like the others, and the rule says so."""
+    if rungs < 1:
+        raise StudyError(f"--rungs {rungs}: accepted: 1 to 6")
+    seen = {v: c for v, c in c_mids.items() if c is not None and 0 < c <= pilot_compute.get(v, 0.0)}
+    later = sorted(v for v in rates if v not in seen)
+    if seen:
+        slowest = max(seen, key=lambda v: seen[v])
+        first = rise * seen[slowest]
+        rule = (
+            f"the first rung is {rise:g} x the latest midpoint the pilot saw ({slowest}: C_mid {seen[slowest]:.3g} "
+            f"{unit}), so the first round's fits include the rise"
         )
-    followup_steps = {name: math.floor(reserve / rate) for name, rate in per_step.items()} if followup else {}
-    rule = f"{runs} runs ({len(per_step)} variants x {seeds} seeds) share {budget - reserve:.3g} {unit}" + (
-        f"; {reserve:.3g} {unit} (2/(runs+2) of the budget) is kept for one follow-up run" if followup else ""
-    )
-    return BudgetPlan(
-        budget=budget,
+    else:
+        first = rise * max(pilot_compute.values())
+        rule = f"no midpoint lay within the pilot; the first rung is {rise:g} x the pilot's compute"
+    floor = min_steps * max(rates.values())
+    if first < floor:
+        first = floor
+        rule += f"; raised to {min_steps} steps of the costliest variant ({floor:.3g} {unit})"
+    if later:
+        rule += (
+            f"; {', '.join(later)}: midpoint beyond the pilot (a later rise), judged on its forecast like the others"
+        )
+    ladder = [first * 2**k for k in range(rungs)]
+    steps = {v: [max(1, math.ceil(c / rate)) for c in ladder] for v, rate in rates.items()}
+    rule += f"; {rungs} rung(s), each doubling the compute per run, to the target {ladder[-1]:.3g} {unit}"
+    return LadderDesign(
         unit=unit,
-        runs=runs,
-        reserve=reserve,
-        per_run=per_run,
-        per_step=dict(per_step),
+        compute_key=compute_key,
+        rungs=ladder,
         steps=steps,
-        followup_steps=followup_steps,
+        horizon={v: s[-1] for v, s in steps.items()},
         rule=rule,
     )
 
@@ -186,6 +245,107 @@ def per_step_rate(rows: list[dict[str, Any]], compute_key: str) -> float | None:
     last = max(usable, key=lambda r: r["step"])
     rate = float(last[compute_key]) / float(last["step"])
     return rate if rate > 0 else None
+
+
+def ceiling_of(rows: list[dict[str, Any]]) -> float | None:
+    """The task's best reachable pass rate on the held-out prompts, as the recipe logs it (None when it does not)."""
+    values = {float(r["ceiling"]) for r in rows if _number(r.get("ceiling"))}
+    return max(values) if values else None
+
+
+# ---- the ladder: judging a round -------------------------------------------------------------------------------
+
+
+@dataclass
+class RoundCall:
+    """What one round decides: the leader at the target, who stops and why, who goes on, and whether the study
+    ends. A variant stops when it cannot beat the leader at the target by the margin: `stopped` (clearly below the
+    leader), `tied` (within the margin of it either way) or `futile` (neither, but it cannot be better by the
+    margin or more)."""
+
+    leader: str | None
+    stopped: list[str]
+    tied: list[str]
+    futile: list[str]
+    continued: list[str]
+    end: Literal["one_leader"] | None
+    note: str
+
+
+def judge_round(forecasts: dict[str, dict[str, Any] | None], margin: float) -> RoundCall:
+    """forecasts: each active variant's forecast at the target (predict_scaling's value with its interval at the
+    study's level), or None when it has none (its fit was refused). The leader has the highest forecast. A variant
+    stops when its upper bound is at most the leader's lower bound plus `margin`: it cannot beat the leader by a
+    difference that matters (margin 0: only one clearly below stops). The study ends when the leader is the only
+    variant going on. A variant without a forecast goes on (it cannot be judged) and keeps the study going."""
+    judged = {v: f for v, f in forecasts.items() if f is not None and _number(f.get("value"))}
+    unjudged = [v for v in forecasts if v not in judged]
+    if not judged:
+        return RoundCall(None, [], [], [], list(forecasts), None, "no variant has a forecast this round")
+    leader = max(judged, key=lambda v: judged[v]["value"])
+    top = judged[leader]
+    eps = 1e-12
+    below, tied, futile, notes = [], [], [], []
+    for v, f in judged.items():
+        if v == leader or f["ci_high"] > top["ci_low"] + margin + eps:
+            continue
+        if f["ci_high"] < top["ci_low"]:
+            below.append(v)
+            notes.append(
+                f"{v} stops: its upper bound {f['ci_high']:.3f} is below {leader}'s lower bound {top['ci_low']:.3f}"
+            )
+        elif f["ci_low"] >= top["ci_high"] - margin - eps:
+            tied.append(v)
+            notes.append(
+                f"{v} stops, tied with {leader}: its interval [{f['ci_low']:.3f}, {f['ci_high']:.3f}] and the leader's "
+                f"[{top['ci_low']:.3f}, {top['ci_high']:.3f}] differ by at most the margin {margin:g} either way"
+            )
+        else:
+            futile.append(v)
+            notes.append(
+                f"{v} stops: its upper bound {f['ci_high']:.3f} is within the margin {margin:g} of {leader}'s lower "
+                f"bound {top['ci_low']:.3f}, so it cannot beat it by a difference that matters"
+            )
+    continued = [v for v in forecasts if v not in below and v not in tied and v not in futile]
+    if unjudged:
+        notes.append(f"{', '.join(unjudged)}: no forecast (see the errors), not judged this round")
+    end: Literal["one_leader"] | None = None
+    if continued == [leader]:
+        end = "one_leader"
+        notes.append(f"{leader} leads; no other variant goes on")
+    return RoundCall(leader, below, tied, futile, continued, end, "; ".join(notes) or "no variant stops")
+
+
+def resolve_margin(margin: float | None, arguments: list[dict[str, Any]]) -> tuple[float, str]:
+    """The margin below which a difference at the target does not matter, and why: as given, else twice the
+    standard error of one evaluation's pass rate at 0.5 on the recipe's held-out set (--eval-size's default): a
+    smaller difference between two runs cannot be told from the evaluation's own noise."""
+    if margin is not None:
+        return margin, f"{margin:g}, as given (--margin)"
+    size = next((a.get("default") for a in arguments if a.get("name") == "--eval-size"), None)
+    if not isinstance(size, int) or size < 1:
+        return 0.02, "0.02 (the recipe states no held-out set size)"
+    value = 2 * math.sqrt(0.25 / size)
+    return value, (
+        f"{value:.3f}: twice the standard error of one evaluation's pass rate at 0.5 on the {size} held-out prompts; "
+        "a smaller difference cannot be told from the evaluation's own noise (--margin sets another)"
+    )
+
+
+def stop_rule_text(level: float, margin: float) -> str:
+    return (
+        f"after each round every variant's runs (its seeds pooled) are fitted ({LAW}) and forecast at the target "
+        f"with a {level:.0%} interval (the task's ceiling bounds the fits); a variant stops when "
+        f"its upper bound is at most the leader's lower bound + {margin:g}: it cannot beat the leader by a "
+        "difference that matters; the study ends when only the leader goes on, at the target, or when the budget is "
+        "spent"
+    )
+
+
+def round_cost(rungs: list[float], round_index: int, chains: int) -> float:
+    """Compute that one more round costs: each continued run goes from the previous rung to this one."""
+    before = rungs[round_index - 1] if round_index > 0 else 0.0
+    return chains * (rungs[round_index] - before)
 
 
 # ---- curves and the held-out half -----------------------------------------------------------------------------
@@ -267,8 +427,8 @@ def node_verdict(health: dict[str, Any] | None, kernel: dict[str, Any] | None, k
     elif not health.get("available"):
         parts.append(
             f"No GPU here: {health.get('reason') or 'no GPUs were found'}. The study runs on CPU: training "
-            "with gloo and compute counted in FLOPs; overlap is predicted for a catalog GPU and measured on CPU, "
-            "where timings check plumbing and correctness, not GPU performance."
+            "with gloo and compute counted in FLOPs; the overlap step needs GPUs and is skipped unless asked for "
+            "(--overlap measures gloo on CPU, which checks plumbing and correctness, not GPU performance)."
         )
     else:
         gpus = [g.get("gpu") or {} for g in health.get("gpus") or []]
@@ -369,7 +529,7 @@ def _shape(pred: dict[str, Any]) -> str | None:
 
 @dataclass
 class Decision:
-    kind: Literal["asymptote", "efficiency", "none"]
+    kind: Literal["forecast", "asymptote", "efficiency", "none"]
     variant: str | None
     fit_id: str | None
     leading_variant: str | None  # the best fitted asymptote: what a follow-up round extends
@@ -494,30 +654,113 @@ def decide(
     )
 
 
-def followup_needed(
-    check: dict[str, Any] | None, threshold: float, plan: BudgetPlan | None, leading: str | None
-) -> tuple[bool, str]:
-    """Whether to run the follow-up round: the leading variant's scalerl extrapolation error (check_extrapolation's
-    mean |error| on the held-out half) above the threshold, and a reserve that extends its compute range."""
-    if leading is None:
-        return False, "no leading variant (no comparison could be made)"
-    if plan is None or not plan.followup_steps:
-        return False, "the follow-up round is off (--no-followup)"
-    if check is None:
-        return False, f"no extrapolation check of {leading} to judge by"
-    judged = next((m for m in check.get("models") or [] if m.get("model") == LAW), None)
-    if judged is None:
-        return False, f"the extrapolation check of {leading} has no {LAW} model"
-    error = judged["mean_abs_error"]
-    if error <= threshold:
-        return False, (
-            f"{leading} extrapolates within the threshold: {LAW} mean |error| {error:.4f} on the held-out half "
-            f"<= {threshold:g}"
+def _band(f: dict[str, Any]) -> str:
+    return f"{f['value']:.3f} [{f['ci_low']:.3f}, {f['ci_high']:.3f}]"
+
+
+def decide_forecast(
+    leader: str,
+    ladder: list[dict[str, Any]],
+    stops: dict[str, dict[str, Any]],
+    level: float,
+    unit: str,
+    target: float,
+    margin: float,
+) -> Decision:
+    """The ladder ended with only the leader going on: every other variant stopped in some round, below the
+    then-leader (its upper bound under the leader's lower bound) or tied with it (both within the margin). Quotes
+    each stop: its round, both forecasts then, and the share of bootstrap draw pairs in which the leader's curve was
+    higher at the target."""
+    last = next(r for r in reversed(ladder) if (r.get("forecasts") or {}).get(leader))
+    mine = last["forecasts"][leader]
+    below: list[str] = []
+    tied: list[str] = []
+    futile: list[str] = []
+    probabilities: dict[str, float | None] = {}
+    for variant, stop in stops.items():
+        rnd = next(r for r in ladder if r["round"] == stop["round"])
+        p = (rnd.get("p_leader_higher") or {}).get(variant)
+        probabilities[variant] = p
+        there = rnd["forecasts"][stop["leader"]]
+        text = (
+            f"{variant} after round {stop['round']} (forecast {_band(stop['forecast'])} against {stop['leader']}'s "
+            f"{_band(there)}" + (f", P({stop['leader']} higher) = {p:.2f}" if p is not None else "") + ")"
         )
-    steps = plan.followup_steps.get(leading, 0)
-    if steps <= plan.steps.get(leading, 0):
-        return False, f"the reserve ({plan.reserve:.3g} {plan.unit}) does not extend {leading}'s compute range"
-    return True, (
-        f"{leading}'s {LAW} mean |error| on the held-out half is {error:.4f} > {threshold:g}: one run of {steps} "
-        "steps (twice a round-1 run) extends its compute range, then refit"
+        {"tied": tied, "futile": futile}.get(stop.get("kind") or "", below).append(text)
+    parts = []
+    if below:
+        parts.append("stopped below the leader: " + "; ".join(below))
+    if futile:
+        parts.append(
+            f"stopped as unable to beat the leader by the margin {margin:g} (its upper bound within it of the "
+            "leader's lower bound): " + "; ".join(futile)
+        )
+    if tied:
+        parts.append(
+            f"stopped as ties (within {margin:g} of the leader, a difference that does not matter): " + "; ".join(tied)
+        )
+    text = (
+        f"Scale {leader}: at the target ({target:.3g} {unit} per run) its forecast is {_band(mine)} "
+        f"({level:.0%} interval, round {last['round']}); every other variant " + "; ".join(parts) + "."
     )
+    return Decision(
+        kind="forecast",
+        variant=leader,
+        fit_id=mine.get("fit_id"),
+        leading_variant=leader,
+        text=text,
+        quoted={
+            "fit_id": mine.get("fit_id"),
+            "forecast": mine,
+            "target": target,
+            "compute_unit": unit,
+            "ties": [v for v, stop in stops.items() if stop.get("kind") == "tied"],
+            "margin": margin,
+            "probability_of": "leader higher at the target (draw pairs, in the round that stopped each)",
+            "probabilities": probabilities,
+            "level": level,
+        },
+    )
+
+
+def acceptable(decision: dict[str, Any] | None) -> frozenset[str]:
+    """What a decision leaves standing: the chosen variant and its ties (empty: no variant chosen). Two studies
+    reach the same decision when these sets are equal."""
+    if not decision or not decision.get("variant"):
+        return frozenset()
+    ties = (decision.get("quoted") or {}).get("ties") or []
+    return frozenset([decision["variant"], *ties])
+
+
+def forecast_checks(ladder: list[dict[str, Any]], measured: dict[str, float]) -> list[dict[str, Any]]:
+    """Each round's forecast at the target next to what the variant measured there (the mean over its seeds of the
+    last evaluation at the target), for the variants that reached it: error = forecast - measured."""
+    rows = []
+    for rnd in ladder:
+        for variant, f in (rnd.get("forecasts") or {}).items():
+            if variant not in measured or f is None or rnd.get("at_target"):
+                continue
+            value = measured[variant]
+            rows.append(
+                {
+                    "variant": variant,
+                    "round": rnd["round"],
+                    "forecast": f["value"],
+                    "measured": value,
+                    "error": f["value"] - value,
+                    "inside_ci": bool(f["ci_low"] <= value <= f["ci_high"]),
+                    "inside_pi": None
+                    if f.get("pi_low") is None or f.get("pi_high") is None
+                    else bool(f["pi_low"] <= value <= f["pi_high"]),
+                }
+            )
+    return rows
+
+
+def measured_at(rows: list[dict[str, Any]], compute_key: str, target: float) -> float | None:
+    """A run's evaluation at the target compute (the last evaluation at or past 99.9% of it), or None."""
+    points = [r for r in rows if _number(r.get(compute_key)) and _number(r.get(VALUE_KEY))]
+    reached = [r for r in points if r[compute_key] >= 0.999 * target]
+    if not reached:
+        return None
+    return float(min(reached, key=lambda r: r[compute_key])[VALUE_KEY])
