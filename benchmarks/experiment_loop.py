@@ -7,14 +7,16 @@ much of its compute, how good are the forecasts it stops on, how long does it ta
 
 Every study runs as the README runs it (examples/experiment_loop.py in a subprocess, the suite over stdio).
 
-Agreement: N seeded studies of the default four variants (one seed each, --quick's size), each run twice on one
-state directory: adaptive (the default) and --exhaustive (every variant straight to the target, judged there once).
-The pilot is the same job for both (same spec, same idempotency key), so it runs once. A pair agrees when both
-leave the same variants standing (the chosen variant and its ties; none for no decision). Compute: the ladder's
-compute (each run's largest compute; a continued run counts from its checkpoint) over the exhaustive study's; the
-pilot is reported apart (both studies share it). Forecasts: each variant the adaptive study stopped, its forecast
-at the target (at the round that stopped it) against what the exhaustive study measured there (the evaluation at
-the target): |error|, and whether the 95% interval of the curve and the prediction interval hold it.
+Agreement: N seeded studies of the default four variants (two seeds each, --quick's evaluations and resamples),
+each run twice on one state directory: adaptive (the default) and --exhaustive (every variant straight to the
+target, judged there once). The pilot is the same job for both (same spec, same idempotency key), so it runs once.
+A pair agrees when both leave the same variants standing (the chosen variant and its ties; none for no decision);
+also counted: pairs whose adaptive pick is within the margin of the best by the exhaustive study's forecasts.
+Compute: the ladder's compute (each run's largest compute; a continued run counts from its checkpoint) over the
+exhaustive study's; the pilot is reported apart (both studies share it). Forecasts: each variant the adaptive
+study stopped, its forecast at the target (at the round that stopped it) against what the exhaustive study
+measured there (the evaluation at the target): |error|, and whether the 95% interval of the curve and the
+prediction interval hold it.
 
 Timing: the default study (two seeds) and --quick from a fresh state directory: wall time, and the loop's overhead
 over its jobs (wall time less the time during which at least one job ran; target < 10%).
@@ -72,10 +74,10 @@ def run_study(home: Path, out: Path, *args: str) -> tuple[dict[str, Any], float]
     return json.loads((out / "study.json").read_text()), wall
 
 
-def pair(folder: Path, index: int, seed: int) -> dict[str, Any]:
+def pair(folder: Path, index: int, seed: int, seeds: int) -> dict[str, Any]:
     home = folder / f"state-{index}"
     name = f"pair{index}"
-    common = ("--quick", "--no-overlap", "--seed", str(seed), "--name", name)
+    common = ("--quick", "--no-overlap", "--seeds", str(seeds), "--seed", str(seed), "--name", name)
     adaptive, wall_a = run_study(home, folder / f"adaptive-{index}", *common)
     exhaustive, wall_e = run_study(home, folder / f"exhaustive-{index}", *common, "--exhaustive")
     a, e = adaptive["scaling"], exhaustive["scaling"]
@@ -100,9 +102,16 @@ def pair(folder: Path, index: int, seed: int) -> dict[str, Any]:
                 else f["pi_low"] <= truth <= f["pi_high"],
             }
         )
+    # The adaptive pick judged by the exhaustive study's own forecasts at the target: within its margin of the best?
+    chosen = (a.get("decision") or {}).get("variant")
+    last = ((e.get("ladder") or [{}])[-1]).get("forecasts") or {}
+    best = max((f["value"] for f in last.values() if f), default=None)
+    margin = (e.get("design") or {}).get("margin") or 0.0
+    within = chosen is not None and best is not None and (last.get(chosen) or {}).get("value", -1) >= best - margin
     return {
         "index": index,
         "seed": seed,
+        "within_margin": bool(within),
         "adaptive": sorted(acceptable(a.get("decision"))),
         "exhaustive": sorted(acceptable(e.get("decision"))),
         "agree": acceptable(a.get("decision")) == acceptable(e.get("decision")),
@@ -141,6 +150,7 @@ def timing(folder: Path, mode: str) -> dict[str, Any]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=int, default=10, help="seeded adaptive/exhaustive pairs (default 10)")
+    p.add_argument("--seeds", type=int, default=2, help="seeds per variant in each pair's studies (default 2)")
     p.add_argument("--no-timing", action="store_true", help="skip the default and --quick timings")
     p.add_argument("--only-timing", action="store_true", help="only the default and --quick timings")
     p.add_argument("--keep", type=Path, default=None, help="make the study folders under this folder")
@@ -152,7 +162,7 @@ def main() -> int:
     if not args.only_timing:
         pairs = []
         for i in range(args.pairs):
-            r = pair(folder, i, seed=100 * i)
+            r = pair(folder, i, seed=100 * i, seeds=args.seeds)
             pairs.append(r)
             print(
                 f"pair {i} (seed {r['seed']}): adaptive {r['adaptive'] or 'none'} ({r['adaptive_kind']}, "
@@ -163,10 +173,15 @@ def main() -> int:
                 flush=True,
             )
         agree = sum(r["agree"] for r in pairs)
+        within = sum(r["within_margin"] for r in pairs)
         ratio = sum(r["compute_adaptive"] for r in pairs) / sum(r["compute_exhaustive"] for r in pairs)
         per_pair = [r["compute_adaptive"] / r["compute_exhaustive"] for r in pairs]
         stops = [s for r in pairs for s in r["stops"]]
         print(f"\nagreement: {agree}/{len(pairs)} pairs reach the same decision (target >= 9 of 10)")
+        print(
+            f"the adaptive pick is within the margin of the best by the exhaustive study's own forecasts at the "
+            f"target in {within}/{len(pairs)} pairs"
+        )
         print(
             f"compute: adaptive {ratio:.0%} of exhaustive over all pairs (per pair median "
             f"{statistics.median(per_pair):.0%}, max {max(per_pair):.0%}; target <= 50%); the shared pilot is "
@@ -182,7 +197,13 @@ def main() -> int:
                 f"interval {ci}/{len(stops)}, inside the 95% prediction interval {sum(pi)}/{len(pi)}"
             )
         out["pairs"] = pairs
-        out["summary"] = {"agree": agree, "pairs": len(pairs), "compute_ratio": ratio, "stops": len(stops)}
+        out["summary"] = {
+            "agree": agree,
+            "within_margin": within,
+            "pairs": len(pairs),
+            "compute_ratio": ratio,
+            "stops": len(stops),
+        }
     if not args.no_timing:
         out["timing"] = []
         for mode in ("default", "quick"):
