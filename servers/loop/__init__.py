@@ -1,5 +1,6 @@
 """The experiment loop: an MCP client that drives the suite over stdio through a whole study (node check, overlap
-where GPUs are, an adaptive RL scaling study that stops variants on forecasts, a decision) and writes a report a person reads.
+where GPUs are, an adaptive RL scaling study that stops variants on forecasts, a decision) and writes a report a
+person reads.
 
 - study.py: the loop's decisions as plain functions over what the tools return (no MCP)
 - client.py: the stdio client that starts `llm-infra-mcp serve suite` and records every call
