@@ -550,6 +550,8 @@ def _action(name: str, rung: dict[str, Any]) -> str:
         actions.append("stopped")
     elif name in (rung.get("tied") or []):
         actions.append("stopped, tied with the leader")
+    elif name in (rung.get("futile") or []):
+        actions.append("stopped, cannot beat the leader by the margin")
     elif name in (rung.get("continued") or []) and name != rung.get("leader"):
         actions.append("continued")
     return ", ".join(actions) or "-"
@@ -620,7 +622,11 @@ END_WHY = {
     "failed": "The study could not go on",
     "target": "The target was reached",
 }
-STOP_KIND = {"below": "below the leader", "tied": "tied with the leader"}
+STOP_KIND = {
+    "below": "below the leader",
+    "tied": "tied with the leader",
+    "futile": "cannot beat the leader by the margin",
+}
 LADDER_CAPTION = (
     "Each line is one run's eval points (one line per seed, one colour per variant); the faint vertical lines are "
     "the rungs. A cross marks where a variant was stopped, at the mean of its seeds' last measured values; the "

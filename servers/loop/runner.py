@@ -613,7 +613,7 @@ class StudyRun:
                         "kind": kind,
                         "forecast": rnd["forecasts"][v],
                         "leader": rnd["leader"],
-                        "reason": rnd["note"],
+                        "reason": rnd["why"].get(v, rnd["note"]),
                     }
             active = rnd["continued"]
             self.say(f"   {rnd['note']}")
@@ -814,6 +814,7 @@ class StudyRun:
             "stopped": call.stopped,
             "tied": call.tied,
             "futile": call.futile,
+            "why": call.why,
             "continued": call.continued,
             "end": call.end,
             "note": call.note,

@@ -270,6 +270,7 @@ class RoundCall:
     continued: list[str]
     end: Literal["one_leader"] | None
     note: str
+    why: dict[str, str] = field(default_factory=dict)  # each stopped variant's own reason
 
 
 def judge_round(forecasts: dict[str, dict[str, Any] | None], margin: float) -> RoundCall:
@@ -281,11 +282,15 @@ def judge_round(forecasts: dict[str, dict[str, Any] | None], margin: float) -> R
     judged = {v: f for v, f in forecasts.items() if f is not None and _number(f.get("value"))}
     unjudged = [v for v in forecasts if v not in judged]
     if not judged:
-        return RoundCall(None, [], [], [], list(forecasts), None, "no variant has a forecast this round")
+        return RoundCall(None, [], [], [], list(forecasts), None, "no variant has a forecast this round", {})
     leader = max(judged, key=lambda v: judged[v]["value"])
     top = judged[leader]
     eps = 1e-12
-    below, tied, futile, notes = [], [], [], []
+    below: list[str] = []
+    tied: list[str] = []
+    futile: list[str] = []
+    notes: list[str] = []
+    why: dict[str, str] = {}
     for v, f in judged.items():
         if v == leader or f["ci_high"] > top["ci_low"] + margin + eps:
             continue
@@ -298,14 +303,15 @@ def judge_round(forecasts: dict[str, dict[str, Any] | None], margin: float) -> R
             tied.append(v)
             notes.append(
                 f"{v} stops, tied with {leader}: its interval [{f['ci_low']:.3f}, {f['ci_high']:.3f}] and the leader's "
-                f"[{top['ci_low']:.3f}, {top['ci_high']:.3f}] differ by at most the margin {margin:g} either way"
+                f"[{top['ci_low']:.3f}, {top['ci_high']:.3f}] differ by at most the margin {margin:.3g} either way"
             )
         else:
             futile.append(v)
             notes.append(
-                f"{v} stops: its upper bound {f['ci_high']:.3f} is within the margin {margin:g} of {leader}'s lower "
+                f"{v} stops: its upper bound {f['ci_high']:.3f} is within the margin {margin:.3g} of {leader}'s lower "
                 f"bound {top['ci_low']:.3f}, so it cannot beat it by a difference that matters"
             )
+        why[v] = notes[-1]
     continued = [v for v in forecasts if v not in below and v not in tied and v not in futile]
     if unjudged:
         notes.append(f"{', '.join(unjudged)}: no forecast (see the errors), not judged this round")
@@ -313,7 +319,7 @@ def judge_round(forecasts: dict[str, dict[str, Any] | None], margin: float) -> R
     if continued == [leader]:
         end = "one_leader"
         notes.append(f"{leader} leads; no other variant goes on")
-    return RoundCall(leader, below, tied, futile, continued, end, "; ".join(notes) or "no variant stops")
+    return RoundCall(leader, below, tied, futile, continued, end, "; ".join(notes) or "no variant stops", why)
 
 
 def resolve_margin(margin: float | None, arguments: list[dict[str, Any]]) -> tuple[float, str]:
@@ -336,7 +342,7 @@ def stop_rule_text(level: float, margin: float) -> str:
     return (
         f"after each round every variant's runs (its seeds pooled) are fitted ({LAW}) and forecast at the target "
         f"with a {level:.0%} interval (the task's ceiling bounds the fits); a variant stops when "
-        f"its upper bound is at most the leader's lower bound + {margin:g}: it cannot beat the leader by a "
+        f"its upper bound is at most the leader's lower bound + {margin:.3g}: it cannot beat the leader by a "
         "difference that matters; the study ends when only the leader goes on, at the target, or when the budget is "
         "spent"
     )
@@ -692,12 +698,12 @@ def decide_forecast(
         parts.append("stopped below the leader: " + "; ".join(below))
     if futile:
         parts.append(
-            f"stopped as unable to beat the leader by the margin {margin:g} (its upper bound within it of the "
+            f"stopped as unable to beat the leader by the margin {margin:.3g} (its upper bound within it of the "
             "leader's lower bound): " + "; ".join(futile)
         )
     if tied:
         parts.append(
-            f"stopped as ties (within {margin:g} of the leader, a difference that does not matter): " + "; ".join(tied)
+            f"stopped as ties (within {margin:.3g} of the leader, a difference that does not matter): " + "; ".join(tied)
         )
     text = (
         f"Scale {leader}: at the target ({target:.3g} {unit} per run) its forecast is {_band(mine)} "
