@@ -10,8 +10,9 @@ Every study runs as the README runs it (examples/experiment_loop.py in a subproc
 Agreement: N seeded studies of the default four variants (two seeds each, --quick's evaluations and resamples),
 each run twice on one state directory: adaptive (the default) and --exhaustive (every variant straight to the
 target, judged there once). The pilot is the same job for both (same spec, same idempotency key), so it runs once.
-A pair agrees when both leave the same variants standing (the chosen variant and its ties; none for no decision);
-also counted: pairs whose adaptive pick is within the margin of the best by the exhaustive study's forecasts.
+A pair reaches the same decision when the adaptive study's pick is one the exhaustive study leaves standing (its
+leader, or a tie within the margin), or when neither decides; also counted, stricter: both leave exactly the same
+variants standing.
 Compute: the ladder's compute (each run's largest compute; a continued run counts from its checkpoint) over the
 exhaustive study's; the pilot is reported apart (both studies share it). Forecasts: each variant the adaptive
 study stopped, its forecast at the target (at the round that stopped it) against what the exhaustive study
@@ -102,19 +103,19 @@ def pair(folder: Path, index: int, seed: int, seeds: int) -> dict[str, Any]:
                 else f["pi_low"] <= truth <= f["pi_high"],
             }
         )
-    # The adaptive pick judged by the exhaustive study's own forecasts at the target: within its margin of the best?
+    # The same decision: the adaptive study's pick is one the exhaustive study leaves standing (its leader or a
+    # tie within the margin), or neither decides. Stricter: both leave exactly the same variants standing.
     chosen = (a.get("decision") or {}).get("variant")
-    last = ((e.get("ladder") or [{}])[-1]).get("forecasts") or {}
-    best = max((f["value"] for f in last.values() if f), default=None)
-    margin = (e.get("design") or {}).get("margin") or 0.0
-    within = chosen is not None and best is not None and (last.get(chosen) or {}).get("value", -1) >= best - margin
+    standing = acceptable(e.get("decision"))
+    same = chosen in standing if chosen is not None else not standing
     return {
         "index": index,
         "seed": seed,
-        "within_margin": bool(within),
+        "same_set": acceptable(a.get("decision")) == standing,
+        "chosen": chosen,
         "adaptive": sorted(acceptable(a.get("decision"))),
         "exhaustive": sorted(acceptable(e.get("decision"))),
-        "agree": acceptable(a.get("decision")) == acceptable(e.get("decision")),
+        "agree": same,
         "adaptive_kind": (a.get("decision") or {}).get("kind"),
         "exhaustive_kind": (e.get("decision") or {}).get("kind"),
         "rounds": len(a.get("ladder") or []),
@@ -173,15 +174,12 @@ def main() -> int:
                 flush=True,
             )
         agree = sum(r["agree"] for r in pairs)
-        within = sum(r["within_margin"] for r in pairs)
+        same_set = sum(r["same_set"] for r in pairs)
         ratio = sum(r["compute_adaptive"] for r in pairs) / sum(r["compute_exhaustive"] for r in pairs)
         per_pair = [r["compute_adaptive"] / r["compute_exhaustive"] for r in pairs]
         stops = [s for r in pairs for s in r["stops"]]
         print(f"\nagreement: {agree}/{len(pairs)} pairs reach the same decision (target >= 9 of 10)")
-        print(
-            f"the adaptive pick is within the margin of the best by the exhaustive study's own forecasts at the "
-            f"target in {within}/{len(pairs)} pairs"
-        )
+        print(f"stricter: both leave exactly the same variants standing (leader and ties) in {same_set}/{len(pairs)}")
         print(
             f"compute: adaptive {ratio:.0%} of exhaustive over all pairs (per pair median "
             f"{statistics.median(per_pair):.0%}, max {max(per_pair):.0%}; target <= 50%); the shared pilot is "
@@ -199,7 +197,7 @@ def main() -> int:
         out["pairs"] = pairs
         out["summary"] = {
             "agree": agree,
-            "within_margin": within,
+            "same_set": same_set,
             "pairs": len(pairs),
             "compute_ratio": ratio,
             "stops": len(stops),
