@@ -139,6 +139,44 @@ def slurm_missing() -> str | None:
     return None
 
 
+CHROMIUM = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def headless_dom(page: Path, home: Path, *flags: str, why: str) -> str:
+    """The DOM headless Chromium made of `page` (a local HTML file) with `flags`; skipped (failed under CI) when no
+    Chromium is installed, `why` saying what needs it."""
+    browser = next((path for name in CHROMIUM if (path := shutil.which(name))), None)
+    if browser is None:
+        skip_unless_present(f"chromium is not installed (apt-get install -y chromium): {why}")
+    assert browser is not None
+    args = [browser, "--headless", "--disable-gpu", "--no-first-run", *flags, "--dump-dom"]
+    if os.geteuid() == 0:
+        args.append("--no-sandbox")  # Chromium refuses to run as root with its sandbox
+    done = subprocess.run(
+        [*args, page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "HOME": str(home)},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def load_recipe(name: str) -> Any:
+    """A bundled recipe's script as a module, loaded by path (as torchrun runs it, outside the package)."""
+    import importlib.util
+
+    from servers.launch.recipes import recipe_path
+
+    spec = importlib.util.spec_from_file_location(f"recipe_{name.replace('-', '_')}", recipe_path(name))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def skip_unless_present(why: str | None) -> None:
     """Skip the test when `why` says what this machine lacks; under CI=true, where .ci/run installs everything the
     tests use, fail instead: a missing part there is a broken CI, not a reason to pass."""

@@ -8,7 +8,6 @@ import itertools
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -21,10 +20,9 @@ import pytest
 
 from servers.loop import study as loop_study
 from servers.loop.report import blocks, md_text, render_html, render_markdown
-from tests.conftest import REPO_ROOT, skip_unless_present
+from tests.conftest import REPO_ROOT, headless_dom
 
 LOOP = REPO_ROOT / "examples" / "experiment_loop.py"
-CHROMIUM = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 
 # ---- the decisions, on results shaped as the tools return them ---------------------------------------------------
@@ -488,10 +486,6 @@ def test_quick_study_rerun_starts_no_job_and_stores_no_fit_twice(quick_study: Qu
     assert study["scaling"]["decision"]["text"] == quick_study.study["scaling"]["decision"]["text"]
 
 
-def find_chromium() -> str | None:
-    return next((path for name in CHROMIUM if (path := shutil.which(name))), None)
-
-
 IMAGE_PROBE = """<script>
 window.addEventListener('load', () => {
   const seen = Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight]);
@@ -505,29 +499,13 @@ window.addEventListener('load', () => {
 def test_quick_report_images_load_in_a_real_browser(quick_study: QuickStudy, tmp_path: Path) -> None:
     """report.html opened in headless Chromium: every image has loaded (naturalWidth > 0). A probe script is added
     to a copy of the page (the report itself has no script) and reports what the browser sees."""
-    browser = find_chromium()
-    if browser is None:
-        skip_unless_present(
-            "chromium is not installed (apt-get install -y chromium): the report's browser check needs it"
-        )
     page = (quick_study.out / "report.html").read_text()
     assert "<script" not in page
     copy = tmp_path / "report.html"
     copy.write_text(page.replace("</body>", IMAGE_PROBE + "</body>"))
-    args = [browser, "--headless", "--disable-gpu", "--no-first-run", "--virtual-time-budget=10000", "--dump-dom"]
-    if os.geteuid() == 0:
-        args.append("--no-sandbox")  # Chromium refuses to run as root with its sandbox
-    done = subprocess.run(
-        [*args, copy.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "HOME": str(tmp_path)},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = re.search(r'<pre id="image-probe">(.*?)</pre>', done.stdout, re.S)
-    assert found, "the probe did not run: " + done.stdout[-2000:]
+    dom = headless_dom(copy, tmp_path, "--virtual-time-budget=10000", why="the report's browser check needs it")
+    found = re.search(r'<pre id="image-probe">(.*?)</pre>', dom, re.S)
+    assert found, "the probe did not run: " + dom[-2000:]
     seen = json.loads(found.group(1))
     assert len(seen) == page.count("<img ") >= 2
     assert all(complete and width > 0 and height > 0 for complete, width, height in seen), seen

@@ -9,10 +9,7 @@ from __future__ import annotations
 import copy
 import html
 import json
-import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +26,7 @@ from servers.loop.report import (
     render_markdown,
     write_report,
 )
-from tests.conftest import skip_unless_present
+from tests.conftest import headless_dom
 
 TARGET = 1.6e10
 RUNGS = [4e9, 8e9, TARGET]
@@ -544,28 +541,13 @@ def wide_study() -> dict[str, Any]:
 @pytest.mark.timeout(180)
 def test_the_tables_fit_an_800_px_window(tmp_path: Path) -> None:
     """report.html opened in headless Chromium at 800 px: no horizontal scroll, every table inside the window."""
-    browser = next((p for name in ("chromium", "chromium-browser", "google-chrome") if (p := shutil.which(name))), None)
-    if browser is None:
-        skip_unless_present("chromium is not installed (apt-get install -y chromium): the width check needs it")
-    assert browser is not None
     data = wide_study()
     content = blocks(data, {})
     page = render_html(content, {}, "t").replace("</body>", WIDTH_PROBE + "</body>")
     copy_ = tmp_path / "report.html"
     copy_.write_text(page)
-    args = [browser, "--headless", "--disable-gpu", "--no-first-run", "--window-size=800,900", "--dump-dom"]
-    if os.geteuid() == 0:
-        args.append("--no-sandbox")
-    done = subprocess.run(
-        [*args, copy_.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "HOME": str(tmp_path)},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = re.search(r'<pre id="width-probe">(.*?)</pre>', done.stdout, re.S)
-    assert found, "the probe did not run: " + done.stdout[-2000:]
+    dom = headless_dom(copy_, tmp_path, "--window-size=800,900", why="the width check needs it")
+    found = re.search(r'<pre id="width-probe">(.*?)</pre>', dom, re.S)
+    assert found, "the probe did not run: " + dom[-2000:]
     seen = json.loads(found.group(1))
     assert seen["view"] <= 800 and seen["page"] <= seen["view"] and seen["right"] <= seen["view"], seen

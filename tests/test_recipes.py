@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import json
 import math
@@ -11,13 +10,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from servers.launch import metrics
 from servers.launch.recipes import RECIPES, recipe_path
 from servers.launch.recipes.arguments import Bounded
+from tests.conftest import load_recipe
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,14 +46,6 @@ def _torchrun(recipe: str, nproc: int, env: dict[str, str], *args: str) -> subpr
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=200, cwd=env["HOME"])
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
-
-
-def _load_recipe(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"recipe_{name.replace('-', '_')}", recipe_path(name))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ------------------------------------------------------------------------------------------------ recipes
@@ -142,7 +133,7 @@ def test_tiny_grpo_pass_rate_is_a_sigmoid_in_log_compute(tmp_path: Path) -> None
 
 
 def test_grpo_eval_schedule_is_geometric_and_distinct() -> None:
-    grpo = _load_recipe("tiny-grpo")
+    grpo = load_recipe("tiny-grpo")
     steps = grpo.eval_schedule(3000, 30)
     assert len(steps) == 30 == len(set(steps))
     assert steps[0] == 1 and steps[-1] == 3000
@@ -158,7 +149,7 @@ def test_registry_matches_each_scripts_parser(name: str) -> None:
     info = RECIPES[name]
     assert info.path.is_file() and info.name == name
     assert info.description and info.expected_time_cpu and info.expected_time_gpu and info.metrics
-    parser: argparse.ArgumentParser = _load_recipe(name).build_parser()
+    parser: argparse.ArgumentParser = load_recipe(name).build_parser()
     actions = [a for a in parser._actions if a.option_strings and a.dest != "help"]
     types = {int: "int", float: "float", str: "str", None: "str"}
 
@@ -209,7 +200,7 @@ def test_registry_does_not_import_torch() -> None:
 
 
 def test_gpu_catalog_lookup_from_a_recipe() -> None:
-    common = sys.modules.get("llm_infra_mcp_recipes_common") or _load_recipe("tiny-gpt").common
+    common = sys.modules.get("llm_infra_mcp_recipes_common") or load_recipe("tiny-gpt").common
     name, peak = common.gpu_peak_tflops("NVIDIA H100 80GB HBM3")
     assert name == "H100-SXM" and peak > 100
     assert common.gpu_peak_tflops("NVIDIA H100 PCIe")[0] == "H100-PCIe"

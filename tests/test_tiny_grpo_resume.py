@@ -5,12 +5,10 @@ ceiling), and a bad argument value is refused by the recipe's parser, in the reg
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -18,18 +16,11 @@ import pytest
 from servers.launch import metrics
 from servers.launch.recipes import RECIPES, check_recipe_args, recipe_path
 from servers.launch.recipes.arguments import ArgumentsError, check_args, tiny_grpo
+from tests.conftest import load_recipe
 
 # The fields of a row that the run decides (times and per-rank timings vary with the machine's load).
 DETERMINED = ("step", "split", "loss", "lr", "grad_norm", "reward", "pass_rate", "compute_flops", "ceiling", "chance")
 SMALL = ["--eval-size", "256", "--log-every", "20", "--ckpt-every", "50"]
-
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"resume_test_{name.replace('-', '_')}", recipe_path(name))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _run(tmp_path: Path, name: str, *args: str) -> tuple[list[dict[str, Any]], str]:
@@ -69,7 +60,7 @@ def test_a_run_stopped_and_continued_logs_the_rows_of_the_run_made_straight_thro
     second = both[len(first) :]
     assert second and all(r["step"] > 150 for r in second)  # nothing repeated after the resume
 
-    schedule = _load("tiny-grpo").eval_schedule(300, 12)
+    schedule = load_recipe("tiny-grpo").eval_schedule(300, 12)
     assert 150 not in schedule
     assert [r["step"] for r in straight if r["split"] == "eval"] == schedule
     assert [r["step"] for r in first if r["split"] == "eval"] == [s for s in schedule if s <= 150] + [150]
@@ -85,7 +76,7 @@ def test_a_run_stopped_and_continued_logs_the_rows_of_the_run_made_straight_thro
 def test_a_checkpoint_carries_torchs_random_state_and_a_resume_restores_it(tmp_path: Path) -> None:
     import torch
 
-    common = _load("tiny-grpo").common
+    common = load_recipe("tiny-grpo").common
     d = common.Dist(0, 0, 1, torch.device("cpu"), None, 0)
     torch.manual_seed(5)
     torch.rand(3)
@@ -105,7 +96,7 @@ def test_a_checkpoint_carries_torchs_random_state_and_a_resume_restores_it(tmp_p
 
 
 def test_eval_horizon_schedules() -> None:
-    grpo = _load("tiny-grpo")
+    grpo = load_recipe("tiny-grpo")
     full = grpo.eval_schedule(400, 10)
     assert grpo.eval_steps(400, 0, 10) == full == grpo.eval_steps(400, 400, 10)
     assert grpo.eval_steps(100, 400, 10) == [s for s in full if s <= 100] + [100]
@@ -176,7 +167,7 @@ def test_the_parser_accepts_values_on_the_bounds() -> None:
 
 
 def test_the_script_refuses_a_bad_value_as_argparse_does(capsys: pytest.CaptureFixture[str]) -> None:
-    parser: argparse.ArgumentParser = _load("tiny-grpo").build_parser()
+    parser: argparse.ArgumentParser = load_recipe("tiny-grpo").build_parser()
     with pytest.raises(SystemExit) as caught:
         parser.parse_args(["--lr", "-1"])
     assert caught.value.code == 2

@@ -703,7 +703,8 @@ def decide_forecast(
         )
     if tied:
         parts.append(
-            f"stopped as ties (within {margin:.3g} of the leader, a difference that does not matter): " + "; ".join(tied)
+            f"stopped as ties (within {margin:.3g} of the leader, a difference that does not matter): "
+            + "; ".join(tied)
         )
     text = (
         f"Scale {leader}: at the target ({target:.3g} {unit} per run) its forecast is {_band(mine)} "
