@@ -151,6 +151,7 @@ def timing(folder: Path, mode: str) -> dict[str, Any]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=int, default=10, help="seeded adaptive/exhaustive pairs (default 10)")
+    p.add_argument("--only-pairs", type=int, nargs="+", default=None, help="run only these pair indices")
     p.add_argument("--seeds", type=int, default=2, help="seeds per variant in each pair's studies (default 2)")
     p.add_argument("--no-timing", action="store_true", help="skip the default and --quick timings")
     p.add_argument("--only-timing", action="store_true", help="only the default and --quick timings")
@@ -162,7 +163,7 @@ def main() -> int:
     out: dict[str, Any] = {}
     if not args.only_timing:
         pairs = []
-        for i in range(args.pairs):
+        for i in args.only_pairs if args.only_pairs is not None else range(args.pairs):
             r = pair(folder, i, seed=100 * i, seeds=args.seeds)
             pairs.append(r)
             print(

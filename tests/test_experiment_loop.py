@@ -147,6 +147,9 @@ def test_the_forecast_decision_quotes_each_stop() -> None:
     assert "unable to beat the leader by the margin 0.02" in d.text and "d after round 1" in d.text
     assert "0.671 [0.665, 0.675]" in d.text and "P(a higher) = 1.00" in d.text and "P(a higher) = 0.62" in d.text
     assert loop_study.acceptable(asdict(d)) == frozenset({"a", "c"})
+    # a variant whose curve could not be fitted at the target is left out of the decision, and the text says so
+    left = loop_study.decide_forecast("a", ladder, stops, 0.95, "flops", 1.6e10, 0.02, unfitted=["e"])
+    assert left.quoted["left_out"] == ["e"] and "Left out: e, whose curve could not be fitted" in left.text
     assert loop_study.acceptable(None) == frozenset() and loop_study.acceptable({"variant": None}) == frozenset()
 
 

@@ -784,7 +784,11 @@ class StudyRun:
             self.say(
                 f"   {name}: forecast {v['value']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}] on {len(points)} points"
             )
-        call = study.judge_round(forecasts, self.margin)
+        # At the target a variant whose curve could not be fitted cannot be forecast later either: it is left out
+        # of the decision (said so), not kept waiting for a round that does not come.
+        at_target = compute >= target * (1 - 1e-9)
+        unfitted = [v for v, f in forecasts.items() if f is None] if at_target else []
+        call = study.judge_round({v: f for v, f in forecasts.items() if v not in unfitted}, self.margin)
         p_higher: dict[str, float | None] = {}
         judged = [v for v, f in forecasts.items() if f is not None]
         if call.leader is not None and len(judged) >= 2:
@@ -805,7 +809,8 @@ class StudyRun:
         return {
             "round": round_no,
             "compute": compute,
-            "at_target": compute >= target * (1 - 1e-9),
+            "at_target": at_target,
+            "unfitted": unfitted,
             "active": list(active),
             "forecasts": forecasts,
             "fits": fits,
@@ -839,7 +844,9 @@ class StudyRun:
             return
         last = ladder[-1]
         if end["why"] == "one_leader" and last["leader"] is not None:
-            decision = study.decide_forecast(last["leader"], ladder, stops, cfg.level, unit, target, self.margin)
+            decision = study.decide_forecast(
+                last["leader"], ladder, stops, cfg.level, unit, target, self.margin, unfitted=last.get("unfitted") or []
+            )
         else:
             latest = self.latest_fits(ladder, active)
             final = await self.compare_and_decide(latest)

@@ -672,6 +672,8 @@ def decide_forecast(
     unit: str,
     target: float,
     margin: float,
+    *,
+    unfitted: list[str] | None = None,
 ) -> Decision:
     """The ladder ended with only the leader going on: every other variant stopped in some round, below the
     then-leader (its upper bound under the leader's lower bound) or tied with it (both within the margin). Quotes
@@ -708,8 +710,15 @@ def decide_forecast(
         )
     text = (
         f"Scale {leader}: at the target ({target:.3g} {unit} per run) its forecast is {_band(mine)} "
-        f"({level:.0%} interval, round {last['round']}); every other variant " + "; ".join(parts) + "."
+        f"({level:.0%} interval, round {last['round']}); every other variant "
+        + ("; ".join(parts) if parts else "was left out")
+        + "."
     )
+    if unfitted:
+        text += (
+            f" Left out: {', '.join(unfitted)}, whose curve could not be fitted at the target (see the errors), so "
+            "nothing here compares it."
+        )
     return Decision(
         kind="forecast",
         variant=leader,
@@ -722,6 +731,7 @@ def decide_forecast(
             "target": target,
             "compute_unit": unit,
             "ties": [v for v, stop in stops.items() if stop.get("kind") == "tied"],
+            "left_out": list(unfitted or []),
             "margin": margin,
             "probability_of": "leader higher at the target (draw pairs, in the round that stopped each)",
             "probabilities": probabilities,
