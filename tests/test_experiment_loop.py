@@ -95,7 +95,7 @@ def forecast(value: float, low: float, high: float, fit_id: str = "f") -> dict[s
 def test_a_round_stops_the_variants_that_cannot_beat_the_leader_by_the_margin() -> None:
     call = loop_study.judge_round(
         {
-            "lead": forecast(0.67, 0.66, 0.68),
+            "lead": forecast(0.67, 0.665, 0.68),
             "below": forecast(0.40, 0.30, 0.65),  # upper bound under the leader's lower bound
             "tie": forecast(0.665, 0.662, 0.675),  # within 0.02 of the leader either way
             "futile": forecast(0.50, 0.30, 0.678),  # may be far worse, cannot be better by 0.02
@@ -106,7 +106,7 @@ def test_a_round_stops_the_variants_that_cannot_beat_the_leader_by_the_margin() 
     )
     assert call.leader == "lead" and call.stopped == ["below"] and call.tied == ["tie"] and call.futile == ["futile"]
     assert call.continued == ["lead", "open", "unfit"] and call.end is None
-    assert "0.650 is below lead's lower bound 0.660" in call.note and "unfit: no forecast" in call.note
+    assert "0.650 is below lead's lower bound 0.665" in call.note and "unfit: no forecast" in call.note
     assert "futile stops: its upper bound 0.678 is within the margin 0.02" in call.note
     # the leader alone goes on: the study ends
     done = loop_study.judge_round({"lead": forecast(0.67, 0.66, 0.68), "b": forecast(0.5, 0.4, 0.6)}, margin=0.02)
@@ -117,6 +117,9 @@ def test_a_round_stops_the_variants_that_cannot_beat_the_leader_by_the_margin() 
     strict = loop_study.judge_round({"a": forecast(0.67, 0.66, 0.68), "b": forecast(0.66, 0.65, 0.665)}, margin=0)
     assert strict.continued == ["a", "b"]
     assert loop_study.judge_round({"a": None, "b": None}, 0.02).leader is None
+    # the leader is the surest variant (highest lower bound), not the highest point estimate with a wide interval
+    sure = loop_study.judge_round({"wide": forecast(0.70, 0.60, 0.70), "sure": forecast(0.69, 0.685, 0.70)}, 0.02)
+    assert sure.leader == "sure" and sure.futile == ["wide"] and sure.end == "one_leader"
 
 
 def test_the_forecast_decision_quotes_each_stop() -> None:
@@ -397,7 +400,7 @@ def test_quick_study_stops_on_forecasts_and_decides_from_them(quick_study: Quick
     for rnd in ladder:
         assert rnd["active"] == active
         forecasts = {v: f for v, f in rnd["forecasts"].items() if f}
-        leader = max(forecasts, key=lambda v: forecasts[v]["value"])
+        leader = max(forecasts, key=lambda v: (forecasts[v]["ci_low"], forecasts[v]["value"]))
         assert rnd["leader"] == leader
         floor = forecasts[leader]["ci_low"] + margin + 1e-12
         stopped = {v for v, f in forecasts.items() if v != leader and f["ci_high"] <= floor}

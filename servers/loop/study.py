@@ -275,15 +275,18 @@ class RoundCall:
 
 def judge_round(forecasts: dict[str, dict[str, Any] | None], margin: float) -> RoundCall:
     """forecasts: each active variant's forecast at the target (predict_scaling's value with its interval at the
-    study's level), or None when it has none (its fit was refused). The leader has the highest forecast. A variant
-    stops when its upper bound is at most the leader's lower bound plus `margin`: it cannot beat the leader by a
-    difference that matters (margin 0: only one clearly below stops). The study ends when the leader is the only
-    variant going on. A variant without a forecast goes on (it cannot be judged) and keeps the study going."""
+        study's level), or None when it has none (its fit was refused). The leader is the variant surest to be high: the
+    highest lower bound (then the highest forecast), the one against which "cannot beat it by the margin" is the
+    strongest statement (a leader by point estimate with a wide interval stops nothing, though a surer variant could
+    stop it). A variant
+        stops when its upper bound is at most the leader's lower bound plus `margin`: it cannot beat the leader by a
+        difference that matters (margin 0: only one clearly below stops). The study ends when the leader is the only
+        variant going on. A variant without a forecast goes on (it cannot be judged) and keeps the study going."""
     judged = {v: f for v, f in forecasts.items() if f is not None and _number(f.get("value"))}
     unjudged = [v for v in forecasts if v not in judged]
     if not judged:
         return RoundCall(None, [], [], [], list(forecasts), None, "no variant has a forecast this round", {})
-    leader = max(judged, key=lambda v: judged[v]["value"])
+    leader = max(judged, key=lambda v: (judged[v]["ci_low"], judged[v]["value"]))
     top = judged[leader]
     eps = 1e-12
     below: list[str] = []
