@@ -600,7 +600,10 @@ async def test_a_garbage_database_through_the_tools(settings: Settings, home_cle
 async def test_bad_rows_through_the_tools(settings: Settings, home_cleanup: Path) -> None:
     async with Client(create_test_suite(suite_app(settings)), mode="auto") as client:
         good = await call_ok(client, "fit_scaling_law", {"model": "scalerl", "data": {"points": CURVE}, "bootstrap": 0})
-        bad = await call_ok(client, "fit_scaling_law", {"model": "scalerl", "data": {"points": CURVE}, "bootstrap": 0})
+        bad = await call_ok(  # another label: the same law, points and settings again would return the stored fit
+            client, "fit_scaling_law", {"model": "scalerl", "data": {"points": CURVE}, "bootstrap": 0, "label": "b"}
+        )
+        assert bad["fit_id"] != good["fit_id"]
         with contextlib.closing(sqlite3.connect(settings.db_path)) as conn, conn:
             conn.execute("UPDATE fits SET outcome = '{broken' WHERE id = ?", (bad["fit_id"],))
             conn.execute(
