@@ -533,7 +533,7 @@ async def kill_a_round_one_run(home: Path, limit_s: float) -> tuple[str | None, 
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
             listed = await client.call_tool(
-                "list_jobs", {"kind": "training", "state": "RUNNING", "limit": 10, "detail": True}
+                "list_jobs", {"kind": "training", "state": "RUNNING", "limit": 50, "detail": True}
             )
             for job in (listed.structured_content or {}).get("details", []):
                 if "round:1" in ((job["spec"].get("training_spec") or {}).get("tags") or []):
@@ -571,7 +571,7 @@ def test_a_killed_job_is_reported_the_study_goes_on_and_a_rerun_tries_it_again(t
         args, cwd=REPO_ROOT, env=loop_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        killed, state = anyio.run(kill_a_round_one_run, home, 240.0)
+        killed, state = anyio.run(kill_a_round_one_run, home, 360.0)
         assert killed is not None, "no round-1 run was seen running"
         output, _ = proc.communicate(timeout=300)
     finally:

@@ -239,7 +239,9 @@ async def test_no_silent_compute_unit(suite_client: Client) -> None:
     plain = await ok(suite_client, "fit_scaling_law", {**base, "data": {"points": hours}})
     assert plain["compute_unit"] == "gpu_hours"
     assert any("compute_unit not given: taken as gpu_hours" in w for w in plain["warnings"])
-    named = await ok(suite_client, "fit_scaling_law", {**base, "data": {"points": hours}, "compute_unit": "gpu_hours"})
+    named = await ok(
+        suite_client, "fit_scaling_law", {**base, "data": {"points": hours}, "compute_unit": "gpu_hours", "label": "n"}
+    )
     assert not any("compute_unit" in w for w in named["warnings"]) and named["not_identified"] == []
 
 
