@@ -185,7 +185,7 @@ def test_forecasts_are_checked_against_what_the_runs_reached() -> None:
     ]
 
 
-def test_held_out_split_and_errors() -> None:
+def test_curve_points_and_the_pilots_rate() -> None:
     rows = [
         {"step": s, "split": "eval", "pass_rate": 0.1 * i, "compute_flops": float(s) * 10}
         for i, s in enumerate([1, 2, 4, 8, 16, 32, 64, 100], start=1)
@@ -193,18 +193,6 @@ def test_held_out_split_and_errors() -> None:
     rows.append({"step": 50, "split": "train", "compute_flops": 500.0, "loss": 1.0})  # no pass rate: not a point
     points = loop_study.curve_points(rows, "compute_flops")
     assert len(points) == 8 and points == sorted(points, key=lambda p: p["compute"])
-    split, _, held = loop_study.held_out(points)
-    assert split == 500.0
-    assert [p["compute"] for p in held] == [640.0, 1000.0]
-    predicted = [{"value": 0.75, "pi_low": 0.6, "pi_high": 0.8}, {"value": 0.70, "pi_low": 0.6, "pi_high": 0.78}]
-    table = loop_study.error_rows(held, predicted)
-    assert [r["error"] for r in table] == pytest.approx([0.75 - 0.7, 0.70 - 0.8])
-    assert [r["inside_pi"] for r in table] == [True, False]
-    summary = loop_study.error_summary(table)
-    assert summary["mean_abs_error"] == pytest.approx(0.075) and summary["max_abs_error"] == pytest.approx(0.1)
-    assert summary["inside_pi"] == 1 and summary["judged"] == 2
-    with pytest.raises(ValueError):
-        loop_study.error_rows(held, predicted[:1])
     assert loop_study.per_step_rate(rows, "compute_flops") == pytest.approx(10.0)
 
 

@@ -357,7 +357,7 @@ def round_cost(rungs: list[float], round_index: int, chains: int) -> float:
     return chains * (rungs[round_index] - before)
 
 
-# ---- curves and the held-out half -----------------------------------------------------------------------------
+# ---- curves ---------------------------------------------------------------------------------------------------
 
 
 def _number(value: Any) -> bool:
@@ -373,56 +373,6 @@ def curve_points(rows: list[dict[str, Any]], compute_key: str, run: str | None =
     ]
     points = [p for p in points if p["compute"] > 0]
     return sorted(points, key=lambda p: p["compute"])
-
-
-def half_split(points: list[dict[str, Any]]) -> float:
-    """The first half of compute ends at half the largest compute (ScaleRL; check_extrapolation's default too)."""
-    return max(p["compute"] for p in points) / 2
-
-
-def held_out(points: list[dict[str, Any]]) -> tuple[float, list[dict[str, Any]], list[dict[str, Any]]]:
-    """(split, the points up to it, the points beyond it)."""
-    split = half_split(points)
-    return split, [p for p in points if p["compute"] <= split], [p for p in points if p["compute"] > split]
-
-
-def error_rows(held: list[dict[str, Any]], predicted: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Measured (read_job_metrics) next to predicted (predict_scaling, in the same order) for the held-out points;
-    error = predicted - measured."""
-    if len(held) != len(predicted):
-        raise ValueError(f"{len(held)} held-out points but {len(predicted)} predictions")
-    rows = []
-    for point, p in zip(held, predicted, strict=True):
-        low, high = p.get("pi_low"), p.get("pi_high")
-        rows.append(
-            {
-                "compute": point["compute"],
-                "measured": point["value"],
-                "predicted": p["value"],
-                "ci_low": p.get("ci_low"),
-                "ci_high": p.get("ci_high"),
-                "pi_low": low,
-                "pi_high": high,
-                "error": p["value"] - point["value"],
-                "inside_pi": None if low is None or high is None else bool(low <= point["value"] <= high),
-            }
-        )
-    return rows
-
-
-def error_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean and max |error| over held-out rows, and how many measurements fell inside the prediction interval."""
-    if not rows:
-        return {"points": 0, "mean_abs_error": None, "max_abs_error": None, "inside_pi": None}
-    errors = [abs(r["error"]) for r in rows]
-    judged = [r["inside_pi"] for r in rows if r["inside_pi"] is not None]
-    return {
-        "points": len(rows),
-        "mean_abs_error": sum(errors) / len(errors),
-        "max_abs_error": max(errors),
-        "inside_pi": sum(1 for x in judged if x) if judged else None,
-        "judged": len(judged),
-    }
 
 
 # ---- the node check --------------------------------------------------------------------------------------------
