@@ -521,8 +521,9 @@ async def kill_a_round_one_run(home: Path, limit_s: float) -> tuple[str | None, 
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
             listed = await client.call_tool(
-                "list_jobs", {"kind": "training", "state": "RUNNING", "limit": 50, "detail": True}
+                "list_jobs", {"kind": "training", "state": "RUNNING", "limit": 10, "detail": True}
             )
+            assert not listed.is_error, listed.content[0].text
             for job in (listed.structured_content or {}).get("details", []):
                 if "round:1" in ((job["spec"].get("training_spec") or {}).get("tags") or []):
                     done = await client.call_tool("cancel_job", {"job_id": job["job_id"]})

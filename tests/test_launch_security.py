@@ -539,3 +539,45 @@ def test_the_overlap_benchmarks_that_start_ranks_are_isolated() -> None:
         "overlap_benchmark": True,
         "overlap_tune": True,
     }
+
+
+RACE_SIGNER = """
+import sys
+from pathlib import Path
+from servers.core.settings import Settings
+from servers.launch.training import sign
+barrier = Path(sys.argv[2])
+while not barrier.exists():
+    pass
+print(sign(Settings(home=Path(sys.argv[1])), "plan", {"who": sys.argv[3]}))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_processes_racing_to_make_the_signing_key_agree_on_one(tmp_path: Path) -> None:
+    """A study starts several servers on a fresh state directory at once: each may make the signing key. Eight
+    processes released together all sign with the one key that was linked first, so every token verifies in this
+    process (CI saw 'plan_token is not valid here' and FileExistsError from the old create-then-write)."""
+    from servers.launch.training import key_file, unsign
+
+    home, barrier = tmp_path / "state", tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACE_SIGNER, str(home), str(barrier), str(i)],
+            cwd=Path(__file__).resolve().parents[1],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(8)
+    ]
+    time.sleep(1.0)  # every interpreter is up and spinning on the barrier
+    barrier.touch()
+    settings = Settings(home=home)
+    for i, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert unsign(settings, "plan", out.strip(), name="t", remedy="-") == {"who": str(i)}
+    key = key_file(settings)
+    assert len(key.read_bytes()) == 32 and key.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in home.iterdir() if p.name.startswith(".launch-key-")] == []

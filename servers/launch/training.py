@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -243,18 +244,30 @@ def key_file(settings: Settings) -> Path:
 
 
 def _signing_key(settings: Settings) -> bytes:
+    """The state directory's HMAC key, made on first use. Several processes (a study's servers, a person's CLI) may
+    race to make it: the key is written whole to a private temporary file and linked into place, which fails if
+    another process linked first; then that process's key is the one, and it is read (complete, as linked)."""
     path = key_file(settings)
     try:
-        return path.read_bytes()
+        key = path.read_bytes()
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
         key = secrets.token_bytes(32)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(key)
-        return key
-    except FileExistsError:  # another process created it between our read and our create
-        return path.read_bytes()
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".launch-key-")
+        try:
+            with os.fdopen(fd, "wb") as f:  # mkstemp makes it 0600
+                f.write(key)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:  # another process linked its key first: use that one
+                key = path.read_bytes()
+        finally:
+            os.unlink(tmp)
+    if len(key) < 32:
+        raise OSError(f"the signing key {path} is damaged ({len(key)} bytes; 32 expected): remove it to make a new one")
+    return key
 
 
 def canonical(spec: TrainingJobSpec) -> str:
