@@ -86,6 +86,13 @@ def jobs_in_squeue() -> list[str]:
     return out.stdout.split()
 
 
+def no_new_job(before: list[str]) -> None:
+    """No job reached Slurm since `before` was taken: every job squeue lists now was listed then (an earlier
+    test's finished job may have aged out of squeue meanwhile: that is not a submission)."""
+    new = sorted(set(jobs_in_squeue()) - set(before))
+    assert not new, f"jobs submitted: {new}"
+
+
 @pytest.fixture
 def backend(slurm_cluster: Path, tmp_path: Path) -> SlurmBackend:
     return SlurmBackend(job_root=tmp_path / "slurm-jobs")
@@ -486,7 +493,7 @@ def test_submit_is_idempotent_by_the_key(backend: SlurmBackend, tmp_path: Path) 
     before = jobs_in_squeue()
     with pytest.raises(RuntimeError, match="not submitted again automatically"):
         fresh.submit(fresh.plan(spec, check_partition=False), SubmitRequest(key=other, spec=spec), job_dir=folder)
-    assert jobs_in_squeue() == before
+    no_new_job(before)
 
 
 @pytest.mark.timeout(400)
@@ -536,7 +543,7 @@ def test_a_request_no_partition_can_hold_is_refused_at_plan_time(backend: SlurmB
         backend.plan(spec_for(TINY_GPT, nnodes=3, partition="debug"))
     assert backend.partition_sizes() == ({"debug": (2, None)}, "debug")
     assert backend.never_fits(2, None) is None and backend.plan(spec_for(TINY_GPT, nnodes=2)).nnodes == 2
-    assert jobs_in_squeue() == before
+    no_new_job(before)
 
 
 @pytest.mark.timeout(180)
@@ -554,13 +561,13 @@ def test_bad_inputs_are_refused_and_nothing_is_submitted(backend: SlurmBackend) 
     key = unique_key("gpu")
     with pytest.raises(RuntimeError, match="sbatch refused the job"):
         submit(backend, spec, key)
-    assert jobs_in_squeue() == before
+    no_new_job(before)
     assert not any(backend.job_root.glob(f"*/{SUBMIT_RECORD}"))
     # A plan of another backend is not run.
     other = BackendPlan(backend="local", argv=["sbatch", "--wrap", "id"], cwd="/", rendered="#!/bin/sh")
     with pytest.raises(ValueError, match=r"SlurmBackend\.plan"):
         backend.submit(other, SubmitRequest(key=unique_key("other"), spec={}))
-    assert jobs_in_squeue() == before
+    no_new_job(before)
 
 
 @pytest.mark.timeout(60)
