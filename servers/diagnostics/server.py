@@ -2,10 +2,11 @@
 SXid, NCCL crashes and GPUs fallen off the bus, the Xid catalog with the sources' disagreements, nccl-tests and
 DCGM diagnostics, and dcgm-exporter endpoints. Parsers and rules live in the plain modules beside this one."""
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
@@ -13,8 +14,8 @@ from mcp.types import CallToolResult
 from pydantic import Field, ValidationError
 
 from servers.core.assemble import ServerPart, build_server
-from servers.core.errors import InputError
-from servers.core.job_tools import WaitS, run_job, summarize_job
+from servers.core.errors import InputError, validation_problems
+from servers.core.job_tools import JobId, WaitS, run_job, summarize_job
 from servers.core.jobs import JobKind
 from servers.core.jobview import JobView
 from servers.core.mcp_layer import App, agent_tool, in_thread, png_content, tool_result
@@ -57,6 +58,14 @@ JOB_KINDS = [
         "collective bus bandwidth of this node",
         default_timeout_s=3600,
         isolated_network=True,
+    ),
+    # Both ends of every probe are opened by the job, in the endpoints' namespaces: it needs the host's view of them.
+    JobKind(
+        "network_probes",
+        "servers.diagnostics.netrun:run_network_probes_job",
+        "latency, loss and throughput of NIC pairs, both ends opened by the job",
+        default_timeout_s=3600,
+        poll_s=1.0,
     ),
     # Probes as Slurm jobs: this process needs the host's network to reach slurmctld.
     JobKind(
@@ -621,15 +630,7 @@ def _register_network(server: MCPServer, app: App) -> None:
     from servers.diagnostics.netmodels import summary_text as network_summary
 
     def read_topology(topology: Topology | None, text: str, path: str | None, what: str) -> dict:
-        from servers.diagnostics.netloc import parse_topology_text, topology_from_probe_table
-
-        if topology is not None:
-            if text or path is not None:
-                raise InputError(f"{what}: give the topology object, its text or its path, one of them")
-            return topology.model_dump(mode="json")
-        body, _ = read_text_input(app, text, path, "topology")
-        head = body.lstrip()[:1]
-        return parse_topology_text(body) if head in ("{", "[") else topology_from_probe_table(body)
+        return read_topology_input(app, topology, text, path, what)
 
     @agent_tool(
         server, title="Plan network probes", read_only=True, destructive=False, idempotent=True, open_world=False
@@ -694,6 +695,7 @@ def _register_network(server: MCPServer, app: App) -> None:
         probes: Annotated[list[ProbeRow] | None, Field(max_length=100_000)] = None,
         text: Annotated[Text, Field(description="Probe rows: JSON, JSONL, CSV or a probe table")] = "",
         path: PathArg | None = None,
+        job_id: Annotated[JobId | None, Field(description="A run_network_probes job: its rows")] = None,
         loss_threshold: Annotated[float, Field(ge=0, lt=1)] = 0.01,
         latency_factor: Annotated[float, Field(gt=1, le=1000, description="Bad above this x baseline")] = 2.0,
         bandwidth_factor: Annotated[float, Field(gt=0, lt=1, description="Bad below this x baseline")] = 0.5,
@@ -707,20 +709,26 @@ def _register_network(server: MCPServer, app: App) -> None:
         from servers.diagnostics.netloc import localize_network_fault as localize
         from servers.diagnostics.netloc import parse_probes_text
 
-        given = [n for n, v in (("probes", probes), ("text", text or None), ("path", path)) if v is not None]
+        sources = (("probes", probes), ("text", text or None), ("path", path), ("job_id", job_id))
+        given = [n for n, v in sources if v is not None]
         if len(given) != 1:
-            raise InputError(f"give exactly one of probes, text or path (got {', '.join(given) or 'none'})")
+            raise InputError(f"give exactly one of probes, text, path or job_id (got {', '.join(given) or 'none'})")
 
         def run() -> Localization:
             notes: list[str] = []
             body = None
-            if probes is not None:
+            job_topology = None
+            if job_id is not None:
+                job_topology, rows = probe_job_rows(app, job_id)
+            elif probes is not None:
                 rows: list = [p.model_dump(mode="json") for p in probes]
             else:
                 body, _ = read_text_input(app, text, path, "probe rows")
                 rows = []
             if topology is not None or topology_path is not None:
                 topo = read_topology(topology, "", topology_path, "localize_network_fault")
+            elif job_topology is not None:
+                topo = job_topology
             elif body is not None:
                 topo = read_topology(None, body, None, "localize_network_fault")  # a probe table: derived from it
                 notes.append("the topology was derived from the probe table's endpoint columns")
@@ -758,6 +766,96 @@ def _register_network(server: MCPServer, app: App) -> None:
         ]
         lines += [f"warning: {w}" for w in result.warnings[:10]]
         return tool_result(result, network_summary(lines))
+
+
+def _register_network_probes(server: MCPServer, app: App) -> None:
+    """run_network_probes."""
+
+    from servers.diagnostics.netmodels import Topology
+    from servers.diagnostics.netrun import MAX_PAIRS
+
+    Name = Annotated[str, Field(max_length=128)]  # noqa: N806 (a type alias)
+
+    def read_topology(topology: Topology | None, text: str, path: str | None, what: str) -> dict:
+        return read_topology_input(app, topology, text, path, what)
+
+    @agent_tool(
+        server, title="Run network probes", read_only=False, destructive=False, idempotent=False, open_world=False
+    )
+    async def run_network_probes(
+        ctx: Context,
+        topology_path: PathArg,
+        endpoints_path: Annotated[PathArg, Field(description="{nics:{NIC:{address,netns?}},spines:{SPINE:{tos}}}")],
+        pairs: Annotated[
+            list[tuple[Name, Name, Name | None]] | None,
+            Field(max_length=MAX_PAIRS, description="[src_nic, dst_nic, via_spine]; default: planned by mode"),
+        ] = None,
+        mode: Literal["skeleton", "rail", "full_mesh"] = "skeleton",
+        bandwidth_bytes: Annotated[int, Field(ge=0, le=64 * 2**20, description="TCP bytes a pair; 0: none")] = 0,
+        wait_s: WaitS = 20,
+        max_wall_s: Annotated[float, Field(gt=0, le=6 * 3600)] = 1800,
+    ) -> Annotated[CallToolResult, JobView]:
+        """Probe NIC pairs on real sockets, both ends opened by the job (UDP echo latency, loss; TCP
+        throughput), pinned pairs routed by TOS; then localize_network_fault(job_id). A job; seconds."""
+        from servers.diagnostics.netrun import build_spec
+
+        def make() -> dict:
+            topo = read_topology(None, "", topology_path, "run_network_probes")
+            body, _ = read_text_input(app, "", endpoints_path, "endpoints")
+            try:
+                ends = json.loads(body)
+            except ValueError as exc:
+                raise InputError(f"endpoints: not JSON ({exc})") from None
+            given = None if pairs is None else [{"src_nic": a, "dst_nic": b, "via_spine": v} for a, b, v in pairs]
+            try:
+                spec = build_spec(topo, ends, given, mode=mode, options={"bandwidth_bytes": bandwidth_bytes})
+            except ValidationError as exc:
+                raise InputError("; ".join(validation_problems(exc.errors()))) from None
+            return spec.model_dump(mode="json")
+
+        spec = await in_thread(make)
+        view = await run_job(app, "network_probes", spec, wait_s=wait_s, ctx=ctx, timeout_s=max_wall_s)
+        summary = summarize_job(view)
+        result = view.result or {}
+        if "measured" in result:
+            summary = (
+                f"{result['measured']} of {result['pairs']} probe(s) measured ({result['not_run']} not set up); "
+                f"{result['all_lost']} lost every echo, {result['with_loss']} lost some; pinned {result['pinned']}, "
+                f"unpinned cross-leaf {result['unpinned_cross_leaf']}; median latency {result['median_latency_us']} "
+                f"us, bandwidth {result['median_bandwidth_gbps']} Gbit/s. Next: localize_network_fault(job_id="
+                f"{view.job_id!r})"
+            )
+            summary += "".join(f"\nnote: {n}" for n in result.get("notes", [])[:5])
+            summary += "".join(
+                f"\nnot run: {e['src_nic']} -> {e['dst_nic']}: {e['error']}" for e in result.get("errors", [])[:5]
+            )
+        return tool_result(view, summary)
+
+
+def read_topology_input(app: App, topology: Any, text: str, path: str | None, what: str) -> dict:
+    """A topology given as the object, its text (JSON or a probe table) or its path: as a dict."""
+    from servers.diagnostics.netloc import parse_topology_text, topology_from_probe_table
+
+    if topology is not None:
+        if text or path is not None:
+            raise InputError(f"{what}: give the topology object, its text or its path, one of them")
+        return topology.model_dump(mode="json")
+    body, _ = read_text_input(app, text, path, "topology")
+    head = body.lstrip()[:1]
+    return parse_topology_text(body) if head in ("{", "[") else topology_from_probe_table(body)
+
+
+def probe_job_rows(app: App, job_id: str) -> tuple[dict, list]:
+    """The topology and rows of a finished run_network_probes job."""
+    from servers.core.jobstore import JobState
+    from servers.diagnostics.netrun import read_job_rows
+
+    record = app.engine.get(job_id)
+    if record.kind != "network_probes":
+        raise InputError(f"job_id {job_id!r} is a {record.kind} job; accepted: a run_network_probes job")
+    if record.state is not JobState.SUCCEEDED:
+        raise InputError(f"job {job_id} is {record.state.value}; its rows are read once it SUCCEEDED")
+    return read_job_rows(Path(record.job_dir))
 
 
 def _register_exporter(server: MCPServer, app: App) -> None:
@@ -801,6 +899,7 @@ def register(server: MCPServer, app: App) -> None:
         _register_stragglers,
         _register_triage,
         _register_network,
+        _register_network_probes,
         _register_exporter,
     ):
         group(server, app)

@@ -1,0 +1,363 @@
+"""Network probes measured on real sockets: latency and loss (UDP echo) and throughput (one TCP stream) between two
+NIC addresses, both ends opened by this process. Plain module, standard library only (no MCP imports).
+
+An endpoint is an address, and optionally the network namespace it lives in (a name under /run/netns, as made by
+``ip netns add``). A socket belongs to the namespace it was created in for its whole life, so one process can hold
+sockets in many namespaces: each is created in a short-lived thread that first joins the namespace with setns(2)
+(only that thread moves; it needs CAP_SYS_ADMIN, so root) and then hands the socket back.
+
+Both ends of every probe are this process's own sockets: the responder is bound to the destination address in its
+namespace before anything is sent, so a probe can only ever send to an address that exists on this machine and to a
+socket this module opened (binding fails otherwise, and the probe is reported as not run, with the reason). Nothing
+listens longer than its probe.
+
+Latency and loss: ``count`` UDP datagrams of ``size`` bytes, ``interval_s`` apart, each echoed by the responder; the
+latency is the median round-trip time in microseconds of those that came back, the loss rate the share that did not
+come back within ``timeout_s`` of the last send. Throughput (``bandwidth_bytes`` > 0): one TCP connection sends that
+many bytes; the receiver's time from the first byte to the last gives Gbit/s (bounded by ``bandwidth_timeout_s``;
+what arrived by then counts; a connection that cannot be made gives 0).
+
+Routes: when a probe is pinned to a spine the caller gives the IP TOS byte that the fabric routes to that spine by
+(policy routing, ``ip rule ... tos``); both directions carry it, so request and echo cross the same spine. Unpinned
+probes carry TOS 0 and follow ECMP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import os
+import select
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+CLONE_NEWNET = 0x40000000
+NETNS_DIR = "/run/netns"
+MAX_COUNT = 1000
+MAX_SIZE = 8192
+MAX_BANDWIDTH_BYTES = 64 * 2**20
+MAX_CONCURRENCY = 64
+HEADER = struct.Struct("!QQd")  # magic+probe id, sequence, send time
+
+
+class ProbeError(Exception):
+    """A probe could not be set up (a namespace or an address that is not there): what was tried, and why."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    address: str
+    netns: str | None = None
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """One probe: its two NICs (names, as the topology has them), their endpoints, and the route pin."""
+
+    src_nic: str
+    dst_nic: str
+    src: Endpoint
+    dst: Endpoint
+    tos: int = 0
+    spine: str | None = None
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    count: int = 20
+    size: int = 64
+    interval_s: float = 0.002
+    timeout_s: float = 0.5
+    bandwidth_bytes: int = 0
+    bandwidth_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.count <= MAX_COUNT:
+            raise ValueError(f"count: {self.count}; accepted: 1 to {MAX_COUNT}")
+        if not HEADER.size <= self.size <= MAX_SIZE:
+            raise ValueError(f"size: {self.size}; accepted: {HEADER.size} to {MAX_SIZE} bytes")
+        if not 0 <= self.interval_s <= 1:
+            raise ValueError(f"interval_s: {self.interval_s}; accepted: 0 to 1")
+        if not 0.01 <= self.timeout_s <= 30:
+            raise ValueError(f"timeout_s: {self.timeout_s}; accepted: 0.01 to 30")
+        if not 0 <= self.bandwidth_bytes <= MAX_BANDWIDTH_BYTES:
+            raise ValueError(f"bandwidth_bytes: {self.bandwidth_bytes}; accepted: 0 to {MAX_BANDWIDTH_BYTES}")
+        if not 0.1 <= self.bandwidth_timeout_s <= 120:
+            raise ValueError(f"bandwidth_timeout_s: {self.bandwidth_timeout_s}; accepted: 0.1 to 120")
+
+
+@dataclass
+class ProbeResult:
+    src_nic: str
+    dst_nic: str
+    latency_us: float | None
+    loss_rate: float
+    bandwidth_gbps: float | None = None
+    spine: str | None = None
+    sent: int = 0
+    received: int = 0
+    error: str | None = None  # the probe did not run (set-up failed): the row is not a measurement
+    notes: list[str] = field(default_factory=list)
+
+    def row(self) -> dict[str, Any]:
+        """The row localize_network_fault reads."""
+        out: dict[str, Any] = {
+            "src_nic": self.src_nic, "dst_nic": self.dst_nic, "latency_us": self.latency_us,
+            "loss_rate": self.loss_rate,
+        }  # fmt: skip
+        if self.bandwidth_gbps is not None:
+            out["bandwidth_gbps"] = self.bandwidth_gbps
+        if self.spine is not None:
+            out["spine"] = self.spine
+        return out
+
+
+# ---- namespaces --------------------------------------------------------------------------------------------------
+
+
+_libc: Any = None
+
+
+def _setns(name: str) -> None:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if not name or "/" in name or name in (".", ".."):
+        raise ProbeError(f"netns {name!r}: not a namespace name")
+    path = os.path.join(NETNS_DIR, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ProbeError(f"netns {name}: {path} cannot be opened ({exc.strerror})") from None
+    try:
+        if _libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            hint = " (joining a network namespace needs root: CAP_SYS_ADMIN)" if err == errno.EPERM else ""
+            raise ProbeError(f"netns {name}: setns failed: {os.strerror(err)}{hint}")
+    finally:
+        os.close(fd)
+
+
+def in_netns(netns: str | None, fn: Callable[[], T]) -> T:
+    """fn() run in a thread that has joined the network namespace netns (None: this one); its result or error."""
+    if netns is None:
+        return fn()
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            _setns(netns)
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"netns-{netns}", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _socket(end: Endpoint, kind: int, tos: int) -> socket.socket:
+    def make() -> socket.socket:
+        sock = socket.socket(socket.AF_INET, kind)
+        try:
+            if tos:
+                sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+            sock.bind((end.address, 0))
+        except OSError as exc:
+            sock.close()
+            where = f" in netns {end.netns}" if end.netns else ""
+            raise ProbeError(
+                f"{end.address}{where}: cannot bind ({exc.strerror}); is the address on this machine?"
+            ) from None
+        return sock
+
+    return in_netns(end.netns, make)
+
+
+# ---- one probe ---------------------------------------------------------------------------------------------------
+
+
+def _latency(spec: ProbeSpec, s: ProbeSettings, probe_id: int) -> tuple[list[float], int]:
+    responder = _socket(spec.dst, socket.SOCK_DGRAM, spec.tos)
+    try:
+        client = _socket(spec.src, socket.SOCK_DGRAM, spec.tos)
+    except BaseException:
+        responder.close()
+        raise
+    with responder, client:
+        responder.setblocking(False)
+        client.setblocking(False)
+        target = responder.getsockname()
+        pad = b"\0" * (s.size - HEADER.size)
+        rtts: list[float] = []
+        seen: set[int] = set()
+        sent = 0
+        start = time.monotonic()
+        deadline = start + s.count * s.interval_s + s.timeout_s
+        while True:
+            now = time.monotonic()
+            if sent < s.count and now >= start + sent * s.interval_s:
+                with contextlib.suppress(OSError):  # unreachable, no route, a full buffer: the datagram is lost
+                    client.sendto(HEADER.pack(probe_id, sent, time.perf_counter()) + pad, target)
+                sent += 1
+                continue
+            if now >= deadline or len(seen) >= s.count:
+                break
+            wait = deadline - now if sent >= s.count else max(0.0, start + sent * s.interval_s - now)
+            readable, _, _ = select.select([responder, client], [], [], wait)
+            for sock in readable:
+                try:
+                    data, peer = sock.recvfrom(MAX_SIZE)
+                except OSError:  # an ICMP error queued on the socket: nothing came back
+                    continue
+                if sock is responder:
+                    with contextlib.suppress(OSError):
+                        responder.sendto(data, peer)
+                elif len(data) >= HEADER.size:
+                    pid, seq, then = HEADER.unpack_from(data)
+                    if pid == probe_id and seq < s.count and seq not in seen:
+                        seen.add(seq)
+                        rtts.append((time.perf_counter() - then) * 1e6)
+    return rtts, s.count
+
+
+def _bandwidth(spec: ProbeSpec, s: ProbeSettings) -> float:
+    listener = _socket(spec.dst, socket.SOCK_STREAM, spec.tos)
+    try:
+        client = _socket(spec.src, socket.SOCK_STREAM, spec.tos)
+    except BaseException:
+        listener.close()
+        raise
+    got = {"bytes": 0, "first": 0.0, "last": 0.0}
+    stop_at = time.monotonic() + s.bandwidth_timeout_s
+
+    def receive() -> None:
+        listener.settimeout(max(0.01, stop_at - time.monotonic()))
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with conn:
+            while got["bytes"] < s.bandwidth_bytes:
+                left = stop_at - time.monotonic()
+                if left <= 0:
+                    return
+                conn.settimeout(left)
+                try:
+                    chunk = conn.recv(1 << 16)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                if not got["bytes"]:
+                    got["first"] = time.perf_counter()
+                got["bytes"] += len(chunk)
+                got["last"] = time.perf_counter()
+
+    with listener, client:
+        listener.listen(1)
+        target = listener.getsockname()
+        reader = threading.Thread(target=receive, name="netprobe-recv", daemon=True)
+        reader.start()
+        try:
+            client.settimeout(min(1.0, max(0.01, stop_at - time.monotonic())))  # a live path answers a SYN at once
+            client.connect(target)
+            client.settimeout(max(0.01, stop_at - time.monotonic()))
+            block = b"\0" * (1 << 16)
+            left = s.bandwidth_bytes
+            while left > 0 and time.monotonic() < stop_at:
+                n = client.send(block[: min(left, len(block))])
+                left -= n
+        except OSError:
+            pass
+        reader.join(max(0.0, stop_at - time.monotonic()) + 1.0)
+        with contextlib.suppress(OSError):
+            client.shutdown(socket.SHUT_RDWR)
+    if got["bytes"] == 0:
+        return 0.0
+    # The first chunk's bytes arrived before the clock started: time the rest (at least one chunk's worth).
+    span = got["last"] - got["first"]
+    if got["bytes"] < s.bandwidth_bytes:  # cut by the timeout: what arrived over the whole window
+        span = s.bandwidth_timeout_s
+    return max(0.0, got["bytes"] * 8 / max(span, 1e-6) / 1e9)
+
+
+def run_probe(spec: ProbeSpec, settings: ProbeSettings, probe_id: int = 0) -> ProbeResult:
+    """One probe, measured; set-up errors become a result with ``error`` (nothing measured)."""
+    try:
+        rtts, sent = _latency(spec, settings, (0x4C494D << 40) | probe_id)
+        # A path that echoed nothing is not timed for throughput (its connection would only wait out the timeout).
+        bandwidth = _bandwidth(spec, settings) if settings.bandwidth_bytes and rtts else None
+    except ProbeError as exc:
+        return ProbeResult(spec.src_nic, spec.dst_nic, None, 1.0, spine=spec.spine, error=str(exc)[:500])
+    notes = ["every echo lost: throughput not measured"] if settings.bandwidth_bytes and not rtts else []
+    return ProbeResult(
+        spec.src_nic, spec.dst_nic, round(latency_of(rtts), 2) if rtts else None, round(1 - len(rtts) / sent, 6),
+        None if bandwidth is None else round(bandwidth, 6), spec.spine, sent, len(rtts), notes=notes,
+    )  # fmt: skip
+
+
+def latency_of(rtts: Sequence[float]) -> float:
+    """The probe's latency from its echoes' round-trip times: their lower quartile. On a shared CPU the scheduler
+    adds its jitter to some echoes (the upper tail), while a slow path delays them all; the lower quartile keeps
+    the second and drops most of the first."""
+    ordered = sorted(rtts)
+    return ordered[(len(ordered) - 1) // 4]
+
+
+def disjoint_rounds(specs: Sequence[ProbeSpec]) -> list[list[int]]:
+    """The probes' indices in rounds where no two probes of a round share a NIC (greedy, in order): throughput
+    probes of one round do not compete for a NIC's rate."""
+    rounds: list[tuple[set[str], list[int]]] = []
+    for i, spec in enumerate(specs):
+        for used, members in rounds:
+            if spec.src_nic not in used and spec.dst_nic not in used:
+                used.update((spec.src_nic, spec.dst_nic))
+                members.append(i)
+                break
+        else:
+            rounds.append(({spec.src_nic, spec.dst_nic}, [i]))
+    return [members for _, members in rounds]
+
+
+def run_probes(
+    specs: Sequence[ProbeSpec],
+    settings: ProbeSettings,
+    *,
+    concurrency: int = 8,
+    on_done: Callable[[int, int], None] | None = None,
+    stop: threading.Event | None = None,
+) -> list[ProbeResult]:
+    """Every probe, in the order given. Latency probes run ``concurrency`` at a time; with throughput asked for,
+    probes run one round of NIC-disjoint probes at a time, at most ``concurrency`` at once, so that no two share a
+    NIC (they may still share a leaf-spine link: the caller's plan decides)."""
+    if not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise ValueError(f"concurrency: {concurrency}; accepted: 1 to {MAX_CONCURRENCY}")
+    results: list[ProbeResult | None] = [None] * len(specs)
+    done = 0
+    groups: Iterable[list[int]] = disjoint_rounds(specs) if settings.bandwidth_bytes else [list(range(len(specs)))]
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="netprobe") as pool:
+        for group in groups:
+            for start in range(0, len(group), concurrency):
+                if stop is not None and stop.is_set():
+                    raise InterruptedError(f"stopped after {done} of {len(specs)} probes")
+                batch = group[start : start + concurrency]
+                for i, result in zip(batch, pool.map(lambda i: run_probe(specs[i], settings, i), batch), strict=True):
+                    results[i] = result
+                    done += 1
+                if on_done is not None:
+                    on_done(done, len(specs))
+    return [r for r in results if r is not None]
