@@ -90,14 +90,7 @@ def draw_faults(bed: Testbed, rng: random.Random, n: int) -> list[tuple[str, str
 
 
 def probe_rows(bed: Testbed, pairs: list[tuple[str, str, str | None]], settings: netprobe.ProbeSettings) -> list:
-    ends = bed.endpoints()
-    specs = [
-        netprobe.ProbeSpec(
-            a, b, netprobe.Endpoint(**ends["nics"][a]), netprobe.Endpoint(**ends["nics"][b]),
-            tos=ends["spines"][v]["tos"] if v else 0, spine=v,
-        )
-        for a, b, v in pairs
-    ]  # fmt: skip
+    specs = netprobe.probe_specs(bed.endpoints(), pairs)
     results = netprobe.run_probes(specs, settings, concurrency=4)
     broken = [r.error for r in results if r.error]
     if broken:

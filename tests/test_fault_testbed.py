@@ -44,14 +44,7 @@ def fabric(bed: Testbed) -> Iterator[Testbed]:
 
 
 def probe(bed: Testbed, pairs: list[tuple[str, str, str | None]], throughput: int = THROUGHPUT) -> list[dict]:
-    ends = bed.endpoints()
-    specs = [
-        netprobe.ProbeSpec(
-            a, b, netprobe.Endpoint(**ends["nics"][a]), netprobe.Endpoint(**ends["nics"][b]),
-            tos=ends["spines"][v]["tos"] if v else 0, spine=v,
-        )
-        for a, b, v in pairs
-    ]  # fmt: skip
+    specs = netprobe.probe_specs(bed.endpoints(), pairs)
     results = netprobe.run_probes(
         specs, netprobe.ProbeSettings(bandwidth_bytes=throughput, timeout_s=0.2), concurrency=4
     )
@@ -81,7 +74,7 @@ def test_the_fabric_routes_every_pair_and_pins_spines_by_tos(fabric: Testbed) ->
     rows = probe(fabric, pairs)
     assert len(rows) == len(pairs) >= 100
     assert all(r["loss_rate"] == 0 for r in rows)
-    assert all(0.2 < r["bandwidth_gbps"] < 0.8 for r in rows), sorted(r["bandwidth_gbps"] for r in rows)[:3]
+    assert all(0.2 < r["bandwidth_gbps"] < 2 for r in rows), sorted(r["bandwidth_gbps"] for r in rows)
     assert faulty(fabric, rows) == set()
     fabric.inject("uplink_down", "leaf0-0~spine0")
     a, b = "node0-r0", "node4-r0"  # leaf0-0 and leaf0-1
@@ -203,3 +196,13 @@ def test_the_command_line_builds_injects_clears_and_removes(tmp_path: Path) -> N
         cli("down", str(folder))
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
     assert state["prefix"] not in listed
+
+
+def test_a_spine_without_a_tos_is_probed_unpinned_and_its_rows_name_no_spine() -> None:
+    """No root needed: a pin is only claimed when the endpoints say how to route it."""
+    ends = {"nics": {"a": {"address": "198.18.0.10"}, "b": {"address": "198.18.1.11", "netns": "x"}},
+            "spines": {"spine0": {"tos": 4}}}  # fmt: skip
+    pinned, unknown, plain = netprobe.probe_specs(ends, [("a", "b", "spine0"), ("a", "b", "spine9"), ("b", "a", None)])
+    assert (pinned.tos, pinned.spine) == (4, "spine0")
+    assert (unknown.tos, unknown.spine) == (0, None)
+    assert (plain.tos, plain.spine, plain.src.netns, plain.dst.netns) == (0, None, "x", None)

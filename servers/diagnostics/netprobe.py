@@ -34,7 +34,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -316,6 +316,22 @@ def latency_of(rtts: Sequence[float]) -> float:
     the second and drops most of the first."""
     ordered = sorted(rtts)
     return ordered[(len(ordered) - 1) // 4]
+
+
+def probe_specs(endpoints: Mapping[str, Any], pairs: Iterable[tuple[str, str, str | None]]) -> list[ProbeSpec]:
+    """The probes of pairs (src_nic, dst_nic, via_spine) at endpoints ``{"nics": {nic: {"address", "netns"?}},
+    "spines": {spine: {"tos"}}}``: a pair pinned to a spine with a TOS carries it and names the spine; a spine
+    without one cannot be pinned: its pair goes unpinned (ECMP) and names no spine."""
+    nics, spines = endpoints["nics"], endpoints.get("spines") or {}
+    out = []
+    for src, dst, via in pairs:
+        route = spines.get(via) if via else None
+        out.append(ProbeSpec(
+            src, dst, Endpoint(nics[src]["address"], nics[src].get("netns")),
+            Endpoint(nics[dst]["address"], nics[dst].get("netns")),
+            tos=int(route["tos"]) if route else 0, spine=via if route else None,
+        ))  # fmt: skip
+    return out
 
 
 def disjoint_rounds(specs: Sequence[ProbeSpec]) -> list[list[int]]:

@@ -182,7 +182,6 @@ def run_network_probes_job(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any
         bandwidth_bytes=opts.bandwidth_bytes, bandwidth_timeout_s=opts.bandwidth_timeout_s,
     )  # fmt: skip
     leaf_of = {nic.name: nic.leaf for node in spec.topology.nodes for nic in node.nics}
-    ends = spec.endpoints.nics
     notes: list[str] = []
     unroutable = sorted({p.via_spine for p in spec.pairs if p.via_spine and p.via_spine not in spec.endpoints.spines})
     if unroutable:
@@ -190,15 +189,9 @@ def run_network_probes_job(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any
             f"spine(s) {', '.join(unroutable[:5])} have no TOS in endpoints.spines: their pairs ran unpinned (ECMP) "
             "and their rows name no spine"
         )
-    probes = []
-    for pair in spec.pairs:
-        route = spec.endpoints.spines.get(pair.via_spine) if pair.via_spine else None
-        probes.append(netprobe.ProbeSpec(
-            pair.src_nic, pair.dst_nic,
-            netprobe.Endpoint(ends[pair.src_nic].address, ends[pair.src_nic].netns),
-            netprobe.Endpoint(ends[pair.dst_nic].address, ends[pair.dst_nic].netns),
-            tos=route.tos if route else 0, spine=pair.via_spine if route else None,
-        ))  # fmt: skip
+    probes = netprobe.probe_specs(
+        spec.endpoints.model_dump(mode="json"), [(p.src_nic, p.dst_nic, p.via_spine) for p in spec.pairs]
+    )
     folder = Path(ctx.files.dir)
     (folder / TOPOLOGY_FILE).write_text(json.dumps(spec.topology.model_dump(mode="json")))
     ctx.progress(0, len(probes), f"probing {len(probes)} pair(s)")
