@@ -129,9 +129,23 @@ async def test_plan_run_and_localize_in_three_calls(fabric: Testbed, app: App, t
         found = await call_ok(client, "localize_network_fault", {"job_id": job["job_id"]})
         named = {(s["kind"], s["name"]) for s in found["suspects"] if s["faulty"]}
         assert named == {("nic", "node2-r0")}
-        # a job that is not a probe job is refused, saying what is accepted
+        # a job that is not there, endpoints that are not JSON, a NIC without an address: refused, saying why
         text = await call_error(client, "localize_network_fault", {"job_id": "not-a-job"})
         assert "job" in text
+        (tmp_path / "bad.json").write_text("{nics")
+        text = await call_error(
+            client,
+            "run_network_probes",
+            {"topology_path": str(topology_path), "endpoints_path": str(tmp_path / "bad.json")},
+        )
+        assert "not JSON" in text
+        (tmp_path / "empty.json").write_text('{"nics": {}}')
+        text = await call_error(
+            client,
+            "run_network_probes",
+            {"topology_path": str(topology_path), "endpoints_path": str(tmp_path / "empty.json")},
+        )
+        assert "no endpoint" in text
 
 
 def test_bad_endpoints_are_refused_or_reported_never_probed(fabric: Testbed, tmp_path: Path) -> None:

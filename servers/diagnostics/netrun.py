@@ -233,5 +233,10 @@ def read_job_rows(job_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         text = (job_dir / ROWS_FILE).read_text()
     except (OSError, ValueError) as exc:
         raise InputError(f"the job's probe rows cannot be read ({exc}); did it finish?") from None
-    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    try:
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except ValueError as exc:
+        raise InputError(f"the job's {ROWS_FILE} is damaged ({exc})") from None
+    if not isinstance(topology, dict) or not all(isinstance(r, dict) for r in rows):
+        raise InputError(f"the job's {TOPOLOGY_FILE} or {ROWS_FILE} is not what the job writes")
     return topology, rows
