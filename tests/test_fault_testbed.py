@@ -220,3 +220,18 @@ def test_a_spine_without_a_tos_is_probed_unpinned_and_its_rows_name_no_spine() -
     assert (pinned.tos, pinned.spine) == (4, "spine0")
     assert (unknown.tos, unknown.spine) == (0, None)
     assert (plain.tos, plain.spine, plain.src.netns, plain.dst.netns) == (0, None, "x", None)
+
+
+def test_a_probe_over_loopback_needs_no_root() -> None:
+    """The probe engine itself, in this namespace: every echo back, a throughput, and settings out of bounds
+    refused with what is accepted."""
+    here = netprobe.Endpoint("127.0.0.1")
+    result = netprobe.run_probe(
+        netprobe.ProbeSpec("a", "b", here, here), netprobe.ProbeSettings(bandwidth_bytes=1 << 18)
+    )
+    assert result.error is None and result.loss_rate == 0 and result.received == result.sent == 20
+    assert result.latency_us is not None and result.latency_us > 0 and (result.bandwidth_gbps or 0) > 0
+    with pytest.raises(ValueError, match="accepted"):
+        netprobe.ProbeSettings(count=0)
+    with pytest.raises(ValueError, match="accepted"):
+        netprobe.run_probes([], netprobe.ProbeSettings(), concurrency=0)

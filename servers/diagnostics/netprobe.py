@@ -200,7 +200,7 @@ def _latency(spec: ProbeSpec, s: ProbeSettings, probe_id: int) -> tuple[list[flo
     with responder, client:
         responder.setblocking(False)
         client.setblocking(False)
-        target = responder.getsockname()
+        target, source = responder.getsockname(), client.getsockname()
         pad = b"\0" * (s.size - HEADER.size)
         rtts: list[float] = []
         seen: set[int] = set()
@@ -224,8 +224,9 @@ def _latency(spec: ProbeSpec, s: ProbeSettings, probe_id: int) -> tuple[list[flo
                 except OSError:  # an ICMP error queued on the socket: nothing came back
                     continue
                 if sock is responder:
-                    with contextlib.suppress(OSError):
-                        responder.sendto(data, peer)
+                    if peer == source:  # echoes go to this probe's own client only: never a reflector
+                        with contextlib.suppress(OSError):
+                            responder.sendto(data, peer)
                 elif len(data) >= HEADER.size:
                     pid, seq, then = HEADER.unpack_from(data)
                     if pid == probe_id and seq < s.count and seq not in seen:
@@ -245,11 +246,15 @@ def _bandwidth(spec: ProbeSpec, s: ProbeSettings) -> float:
     stop_at = time.monotonic() + s.bandwidth_timeout_s
 
     def receive() -> None:
-        listener.settimeout(max(0.01, stop_at - time.monotonic()))
-        try:
-            conn, _ = listener.accept()
-        except OSError:
-            return
+        while True:  # only this probe's own client is read: anyone else who connects is closed
+            listener.settimeout(max(0.01, stop_at - time.monotonic()))
+            try:
+                conn, peer = listener.accept()
+            except OSError:
+                return
+            if peer == source:
+                break
+            conn.close()
         with conn:
             while got["bytes"] < s.bandwidth_bytes:
                 left = stop_at - time.monotonic()
@@ -267,6 +272,7 @@ def _bandwidth(spec: ProbeSpec, s: ProbeSettings) -> float:
                 got["bytes"] += len(chunk)
                 got["last"] = time.perf_counter()
 
+    source = client.getsockname()
     with listener, client:
         listener.listen(1)
         target = listener.getsockname()
