@@ -74,7 +74,8 @@ def test_the_fabric_routes_every_pair_and_pins_spines_by_tos(fabric: Testbed) ->
     rows = probe(fabric, pairs)
     assert len(rows) == len(pairs) >= 100
     assert all(r["loss_rate"] == 0 for r in rows)
-    assert all(0.2 < r["bandwidth_gbps"] < 2 for r in rows), sorted(r["bandwidth_gbps"] for r in rows)
+    # the line rate is 0.4 Gbit/s; a loaded CPU moves less (0.15 seen with CI running beside), a slow fault 0.04
+    assert all(0.05 < r["bandwidth_gbps"] < 2 for r in rows), sorted(r["bandwidth_gbps"] for r in rows)
     assert faulty(fabric, rows) == set()
     fabric.inject("uplink_down", "leaf0-0~spine0")
     a, b = "node0-r0", "node4-r0"  # leaf0-0 and leaf0-1
