@@ -487,6 +487,7 @@ JOB_STARTING_TOOLS = {
     "tune_overlap",
     "run_dcgm_diag",
     "check_collective_bandwidth",
+    "run_network_probes",
     "submit_training_job",
     "submit_sweep",
     "start_test_job",
