@@ -12,10 +12,11 @@ socket this module opened (binding fails otherwise, and the probe is reported as
 listens longer than its probe.
 
 Latency and loss: ``count`` UDP datagrams of ``size`` bytes, ``interval_s`` apart, each echoed by the responder; the
-latency is the median round-trip time in microseconds of those that came back, the loss rate the share that did not
-come back within ``timeout_s`` of the last send. Throughput (``bandwidth_bytes`` > 0): one TCP connection sends that
-many bytes; the receiver's time from the first byte to the last gives Gbit/s (bounded by ``bandwidth_timeout_s``;
-what arrived by then counts; a connection that cannot be made gives 0).
+latency is the lower quartile of the round-trip times in microseconds of those that came back (latency_of), the loss
+rate the share that did not come back within ``timeout_s`` of the last send. Throughput (``bandwidth_bytes`` > 0):
+one TCP connection sends that many bytes; the receiver's time from the first byte to the last gives Gbit/s (bounded
+by ``bandwidth_timeout_s``; what arrived by then counts; a connection that cannot be made gives 0; a path that echoed
+nothing is not timed).
 
 Routes: when a probe is pinned to a spine the caller gives the IP TOS byte that the fabric routes to that spine by
 (policy routing, ``ip rule ... tos``); both directions carry it, so request and echo cross the same spine. Unpinned
@@ -36,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -107,7 +108,6 @@ class ProbeResult:
     sent: int = 0
     received: int = 0
     error: str | None = None  # the probe did not run (set-up failed): the row is not a measurement
-    notes: list[str] = field(default_factory=list)
 
     def row(self) -> dict[str, Any]:
         """The row localize_network_fault reads."""
@@ -190,13 +190,18 @@ def _socket(end: Endpoint, kind: int, tos: int) -> socket.socket:
 # ---- one probe ---------------------------------------------------------------------------------------------------
 
 
-def _latency(spec: ProbeSpec, s: ProbeSettings, probe_id: int) -> tuple[list[float], int]:
-    responder = _socket(spec.dst, socket.SOCK_DGRAM, spec.tos)
+def _sockets(spec: ProbeSpec, kind: int) -> tuple[socket.socket, socket.socket]:
+    """The probe's two sockets, the destination's first (bound before anything is sent), then the source's."""
+    far = _socket(spec.dst, kind, spec.tos)
     try:
-        client = _socket(spec.src, socket.SOCK_DGRAM, spec.tos)
+        return far, _socket(spec.src, kind, spec.tos)
     except BaseException:
-        responder.close()
+        far.close()
         raise
+
+
+def _latency(spec: ProbeSpec, s: ProbeSettings, probe_id: int) -> tuple[list[float], int]:
+    responder, client = _sockets(spec, socket.SOCK_DGRAM)
     with responder, client:
         responder.setblocking(False)
         client.setblocking(False)
@@ -236,12 +241,7 @@ def _latency(spec: ProbeSpec, s: ProbeSettings, probe_id: int) -> tuple[list[flo
 
 
 def _bandwidth(spec: ProbeSpec, s: ProbeSettings) -> float:
-    listener = _socket(spec.dst, socket.SOCK_STREAM, spec.tos)
-    try:
-        client = _socket(spec.src, socket.SOCK_STREAM, spec.tos)
-    except BaseException:
-        listener.close()
-        raise
+    listener, client = _sockets(spec, socket.SOCK_STREAM)
     got = {"bytes": 0, "first": 0.0, "last": 0.0}
     stop_at = time.monotonic() + s.bandwidth_timeout_s
 
@@ -309,10 +309,9 @@ def run_probe(spec: ProbeSpec, settings: ProbeSettings, probe_id: int = 0) -> Pr
         bandwidth = _bandwidth(spec, settings) if settings.bandwidth_bytes and rtts else None
     except ProbeError as exc:
         return ProbeResult(spec.src_nic, spec.dst_nic, None, 1.0, spine=spec.spine, error=str(exc)[:500])
-    notes = ["every echo lost: throughput not measured"] if settings.bandwidth_bytes and not rtts else []
     return ProbeResult(
         spec.src_nic, spec.dst_nic, round(latency_of(rtts), 2) if rtts else None, round(1 - len(rtts) / sent, 6),
-        None if bandwidth is None else round(bandwidth, 6), spec.spine, sent, len(rtts), notes=notes,
+        None if bandwidth is None else round(bandwidth, 6), spec.spine, sent, len(rtts),
     )  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from servers.core.errors import InputError
 from servers.core.models import Model
+from servers.diagnostics import netprobe
 from servers.diagnostics.netmodels import Topology
 
 MAX_PAIRS = 5000
@@ -77,13 +78,16 @@ class Pair(Model):
 
 class ProbeOptions(Model):
     model_config = ConfigDict(extra="forbid")
-    count: int = Field(default=20, ge=1, le=1000, description="UDP echoes per probe")
-    size: int = Field(default=64, ge=24, le=8192, description="Bytes per echo")
+    # The bounds are netprobe's (ProbeSettings checks them again): one place says what a probe may do.
+    count: int = Field(default=20, ge=1, le=netprobe.MAX_COUNT, description="UDP echoes per probe")
+    size: int = Field(default=64, ge=netprobe.HEADER.size, le=netprobe.MAX_SIZE, description="Bytes per echo")
     interval_s: float = Field(default=0.002, ge=0, le=1)
     timeout_s: float = Field(default=0.5, ge=0.01, le=30, description="Wait for echoes after the last send")
-    bandwidth_bytes: int = Field(default=0, ge=0, le=64 * 2**20, description="0: no throughput probe")
+    bandwidth_bytes: int = Field(default=0, ge=0, le=netprobe.MAX_BANDWIDTH_BYTES, description="0: no throughput probe")
     bandwidth_timeout_s: float = Field(default=5.0, ge=0.1, le=120)
-    concurrency: int = Field(default=4, ge=1, le=64, description="Probes at once (NIC-disjoint with throughput)")
+    concurrency: int = Field(
+        default=4, ge=1, le=netprobe.MAX_CONCURRENCY, description="Probes at once (NIC-disjoint with throughput)"
+    )
 
 
 class NetworkProbeSpec(Model):
@@ -95,7 +99,9 @@ class NetworkProbeSpec(Model):
     options: ProbeOptions = Field(default_factory=ProbeOptions)
 
 
-class ProbeError(Model):
+class NotRun(Model):
+    """A probe that could not be set up, and why."""
+
     src_nic: str
     dst_nic: str
     error: str
@@ -114,7 +120,7 @@ class NetworkProbeReport(Model):
     rows_file: str = Field(description="In the job folder: the rows, one JSON object a line")
     topology_file: str
     planned: str | None = None
-    errors: list[ProbeError] = Field(default_factory=list, description=f"At most {MAX_ERRORS_LISTED}")
+    errors: list[NotRun] = Field(default_factory=list, description=f"At most {MAX_ERRORS_LISTED}")
     notes: list[str] = Field(default_factory=list)
     wall_s: float
 
@@ -172,15 +178,11 @@ def run_network_probes_job(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any
     import statistics
 
     from servers.core.procs import stop_on_sigterm
-    from servers.diagnostics import netprobe
 
     spec = NetworkProbeSpec.model_validate(spec_data)
     started = time.time()
     opts = spec.options
-    settings = netprobe.ProbeSettings(
-        count=opts.count, size=opts.size, interval_s=opts.interval_s, timeout_s=opts.timeout_s,
-        bandwidth_bytes=opts.bandwidth_bytes, bandwidth_timeout_s=opts.bandwidth_timeout_s,
-    )  # fmt: skip
+    settings = netprobe.ProbeSettings(**opts.model_dump(exclude={"concurrency"}))
     leaf_of = {nic.name: nic.leaf for node in spec.topology.nodes for nic in node.nics}
     notes: list[str] = []
     unroutable = sorted({p.via_spine for p in spec.pairs if p.via_spine and p.via_spine not in spec.endpoints.spines})
@@ -220,7 +222,7 @@ def run_network_probes_job(spec_data: dict[str, Any], ctx: Any) -> dict[str, Any
         median_latency_us=round(statistics.median(latencies), 2) if latencies else None,
         median_bandwidth_gbps=round(statistics.median(bandwidths), 6) if bandwidths else None,
         rows_file=ROWS_FILE, topology_file=TOPOLOGY_FILE, planned=spec.planned,
-        errors=[ProbeError(src_nic=r.src_nic, dst_nic=r.dst_nic, error=r.error or "") for r in failed[:10]],
+        errors=[NotRun(src_nic=r.src_nic, dst_nic=r.dst_nic, error=r.error or "") for r in failed[:MAX_ERRORS_LISTED]],
         notes=notes, wall_s=round(time.time() - started, 3),
     )  # fmt: skip
     return report.model_dump(mode="json")

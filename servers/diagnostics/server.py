@@ -771,13 +771,9 @@ def _register_network(server: MCPServer, app: App) -> None:
 def _register_network_probes(server: MCPServer, app: App) -> None:
     """run_network_probes."""
 
-    from servers.diagnostics.netmodels import Topology
     from servers.diagnostics.netrun import MAX_PAIRS
 
     Name = Annotated[str, Field(max_length=128)]  # noqa: N806 (a type alias)
-
-    def read_topology(topology: Topology | None, text: str, path: str | None, what: str) -> dict:
-        return read_topology_input(app, topology, text, path, what)
 
     @agent_tool(
         server, title="Run network probes", read_only=False, destructive=False, idempotent=False, open_world=False
@@ -800,7 +796,7 @@ def _register_network_probes(server: MCPServer, app: App) -> None:
         from servers.diagnostics.netrun import build_spec
 
         def make() -> dict:
-            topo = read_topology(None, "", topology_path, "run_network_probes")
+            topo = read_topology_input(app, None, "", topology_path, "run_network_probes")
             body, _ = read_text_input(app, "", endpoints_path, "endpoints")
             try:
                 ends = json.loads(body)

@@ -68,22 +68,19 @@ def available() -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Port:
+    netns: str
+    dev: str
+
+
 @dataclass
 class Fault:
     kind: FaultKind
     target: str  # the component's name as the topology names it
     rate_mbit: float | None = None
-    undo: list[list[str]] = field(default_factory=list)
-
-    @property
-    def component(self) -> tuple[str, str]:
-        return FAULT_COMPONENT[self.kind], self.target
-
-
-@dataclass(frozen=True)
-class _Port:
-    netns: str
-    dev: str
+    down: list[_Port] = field(default_factory=list)  # ports set down, brought up by clear()
+    slowed: list[tuple[_Port, float | None]] = field(default_factory=list)  # ports rate-limited, and their old rate
 
 
 class Testbed:
@@ -275,10 +272,10 @@ class Testbed:
     def _routes(self) -> None:
         """Every static route, (re)made: a link set down takes the routes through it with it, so clearing a fault
         makes them again (`route replace`: idempotent). Links that are down keep their routes out."""
-        down = {(step[2], step[5]) for f in self.faults for step in f.undo if step[0] == "ip"}
+        down = {port for fault in self.faults for port in fault.down}
         for leaf in range(self.rails * self.leaves_per_rail):
             ns = self.ns(f"l{leaf}")
-            live = [s for s in range(self.spines) if (ns, f"u{s}") not in down]
+            live = [s for s in range(self.spines) if _Port(ns, f"u{s}") not in down]
             hops = " ".join(f"nexthop via {self._link_address(leaf, s, True)} dev u{s}" for s in live)
             commands = [f"route replace 198.18.0.0/15 {hops}"] if live else []
             for s in live:
@@ -295,7 +292,7 @@ class Testbed:
         for i in range(self.nodes):
             commands = []
             for r in range(self.rails):
-                if (self.ns(f"n{i}"), f"r{r}") in down:
+                if _Port(self.ns(f"n{i}"), f"r{r}") in down:
                     continue
                 leaf = self.leaf_index(i, r)
                 commands += [
@@ -341,57 +338,62 @@ class Testbed:
         if slow and not (rate_mbit and 0 < rate_mbit <= 10_000):
             raise ValueError(f"{kind} needs rate_mbit (0 < rate <= 10000)")
         fault = Fault(kind, target, rate_mbit if slow else None)  # type: ignore[arg-type]
-        if kind in ("nic_down", "node_down"):
-            if kind == "nic_down":
-                ports = [self.nic_ports(*self._nic(target))[0]]
-            else:
-                i = next((i for i in range(self.nodes) if self.node_name(i) == target), None)
-                if i is None:
-                    raise ValueError(f"node {target!r}: not in this testbed (node0 .. node{self.nodes - 1})")
-                ports = [self.nic_ports(i, r)[0] for r in range(self.rails)]
-            for port in ports:
-                self._run("ip", "-n", port.netns, "link", "set", port.dev, "down")
-                fault.undo.append(["ip", "-n", port.netns, "link", "set", port.dev, "up"])
-        elif kind == "uplink_down":
-            up, _ = self.link_ports(*self._link(target))
-            self._run("ip", "-n", up.netns, "link", "set", up.dev, "down")
-            fault.undo.append(["ip", "-n", up.netns, "link", "set", up.dev, "up"])
-        else:
-            if kind == "nic_slow":
-                ports, base = list(self.nic_ports(*self._nic(target))), self.nic_mbit
-            elif kind == "link_slow":
-                ports, base = list(self.link_ports(*self._link(target))), None
-            else:
-                s = next((s for s in range(self.spines) if self.spine_name(s) == target), None)
-                if s is None:
-                    raise ValueError(f"spine {target!r}: not in this testbed (spine0 .. spine{self.spines - 1})")
-                ports = [self.link_ports(leaf, s)[1] for leaf in range(self.rails * self.leaves_per_rail)]
-                base = None
-            for port in ports:
+        ports, base = self._fault_ports(kind, target)
+        for port in ports:
+            if slow:
                 self._rate(port, rate_mbit)
-                fault.undo.append(["rate", port.netns, port.dev, "" if base is None else str(base)])
+                fault.slowed.append((port, base))
+            else:
+                self._run("ip", "-n", port.netns, "link", "set", port.dev, "down")
+                fault.down.append(port)
         self.faults.append(fault)
         return fault
 
-    def clear(self, fault: Fault) -> None:
-        for step in fault.undo:
-            if step[0] == "rate":
-                self._rate(_Port(step[1], step[2]), float(step[3]) if step[3] else None)
-            else:
-                self._run(*step)
+    def _fault_ports(self, kind: str, target: str) -> tuple[list[_Port], float | None]:
+        """The ports a fault of this kind on target changes, and their rate before (None: uncapped)."""
+        if kind in ("nic_down", "nic_slow"):
+            nic, port = self.nic_ports(*self._nic(target))
+            return ([nic] if kind == "nic_down" else [nic, port]), self.nic_mbit
+        if kind == "node_down":
+            i = next((i for i in range(self.nodes) if self.node_name(i) == target), None)
+            if i is None:
+                raise ValueError(f"node {target!r}: not in this testbed (node0 .. node{self.nodes - 1})")
+            return [self.nic_ports(i, r)[0] for r in range(self.rails)], self.nic_mbit
+        if kind in ("uplink_down", "link_slow"):
+            up, down = self.link_ports(*self._link(target))
+            return ([up] if kind == "uplink_down" else [up, down]), None
+        s = next((s for s in range(self.spines) if self.spine_name(s) == target), None)
+        if s is None:
+            raise ValueError(f"spine {target!r}: not in this testbed (spine0 .. spine{self.spines - 1})")
+        return [self.link_ports(leaf, s)[1] for leaf in range(self.rails * self.leaves_per_rail)], None
+
+    def _undo(self, fault: Fault) -> None:
+        """The fault's ports back as they were; the routes and links are left to _mend."""
+        for port in fault.down:
+            self._run("ip", "-n", port.netns, "link", "set", port.dev, "up")
+        for port, rate in fault.slowed:
+            self._rate(port, rate)
         if fault in self.faults:
             self.faults.remove(fault)
-        if fault.kind.endswith("_down"):
-            self._routes()
-            self._wait_up([(step[2], step[5]) for step in fault.undo if step[0] == "ip"])
 
-    def _wait_up(self, ports: list[tuple[str, str]], timeout_s: float = 5.0) -> None:
+    def _mend(self, up: list[_Port]) -> None:
+        """After ports were brought up: the routes through them made again, and the links ready."""
+        self._routes()
+        if up:
+            self._wait_up(up)
+
+    def clear(self, fault: Fault) -> None:
+        self._undo(fault)
+        if fault.down:
+            self._mend(fault.down)
+
+    def _wait_up(self, ports: list[_Port], timeout_s: float = 5.0) -> None:
         """Until every port brought up has its carrier (LOWER_UP) and answers on its link: a veth set up again
         takes some milliseconds, and a probe sent before then is lost (not a fault of the fabric)."""
         deadline = time.monotonic() + timeout_s
-        for netns, dev in ports:
+        for port in ports:
             while True:
-                shown = subprocess.run(["ip", "-n", netns, "link", "show", "dev", dev], capture_output=True,
+                shown = subprocess.run(["ip", "-n", port.netns, "link", "show", "dev", port.dev], capture_output=True,
                                        text=True, timeout=30, check=False).stdout  # fmt: skip
                 if "LOWER_UP" in shown or time.monotonic() > deadline:
                     break
@@ -400,25 +402,29 @@ class Testbed:
             subprocess.run(["ip", "-n", netns, "neigh", "flush", "all"], capture_output=True, timeout=30, check=False)
 
     def clear_all(self) -> None:
+        up = [port for fault in self.faults for port in fault.down]
         for fault in list(self.faults):
-            self.clear(fault)
-        self._routes()
+            self._undo(fault)
+        self._mend(up)
 
     def reset(self) -> None:
         """Every port up at its line rate and every route made again, whatever was injected (by this process or
         another: the command line's `clear`)."""
         self.faults.clear()
+        up: list[_Port] = []
         for leaf in range(self.rails * self.leaves_per_rail):
             for s in range(self.spines):
                 for port in self.link_ports(leaf, s):
                     self._run("ip", "-n", port.netns, "link", "set", port.dev, "up")
                     self._rate(port, None)
+                    up.append(port)
         for i in range(self.nodes):
             for r in range(self.rails):
                 for port in self.nic_ports(i, r):
                     self._run("ip", "-n", port.netns, "link", "set", port.dev, "up")
                     self._rate(port, self.nic_mbit)
-        self._routes()
+                    up.append(port)
+        self._mend(up)
 
     def state(self) -> dict[str, Any]:
         """What attach() needs to find this testbed again from another process."""
