@@ -10,14 +10,15 @@ Layout (defaults: 8 nodes x 2 rails, 2 leaves per rail, 2 spines):
   hashed on the five-tuple: fib_multipath_hash_policy 1), unless its IP TOS byte pins a spine (``ip rule tos``: the
   pin a probe of plan_network_probes' ``via_spine`` uses);
 - a spine is a namespace routing every leaf's subnet over its link to that leaf.
-Every node port is rate-capped (tbf, both directions: ``nic_mbit``, default 400 Mbit/s) as a line rate, so a clean
-probe's throughput is the fabric's and not this machine's CPU's. Addresses are in 198.18.0.0/15 (RFC 2544's range
-for benchmarking): rail r's leaves hold 198.(18+r).k.0/24, the leaf-spine links 198.19.(128+L).(4s)/30. Nothing is
-connected to the host's namespace: no traffic leaves the testbed.
+Every node port is rate-capped (an htb class, both directions: ``nic_mbit``, default 400 Mbit/s) as a line rate, so
+a clean probe's throughput is the fabric's and not this machine's CPU's. Addresses are in 198.18.0.0/15 (RFC
+2544's range for benchmarking): rail r's leaves hold 198.(18+r).k.0/24, the leaf-spine links 198.19.(128+L).(4s)/30.
+A socket bound to no address leaves over rail 0 for rail 0's addresses (each rail's /16 is routed over it). Nothing
+is connected to the host's namespace: no traffic leaves the testbed.
 
 Faults, all done by the kernel: ``nic_down`` (the NIC's link down), ``node_down`` (every NIC of the node down),
-``uplink_down`` (a leaf-spine link down), ``nic_slow`` / ``link_slow`` (tbf at ``rate_mbit`` on both ends),
-``spine_slow`` (tbf on every port of the spine). A rate cap also makes real loss and queueing delay for traffic
+``uplink_down`` (a leaf-spine link down), ``nic_slow`` / ``link_slow`` (htb at ``rate_mbit`` on both ends),
+``spine_slow`` (htb on every port of the spine). A rate cap also makes real loss and queueing delay for traffic
 above the rate; this kernel has no netem, so no fault adds delay or random loss to light traffic.
 
 ``Testbed.build()`` writes nothing outside its namespaces; ``topology()`` and ``endpoints()`` give what
@@ -203,8 +204,16 @@ class Testbed:
                            timeout=30, check=False)  # fmt: skip
             return
         burst = max(16_000, int(mbit * 1e6 / 8 / 250))  # 4 ms of the rate (a 250 Hz tick), at least 16 kB
-        self._run("tc", "-n", port.netns, "qdisc", "replace", "dev", port.dev, "root", "tbf", "rate",
-                  f"{mbit:g}mbit", "burst", str(burst), "latency", "50ms")  # fmt: skip
+        # htb with one default class (this kernel has no tc classifiers, and none is needed): a tbf root under a
+        # training job's TCP streams stalled now and then (packets left queued, never sent; 1 job in ~10)
+        shown = subprocess.run(["tc", "-n", port.netns, "qdisc", "show", "dev", port.dev, "root"],
+                               capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+        if "htb 1:" not in shown.stdout:  # htb cannot be changed in place: made once, then its class is
+            self._run("tc", "-n", port.netns, "qdisc", "replace", "dev", port.dev, "root", "handle", "1:", "htb",
+                      "default", "1")  # fmt: skip
+        self._run("tc", "-n", port.netns, "class", "replace", "dev", port.dev, "parent", "1:", "classid", "1:1",
+                  "htb", "rate", f"{mbit:g}mbit", "ceil", f"{mbit:g}mbit", "burst", str(burst), "cburst",
+                  str(burst))  # fmt: skip
 
     def nic_ports(self, i: int, r: int) -> tuple[_Port, _Port]:
         return _Port(self.ns(f"n{i}"), f"r{r}"), _Port(self.ns(f"l{self.leaf_index(i, r)}"), f"p{i}")
@@ -298,6 +307,9 @@ class Testbed:
                 commands += [
                     f"route replace {self._subnet(leaf)} dev r{r} src {self.nic_address(i, r)} table {10 + r}",
                     f"route replace default via {self._gateway(leaf)} dev r{r} table {10 + r}",
+                    # a socket that binds no address (a training job's) reaches rail r's other nodes over rail r
+                    f"route replace 198.{18 + r}.0.0/16 via {self._gateway(leaf)} dev r{r} "
+                    f"src {self.nic_address(i, r)}",
                 ]
             self._batch(self.ns(f"n{i}"), commands)
 
