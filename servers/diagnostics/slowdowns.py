@@ -1,0 +1,237 @@
+"""Real slowdowns of real processes, for tests and benchmarks of the straggler tools: a CPU quota on a rank (the
+kernel's CFS bandwidth control, through a cgroup of the cpu controller), and the ranks of a running job found by
+the environment the launch server gives them. Plain module (no MCP imports).
+
+A rank whose process is throttled to a fraction q of one CPU computes about 1/q times slower when it is
+single-threaded and CPU-bound. The quota is granted per period: a burst of work shorter than the quota runs at full
+speed, so the period defaults to the shortest the kernel accepts for q (its smallest quota is 1 ms: a period of
+1 ms / q). Even so a short forward pass is throttled less than 1/q, so tests measure the slowdown they got rather
+than assume it.
+
+cgroup v1 (the ``cpu`` controller mounted on its own, with cpu.cfs_period_us and cpu.cfs_quota_us) is what this
+machine has and what the tests exercise; cgroup v2 (``cpu.max`` in the unified hierarchy, with the cpu controller
+enabled in the root's subtree_control) is supported the same way but has not been run here. Root only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+MIN_PERIOD_US = 1_000  # the kernel's bounds for cfs_period_us
+MAX_PERIOD_US = 1_000_000
+MIN_QUOTA_US = 1_000  # and the smallest quota it accepts
+MAX_PROCESSES_SCANNED = 65_536
+MAX_ENVIRON_BYTES = 1 << 20
+
+
+class SlowdownError(RuntimeError):
+    """A slowdown could not be applied or undone; the message says why."""
+
+
+@dataclass(frozen=True)
+class _Hierarchy:
+    version: int  # 1 or 2
+    root: Path  # where the cpu controller's groups are made
+
+    def cgroup_of(self, pid: int) -> str | None:
+        """The process's group in this hierarchy, as /proc/PID/cgroup names it (None: gone)."""
+        try:
+            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            if (self.version == 1 and "cpu" in controllers.split(",")) or (self.version == 2 and controllers == ""):
+                return path
+        return None
+
+
+def _hierarchy() -> _Hierarchy | str:
+    """The cpu controller's hierarchy here, or why there is none."""
+    if os.geteuid() != 0:
+        return "a CPU quota needs root (it makes a cgroup and moves processes into it)"
+    v1 = CGROUP_ROOT / "cpu"
+    if (v1 / "cpu.cfs_quota_us").exists():
+        return _Hierarchy(1, v1)
+    for unified in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
+        controllers = unified / "cgroup.controllers"
+        if controllers.exists() and "cpu" in controllers.read_text().split():
+            return _Hierarchy(2, unified)
+    return "no cgroup cpu controller here (neither v1's cpu.cfs_quota_us nor v2's cpu in cgroup.controllers)"
+
+
+def cpu_quota_available() -> str | None:
+    """None when CpuQuota can work here, else why not."""
+    found = _hierarchy()
+    return found if isinstance(found, str) else None
+
+
+@dataclass
+class CpuQuota:
+    """Throttle processes to `fraction` of one CPU: a cgroup of their own with quota = fraction x period. apply()
+    moves them in (all their threads), release() moves the ones still alive back to the groups they came from and
+    removes the cgroup; also a context manager."""
+
+    fraction: float
+    period_us: int = 0  # 0: the shortest the kernel accepts for the fraction (MIN_QUOTA_US / fraction)
+    name: str = field(default_factory=lambda: f"llm-infra-mcp-slow-{secrets.token_hex(4)}")
+    moved: dict[int, str] = field(default_factory=dict)  # pid -> the group it was in
+    _path: Path | None = None
+    _hier: _Hierarchy | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.fraction, int | float) and 0 < self.fraction <= 64):
+            raise ValueError(f"fraction: {self.fraction}; accepted: above 0 and at most 64 (CPUs)")
+        if self.period_us == 0:
+            self.period_us = min(MAX_PERIOD_US, max(MIN_PERIOD_US, math.ceil(MIN_QUOTA_US / self.fraction)))
+        if not MIN_PERIOD_US <= self.period_us <= MAX_PERIOD_US:
+            raise ValueError(f"period_us: {self.period_us}; accepted: {MIN_PERIOD_US} to {MAX_PERIOD_US}")
+        quota = round(self.fraction * self.period_us)
+        if quota < MIN_QUOTA_US:
+            raise ValueError(
+                f"fraction: {self.fraction} of a {self.period_us} us period is a quota of {quota} us; accepted: "
+                f"fraction x period_us >= {MIN_QUOTA_US} us (the kernel's smallest quota)"
+            )
+        if not self.name.replace("-", "").isalnum():
+            raise ValueError(f"name: {self.name!r}; accepted: letters, digits and '-'")
+
+    @property
+    def quota_us(self) -> int:
+        return round(self.fraction * self.period_us)
+
+    @property
+    def path(self) -> Path | None:
+        """The cgroup's folder while it exists."""
+        return self._path
+
+    def throttled(self) -> int | None:
+        """Periods in which the group ran out of quota so far (cpu.stat nr_throttled); None once released."""
+        if self._path is None:
+            return None
+        try:
+            stat = (self._path / "cpu.stat").read_text().split()
+        except OSError:
+            return None
+        counts = dict(zip(stat[::2], stat[1::2], strict=False))
+        value = counts.get("nr_throttled")
+        return int(value) if value is not None and value.isdigit() else None
+
+    def apply(self, pids: Iterable[int]) -> CpuQuota:
+        found = _hierarchy()
+        if isinstance(found, str):
+            raise SlowdownError(found)
+        self._hier = found
+        if self._path is None:
+            path = found.root / self.name
+            try:
+                path.mkdir()
+                if found.version == 1:
+                    (path / "cpu.cfs_period_us").write_text(str(self.period_us))
+                    (path / "cpu.cfs_quota_us").write_text(str(self.quota_us))
+                else:
+                    with contextlib.suppress(OSError):  # already on, or not ours to turn on: cpu.max says
+                        (found.root / "cgroup.subtree_control").write_text("+cpu")
+                    (path / "cpu.max").write_text(f"{self.quota_us} {self.period_us}")
+            except OSError as e:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+                raise SlowdownError(f"could not make the cgroup {path}: {e}") from e
+            self._path = path
+        for pid in pids:
+            before = found.cgroup_of(pid)
+            if before is None:
+                raise SlowdownError(f"process {pid} is gone")
+            try:
+                (self._path / "cgroup.procs").write_text(str(pid))
+            except OSError as e:
+                raise SlowdownError(f"could not move process {pid} into {self._path}: {e}") from e
+            self.moved.setdefault(pid, before)
+        return self
+
+    def release(self) -> None:
+        """Undo: every moved process that is still alive goes back; the cgroup is removed. Idempotent."""
+        if self._path is None or self._hier is None:
+            return
+        problems = []
+        for pid, before in list(self.moved.items()):
+            back = self._hier.root / before.lstrip("/")
+            try:
+                (back / "cgroup.procs").write_text(str(pid))
+            except ProcessLookupError:
+                pass  # it ended
+            except OSError as e:
+                if self._hier.cgroup_of(pid) is not None:
+                    problems.append(f"process {pid} could not go back to {back}: {e}")
+            self.moved.pop(pid, None)
+        try:
+            self._path.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            problems.append(f"could not remove {self._path}: {e}")
+        else:
+            self._path = None
+        if problems:
+            raise SlowdownError("; ".join(problems))
+
+    def __enter__(self) -> CpuQuota:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _environ(pid: int) -> dict[str, str] | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read(MAX_ENVIRON_BYTES)
+    except OSError:
+        return None
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def processes_with(env: Mapping[str, str]) -> dict[int, dict[str, str]]:
+    """The processes here whose environment holds every pair of `env`: pid -> their environment."""
+    found: dict[int, dict[str, str]] = {}
+    for scanned, entry in enumerate(Path("/proc").iterdir()):
+        if scanned >= MAX_PROCESSES_SCANNED:
+            break
+        if not entry.name.isdigit():
+            continue
+        environ = _environ(int(entry.name))
+        if environ is not None and all(environ.get(k) == v for k, v in env.items()):
+            found[int(entry.name)] = environ
+    return found
+
+
+def rank_processes(match: Mapping[str, str]) -> dict[int, int]:
+    """rank -> pid of a running job's ranks here: the processes whose environment holds every pair of `match` and
+    RANK (torchrun sets it for its workers, not for itself). A launch server's job is matched by its metrics file,
+    ``{"LLM_INFRA_MCP_METRICS": "<job folder>/metrics.jsonl"}``, which every backend that runs here sets. A rank with
+    more than one such process (a worker's own children) keeps the eldest: the lowest start time."""
+    if not match:
+        raise ValueError("match: give at least one environment variable and its value")
+    by_rank: dict[int, tuple[int, int]] = {}
+    for pid, environ in processes_with(match).items():
+        rank = environ.get("RANK", "")
+        if not rank.isdigit():
+            continue
+        try:
+            started = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        except (OSError, IndexError, ValueError):
+            continue
+        if int(rank) not in by_rank or started < by_rank[int(rank)][0]:
+            by_rank[int(rank)] = (started, pid)
+    return {rank: pid for rank, (_, pid) in sorted(by_rank.items())}
