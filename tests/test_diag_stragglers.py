@@ -222,6 +222,50 @@ def test_a_fleet_wide_slowdown_is_not_a_straggler() -> None:
     assert all("together with the others" in e.action for e in report.slowed)
 
 
+def synchronised(
+    ranks: int, steps: int, *, work: dict[int, float], rest: float, from_step: int, seed: int = 0
+) -> list[dict[str, Any]]:
+    """Rows of a synchronised job: each rank's own work (compute_s) 0.05 s, times work[rank] from from_step; every
+    rank's step is the slowest rank's work plus the rest of the step (0.05 s, times `rest` from from_step)."""
+    rng = random.Random(seed)
+    rows = []
+    for step in range(1, steps + 1):
+        late = step >= from_step
+        own = [0.05 * (work.get(r, 1.0) if late else 1.0) * (1 + rng.gauss(0, 0.01)) for r in range(ranks)]
+        whole = max(own) + 0.05 * (rest if late else 1.0) * (1 + rng.gauss(0, 0.01))
+        rows += [{"rank": r, "step": step, "step_time_s": whole, "compute_s": own[r]} for r in range(ranks)]
+    return rows
+
+
+def test_a_job_slowed_in_communication_is_told_from_one_slowed_in_compute_or_by_a_straggler() -> None:
+    """The job's step time rises 1.5x from step 30 in three ways: the rest of the step (communication: a slow NIC
+    under a synchronised all-reduce), every rank's own work, one rank's own work (the others wait for it)."""
+    comm = detect_stragglers(synchronised(4, 60, work={}, rest=2.0, from_step=30))
+    assert comm.verdict == "no_stragglers" and comm.job_slowdown is not None, comm.summary
+    assert comm.job_slowdown.attribution == "communication" and comm.job_slowdown.change_point.since_step == 30
+    assert comm.job_slowdown.own_work_ratio == pytest.approx(1.0, abs=0.05)
+    assert comm.job_slowdown.rest_ratio == pytest.approx(2.0, rel=0.05)
+    assert comm.job_slowdown.own_work_share is not None and comm.job_slowdown.own_work_share < 0.1
+    assert "communication" in comm.summary and "run_network_probes" in comm.first_action
+
+    compute = detect_stragglers(synchronised(4, 60, work=dict.fromkeys(range(4), 2.0), rest=1.0, from_step=30))
+    assert compute.job_slowdown is not None and compute.job_slowdown.attribution == "compute", compute.summary
+    assert compute.job_slowdown.own_work_share is not None and compute.job_slowdown.own_work_share > 0.9
+    assert compute.counts["straggler"] == 0
+
+    one = detect_stragglers(synchronised(4, 60, work={2: 2.0}, rest=1.0, from_step=30))
+    assert [e.rank for e in one.stragglers] == [2] and one.job_slowdown is not None, one.summary
+    assert one.job_slowdown.attribution == "stragglers" and "rank 2" in one.job_slowdown.action
+    assert one.first_action == one.stragglers[0].action  # the straggler's action comes first
+
+    steady = detect_stragglers(synchronised(4, 60, work={}, rest=1.0, from_step=30))
+    assert steady.job_slowdown is None and steady.verdict == "no_stragglers"
+    without_compute = [{k: v for k, v in r.items() if k != "compute_s"} for r in synchronised(
+        4, 60, work={}, rest=2.0, from_step=30)]  # fmt: skip
+    unknown = detect_stragglers(without_compute)
+    assert unknown.job_slowdown is not None and unknown.job_slowdown.attribution == "unknown"
+
+
 def pair_with_a_borderline_slow_rank() -> list[dict[str, Any]]:
     """Issue 22, defect 8, mirrored with a fixed seed: two ranks, a row every 10 steps (each an average of 10
     iterations, as tiny-gpt logs them), every row's own work noisy (8%); rank 0's work 1.8x from step 101, rank 1's

@@ -543,6 +543,12 @@ def _register_stragglers(server: MCPServer, app: App) -> None:
             + f"; {r.action}"
             for r in (report.stragglers + report.likely_stragglers)[:20]
         ]
+        if report.job_slowdown is not None:
+            slow = report.job_slowdown
+            lines.append(
+                f"job slowdown: {slow.change_point.ratio:.2f}x from step {slow.change_point.since_step}, "
+                f"{slow.attribution}; {slow.action}"
+            )
         lines += [f"warning: {w}" for w in report.warnings]
         return tool_result(report, "\n".join(lines))
 

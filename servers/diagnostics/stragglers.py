@@ -104,6 +104,7 @@ VERDICTS: tuple[Verdict, ...] = ("straggler", "likely_straggler", "was_slow", "s
 Signal = Literal["step_time_s", "compute_s"]
 SignalChoice = Literal["auto", "step_time_s", "compute_s"]
 Attribution = Literal["compute", "communication", "unknown"]
+JobAttribution = Literal["stragglers", "compute", "communication", "unknown"]
 Dim = Literal["tp", "dp", "pp"]
 M = TypeVar("M", bound=BaseModel)
 
@@ -263,6 +264,28 @@ class TogetherChange(Model):
     tolerance_iterations: int = Field(description="max(change_iterations, stride)")
 
 
+class JobSlowdown(Model):
+    """The whole job's step time changed (a change point in the per-step median over ranks), and where the added
+    time went: the ranks' own work (compute_s) or the rest of the step (step_time_s - compute_s: what follows the own
+    work, the backward pass and the gradient all-reduce, and the wait for the others)."""
+
+    change_point: ChangePoint = Field(description="of the job's step time: the per-step median over ranks")
+    own_work_ratio: float | None = Field(
+        default=None, description="the ranks' own work (per step, median over ranks that are not stragglers) over its "
+        "baseline, median over the same steps"
+    )  # fmt: skip
+    rest_ratio: float | None = Field(default=None, description="the rest of the step likewise")
+    own_work_share: float | None = Field(
+        default=None, description="of the time the step gained, the share the own work gained (0..1)"
+    )
+    attribution: JobAttribution = Field(
+        description="stragglers: slow ranks make the others wait; compute: every rank's own work slowed; "
+        "communication: the own work did not, the rest of the step did (a slow link, NIC or switch); unknown: no "
+        "compute_s to tell"
+    )
+    action: str
+
+
 class StragglerReport(Model):
     verdict: Literal["stragglers", "likely_stragglers", "no_stragglers", "not_enough_steps"]
     summary: str
@@ -281,6 +304,9 @@ class StragglerReport(Model):
     )
     changed_together: TogetherChange | None = Field(
         default=None, description="slowed ranks (at least 2 and half the judged) whose change points coincide"
+    )
+    job_slowdown: JobSlowdown | None = Field(
+        default=None, description="the job's step time changed, and where the added time went"
     )
     stragglers: list[RankEvidence] = Field(default_factory=list, description="slowest first")
     stragglers_omitted: int = 0
@@ -790,6 +816,7 @@ class _Scores:
     reason: str
     stride: int
     sig: np.ndarray
+    step_time: np.ndarray
     peers_median: np.ndarray  # per cell: the median of its peers at that step
     peers_mad: np.ndarray
     z: np.ndarray
@@ -861,7 +888,7 @@ def _score(
     compute_m = matrix_of(table.compute)
     comm_m = matrix_of(table.comm)
     sig = compute_m if chosen == "compute_s" else step_m
-    assert sig is not None
+    assert sig is not None and step_m is not None
     gaps = np.diff(step_arr)
     stride = max(1, int(np.median(gaps))) if gaps.size else 1
 
@@ -892,6 +919,7 @@ def _score(
         reason=reason,
         stride=stride,
         sig=sig,
+        step_time=step_m,
         peers_median=peers_median,
         peers_mad=peers_mad,
         z=z,
@@ -1414,6 +1442,72 @@ def _fleet_change(s: _Scores, j: _Judged, params: StragglerParams) -> ChangePoin
     return fleet_change
 
 
+def _job_slowdown(s: _Scores, j: _Judged, params: StragglerParams) -> JobSlowdown | None:
+    """A change point in the job's step time (per step, the median over ranks), and where the added time went: into
+    the slow ranks (the others wait for them), every rank's own work, or the rest of the step (communication)."""
+    import numpy as np
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        series = _row_median(s.step_time)[0]
+    known = np.nonzero(~np.isnan(series))[0]
+    change, _ = _change_point(series[known], s.steps[known], s.stride, params)
+    if change is None:
+        return None
+    slow_ranks = [
+        e for e in j.evidence.values()
+        if e.verdict in ("straggler", "likely_straggler") and (e.since_step or 0) <= change.until_step
+    ]  # fmt: skip
+    own_ratio = rest_ratio = share = None
+    attribution: JobAttribution = "unknown"
+    if s.compute is not None:
+        steady = [
+            c for c, r in enumerate(s.ranks) if j.verdicts[r] not in ("straggler", "likely_straggler", "was_slow")
+        ]
+        columns = steady or list(range(len(s.ranks)))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            work = _row_median(s.compute[:, columns])[0]
+            rest = _row_median((s.step_time - s.compute)[:, columns])[0]
+        base = s.steps < change.since_step
+        run = (s.steps >= change.since_step) & (s.steps <= change.until_step)
+        medians = [_finite_median(m[sel]) for m in (work, rest, series) for sel in (base, run)]
+        if all(v is not None for v in medians):
+            w0, w1, r0, r1, t0, t1 = (float(v) for v in medians)  # type: ignore[arg-type]
+            own_ratio, rest_ratio = _ratio(w1, w0), _ratio(r1, r0)
+            added = t1 - t0
+            share = min(1.0, max(0.0, (w1 - w0) / added)) if added > 0 else None
+    if slow_ranks:
+        attribution = "stragglers"
+        named = _ranks_text(sorted(e.rank for e in slow_ranks))
+        action = f"The job waits for its slow rank(s) ({named}): act on them (see stragglers)."
+    elif share is None:
+        action = (
+            "The whole job slowed; log each rank's own work (compute_s) to tell compute from communication, and "
+            "compare with the network probes (run_network_probes) and the nodes' health."
+        )
+    elif share >= 0.5:
+        attribution = "compute"
+        action = (
+            f"Every rank's own work slowed ({_fmt(own_ratio)}x): a fleet-wide compute cause (clocks, thermal "
+            "throttling, a co-located job, a new data or model shape), not one rank; check the nodes' health."
+        )
+    else:
+        attribution = "communication"
+        action = (
+            f"The ranks' own work did not slow ({_fmt(own_ratio)}x) but the rest of the step did ({_fmt(rest_ratio)}x):"
+            " the time went into communication (the gradient all-reduce and what waits on it), which every rank of "
+            "a synchronised collective shares, so step times cannot name the rank; find the slow link, NIC or "
+            "switch with the network probes (plan_network_probes, run_network_probes, localize_network_fault)."
+        )
+    return JobSlowdown(
+        change_point=change,
+        own_work_ratio=own_ratio,
+        rest_ratio=rest_ratio,
+        own_work_share=share,
+        attribution=attribution,
+        action=action,
+    )
+
+
 def _together_change(j: _Judged, notes: list[str]) -> TogetherChange | None:
     """The slowed ranks that changed together (a fleet-wide change), with a note; or a note that half the job
     slowed, but not together."""
@@ -1602,12 +1696,22 @@ def detect_stragglers(
         counts[verdict] += 1
     agg = _aggregate(s, table, layout, coords, judged, params, notes)
     fleet_change = _fleet_change(s, judged, params)
+    job_slowdown = _job_slowdown(s, judged, params) if len(s.ranks) > 1 else None
     changed_together = _together_change(judged, notes)
     _job_notes(s, agg.stages, notes)
     listed = _listed(s, judged)
     scored_steps = np.any(s.scorable, axis=1)
     fleet_median = _finite_median(s.step_median[scored_steps]) if scored_steps.any() else None
     overall, summary, first_action = _overall(s, counts, listed, agg.nodes, fleet_change, params)
+    if job_slowdown is not None and job_slowdown.attribution != "stragglers":
+        cp = job_slowdown.change_point
+        summary += (
+            f" Its step time rose {_fmt(cp.ratio)}x from step {cp.since_step}"
+            + (" (ongoing)" if cp.ongoing else f" to step {cp.until_step}")
+            + f": {job_slowdown.attribution if job_slowdown.attribution != 'unknown' else 'cause unknown'}."
+        )
+        if overall == "no_stragglers":
+            first_action = job_slowdown.action
     method = _method(s, params, judged.tolerance)
 
     def build(scale: float) -> StragglerReport:
@@ -1633,6 +1737,7 @@ def detect_stragglers(
             fleet_median_s=fleet_median,
             fleet_change_point=fleet_change,
             changed_together=changed_together,
+            job_slowdown=job_slowdown,
             stragglers=s_listed,
             stragglers_omitted=s_omitted,
             likely_stragglers=l_listed,
