@@ -3,16 +3,25 @@ accuracy, time from injection to verdict, and false alarms on clean rounds. Need
 
 Each round: 1 to 3 faults drawn (seeded) over the six kinds, on disjoint components (no NIC of a downed node, no
 link of a slowed spine, at most one downed uplink per leaf: a leaf cut off from every spine is a leaf fault, which
-this testbed does not inject), injected by the kernel (links down, tbf rate limits at --slow-mbit); then the plan's
+this testbed does not inject), injected by the kernel (links down, htb rate limits at --slow-mbit); then the plan's
 pairs probed on real sockets (latency, loss, and --bytes of TCP throughput) and localize_network_fault run on the
 rows with its defaults. A suspect counts when its kind and name equal an injected fault's component; precision and
 recall are pooled over rounds; "exact" is the share of rounds whose faulty set equals the truth. Clean rounds inject
 nothing: any faulty component is a false alarm. The time is the wall time from the injection's end to the verdict
 (probing plus localization).
 
+Stragglers (--stragglers, or --only-stragglers): real slowdowns of a real job, tiny-gpt on 2 ranks, found by
+detect_stragglers (benchmarks/live_stragglers.py says how): --compute-trials ranks throttled by a CPU quota of
+1/f of a CPU (f drawn in 1.1..2.5; the slowdown measured is larger, the kernel's throttling costs), --network-trials
+jobs on a 2-node testbed whose node-1 NIC drops to line rate / f (f in 1.5..8), and --clean-trials runs of each
+setup with nothing injected. Precision: right verdicts over all claims; recall: right verdicts over slowdowns;
+latency: steps (and seconds, live) from the injection to the first right report.
+
 Run from the repository root, as root:
   python benchmarks/faults.py [--faulty-rounds 60] [--clean-rounds 20] [--mode full_mesh] [--bytes 524288]
                               [--slow-mbit 40] [--seed 0] [--json PATH]
+                              [--stragglers | --only-stragglers] [--compute-trials 18] [--network-trials 14]
+                              [--clean-trials 20]
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from servers.diagnostics import netprobe
 from servers.diagnostics.netloc import localize_network_fault, plan_pairs
 from servers.diagnostics.netmodels import link_name
+from servers.diagnostics.slowdowns import cpu_quota_available
 from servers.diagnostics.testbed import FAULT_COMPONENT, FAULT_KINDS, Testbed, available
 
 # Published figures (their fleets were production-sized and their faults real; ours is 8 nodes, one machine).
@@ -41,6 +51,74 @@ ANCHORS = [
     ("Greyhound / FALCON (ATC'25), 10k-GPU cluster", "above 0.99"),
     ("Minder (NSDI'25)", "precision 0.904, F1 0.893, 3.6 s to detect"),
 ]
+STRAGGLER_ANCHORS = [
+    ("Greyhound / FALCON (ATC'25): slow iterations", "a change point needs 10 slow iterations (its rule, used here)"),
+    ("Minder (NSDI'25): faulty machines", "3.6 s to detect, precision 0.904"),
+    ("Mycroft (2025): collective anomalies", "90% found in under 15 s"),
+]
+
+
+def straggler_trials(args: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
+    """The straggler benchmark: trials drawn (seeded), run one at a time, counted (see the module's docstring)."""
+    from benchmarks.live_stragglers import Trial, run_trial
+
+    trials = [Trial("compute", rank=rng.randint(0, 1), factor=round(rng.uniform(1.1, 2.5), 2))
+              for _ in range(args.compute_trials)]  # fmt: skip
+    trials += [Trial("network", factor=round(rng.uniform(1.5, 8.0), 2)) for _ in range(args.network_trials)]
+    trials += [Trial("clean", network=i % 2 == 1) for i in range(args.clean_trials)]
+    rng.shuffle(trials)
+    outcomes = []
+    work = Path(args.workdir or "/tmp/llm-infra-mcp-faults")
+    with Testbed(nodes=2, rails=1, leaves_per_rail=2, spines=2) as bed:
+        for k, trial in enumerate(trials):
+            o = run_trial(trial, work / f"trial{k}", bed=bed)
+            outcomes.append(o)
+            print(f"  trial {k:2d} {trial.kind:8s} nominal {o.nominal or '-'!s:5s} measured {o.measured or '-'!s:6s} "
+                  f"found {o.found!s:5s} false alarm {o.false_alarm!s:5s} latency {o.latency_steps} steps "
+                  f"({o.detect_s} s live)", flush=True)  # fmt: skip
+    slow = [o for o in outcomes if o.kind != "clean"]
+    clean = [o for o in outcomes if o.kind == "clean"]
+    right = sum(o.found and not o.false_alarm for o in slow)
+    claims = right + sum(o.false_alarm for o in outcomes)
+    latencies = [o.latency_steps for o in slow if o.latency_steps is not None]
+    live = [o.detect_s for o in slow if o.detect_s is not None]
+    measured = [o.measured for o in slow if o.measured is not None]
+    bands: dict[str, Counter] = {}
+    for o in slow:
+        m = o.measured or 0.0
+        band = "<1.2" if m < 1.2 else "1.2-1.5" if m < 1.5 else "1.5-2" if m < 2 else "2-3" if m < 3 else ">=3"
+        c = bands.setdefault(f"{o.kind} {band}", Counter())
+        c["trials"] += 1
+        c["found"] += o.found and not o.false_alarm
+        if o.latency_steps is not None:
+            c["latency_sum"] += o.latency_steps
+    out: dict[str, Any] = {
+        "slowdowns": len(slow), "clean": len(clean), "right": right,
+        "precision": round(right / claims, 4) if claims else 1.0,
+        "recall": round(right / len(slow), 4) if slow else 1.0,
+        "false_alarms_clean": sum(o.false_alarm for o in clean),
+        "false_alarms_slowed": sum(o.false_alarm for o in slow),
+        "median_latency_steps": statistics.median(latencies) if latencies else None,
+        "median_latency_s_live": round(statistics.median(live), 2) if live else None,
+        "measured_range": [min(measured), max(measured)] if measured else None,
+        "by_band": {k: dict(v) for k, v in sorted(bands.items())},
+        "trials": [o.row() for o in outcomes],
+    }  # fmt: skip
+    print(f"stragglers: {len(slow)} real slowdowns (measured {out['measured_range']}x), {len(clean)} clean runs")
+    print(f"precision {out['precision']:.3f}  recall {out['recall']:.3f}  false alarms: {out['false_alarms_clean']} of "
+          f"{len(clean)} clean runs, {out['false_alarms_slowed']} wrong claims in slowed runs")  # fmt: skip
+    print(f"latency: median {out['median_latency_steps']} steps from the injection (replayed), "
+          f"{out['median_latency_s_live']} s live")  # fmt: skip
+    for band, c in out["by_band"].items():
+        mean = c.get("latency_sum", 0) / c["found"] if c.get("found") else None
+        print(
+            f"  {band:22s} found {c.get('found', 0)}/{c['trials']}"
+            + (f", mean latency {mean:.1f} steps" if mean else "")
+        )
+    print("anchors (production fleets; ours: 2 ranks on one machine, slowdowns by the kernel):")
+    for who, figure in STRAGGLER_ANCHORS:
+        print(f"  {who}: {figure}")
+    return out
 
 
 def draw_faults(bed: Testbed, rng: random.Random, n: int) -> list[tuple[str, str]]:
@@ -107,12 +185,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow-mbit", type=float, default=40.0, help="a slow fault's rate (line rate 400)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--stragglers", action="store_true", help="the straggler benchmark too")
+    parser.add_argument("--only-stragglers", action="store_true", help="the straggler benchmark only")
+    parser.add_argument("--compute-trials", type=int, default=18)
+    parser.add_argument("--network-trials", type=int, default=14)
+    parser.add_argument("--clean-trials", type=int, default=20)
+    parser.add_argument("--workdir", help="where the trials' jobs write (default /tmp/llm-infra-mcp-faults)")
     args = parser.parse_args(argv)
-    why = available()
+    why = available() or (cpu_quota_available() if args.stragglers or args.only_stragglers else None)
     if why:
         print(f"cannot run: {why}", file=sys.stderr)
         return 2
     rng = random.Random(args.seed)
+    if args.only_stragglers:
+        out = {"stragglers": straggler_trials(args, rng)}
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=1))
+        return 0
     settings = netprobe.ProbeSettings(bandwidth_bytes=args.bytes, timeout_s=0.2)
     by_kind: dict[str, Counter] = {k: Counter() for k in FAULT_KINDS}
     tp = fp = fn = exact = 0
@@ -170,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     print("anchors (real production fleets; ours: 8 nodes in namespaces on one machine, faults by the kernel):")
     for who, figure in ANCHORS:
         print(f"  {who}: {figure}")
+    if args.stragglers:
+        out["stragglers"] = straggler_trials(args, rng)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0

@@ -273,34 +273,6 @@ async def test_probes_above_the_ceiling_wait_for_the_persons_approval_on_slurm(
 
 
 # ---- detect_stragglers and triage_node through the tools (the modules' own tests: test_diag_stragglers/triage) ----
-STRAGGLER_ARGS = ["--steps", "40", "--log-every", "1", "--ckpt-every", "0", "--batch-size", "32", "--d-model", "128"]
-STRAGGLER_ARGS += ["--slow-rank", "1", "--slow-factor", "5", "--slow-from-step", "16"]
-
-
-async def _stragglers_of(client: Client, spec: dict) -> dict:
-    job = await ok(client, "submit_training_job", {"spec": spec, "wait_s": 0})
-    done = await finish_job(client, job["job_id"], 240)
-    assert done["state"] == "SUCCEEDED", done["reason"]
-    return await ok(client, "detect_stragglers", {"job_id": job["job_id"]})
-
-
-@pytest.mark.timeout(300)
-async def test_a_slowed_rank_of_a_real_local_job_is_the_straggler(app: App) -> None:
-    async with Client(create_test_suite(app), mode="legacy") as client:
-        spec = {"recipe": "tiny-gpt", "args": STRAGGLER_ARGS, "nproc_per_node": 2}
-        report = await _stragglers_of(client, spec)
-        assert [s["rank"] for s in report["stragglers"]] == [1], report["summary"]
-        assert "exactly one of" in await error(client, "detect_stragglers", {})
-
-
-@pytest.mark.timeout(400)
-async def test_a_slowed_rank_on_two_slurm_nodes_is_the_straggler(app: App, slurm_cluster: Path) -> None:
-    async with Client(create_test_suite(app), mode="legacy") as client:
-        spec = {"recipe": "tiny-gpt", "args": STRAGGLER_ARGS, "nproc_per_node": 1, "nnodes": 2, "backend": "slurm"}
-        report = await _stragglers_of(client, {**spec, "max_wall_s": 600})
-        assert [s["rank"] for s in report["stragglers"]] == [1], report["summary"]
-
-
 async def test_triage_joins_the_sources_and_names_the_gpu_nvidia_smi_does_not_list(app: App) -> None:
     folder = Path(__file__).parent / "fixtures" / "diagnostics" / "triage"
     app.settings.allowed_roots = [*app.settings.roots(), folder]

@@ -1,0 +1,277 @@
+"""Stragglers from real slowdowns of a real job: tiny-gpt on 2 ranks (gloo on CPU), one of them slowed while it runs,
+and detect_stragglers polled on the live metrics until it says what happened. Used by benchmarks/faults.py
+(--stragglers) and by tests/test_live_stragglers.py.
+
+Kinds of trial:
+- ``compute``: torchrun on this machine; at step --inject-at a rank's process is put in a cgroup with a CPU quota
+  of 1/factor of one CPU (servers/diagnostics/slowdowns.py). Found when that rank is a straggler (or likely one),
+  compute-bound, and no other rank is.
+- ``network``: one rank per testbed node (servers/diagnostics/testbed.py: two nodes on different leaves, so the
+  traffic crosses a spine), gloo over the nodes' rail-0 NICs; at the step, node 1's NIC is rate-limited by tc htb
+  (both directions). A synchronised all-reduce makes every rank wait for the slow NIC, so step times cannot name
+  the rank: found when the report's job_slowdown says communication and names no straggler.
+- ``clean``: either setup, nothing injected; any straggler, likely straggler or job slowdown is a false alarm.
+
+Every rank logs each step (--log-every 1). While the job runs, the metrics are polled and detect_stragglers run on
+them (the seconds from injection to the first right report). After it, the rows are replayed step by step: the
+detection step is the first k at which the report on steps 1..k is right, the latency is k minus the injection step
+(the last logged step when the slowdown was applied), and a false alarm is a wrong claim at any k (a poller that
+read after every step would have seen it). The slowdown each trial got is measured, not assumed: the slowed rank's
+own work (compute) or the job's step time (network), median after over median before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from servers.core.errors import InputError
+from servers.diagnostics.slowdowns import CpuQuota, rank_processes
+from servers.diagnostics.stragglers import StragglerReport, detect_stragglers_in_metrics
+from servers.diagnostics.testbed import Testbed
+from servers.launch.metrics import read_metrics
+from servers.launch.recipes import recipe_path
+
+Kind = Literal["clean", "compute", "network"]
+RECIPE_ARGS = ["--log-every", "1", "--ckpt-every", "0", "--batch-size", "32", "--d-model", "128"]
+MASTER_PORT = 29_611
+MIN_STEPS_JUDGED = 12  # the first prefix replayed: a baseline (10 iterations) and a few rows after it
+
+
+@dataclass
+class Trial:
+    kind: Kind
+    rank: int = 1  # the rank slowed (compute); network slows node 1's NIC
+    factor: float = 2.0  # compute: 1 / CPU quota; network: line rate / the NIC's new rate
+    network: bool = False  # clean trials: on the testbed (True) or on this machine
+
+
+@dataclass
+class Outcome:
+    kind: Kind
+    network: bool
+    nominal: float | None
+    measured: float | None  # the slowdown the trial got (see the module's docstring)
+    inject_step: int | None
+    detect_step: int | None
+    detect_s: float | None  # live: seconds from injection to the first poll whose report was right
+    found: bool  # replayed: the right verdict (compute: the rank, compute-bound; network: communication)
+    false_alarm: bool  # replayed: anything else claimed at any step (another rank, a slowdown in a clean run)
+    said: str
+    steps: int
+
+    @property
+    def latency_steps(self) -> int | None:
+        if self.detect_step is None or self.inject_step is None:
+            return None
+        return self.detect_step - self.inject_step
+
+    def row(self) -> dict[str, Any]:
+        return {**asdict(self), "latency_steps": self.latency_steps}
+
+
+def _env(folder: Path, job_id: str) -> dict[str, str]:
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(folder),
+        "OMP_NUM_THREADS": "1",
+        "LLM_INFRA_MCP_METRICS": str(folder / "metrics.jsonl"),
+        "LLM_INFRA_MCP_CHECKPOINT_DIR": str(folder / "ckpt"),
+        "LLM_INFRA_MCP_JOB_ID": job_id,
+    }
+
+
+def _start_local(folder: Path, job_id: str, steps: int) -> list[subprocess.Popen]:
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    argv += [str(recipe_path("tiny-gpt")), "--steps", str(steps), *RECIPE_ARGS]
+    log = open(folder / "run.log", "wb")  # noqa: SIM115 (closed with the process)
+    return [subprocess.Popen(argv, env=_env(folder, job_id), cwd=folder, stdout=log, stderr=subprocess.STDOUT)]
+
+
+def _start_testbed(bed: Testbed, folder: Path, job_id: str, steps: int) -> list[subprocess.Popen]:
+    procs = []
+    for rank in range(2):
+        env = _env(folder, job_id) | {
+            "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": bed.nic_address(0, 0), "MASTER_PORT": str(MASTER_PORT), "GLOO_SOCKET_IFNAME": "r0",
+        }  # fmt: skip
+        argv = ["ip", "netns", "exec", bed.ns(f"n{rank}"), sys.executable, str(recipe_path("tiny-gpt"))]
+        argv += ["--steps", str(steps), *RECIPE_ARGS]
+        log = open(folder / f"rank{rank}.log", "wb")  # noqa: SIM115
+        procs.append(subprocess.Popen(argv, env=env, cwd=folder, stdout=log, stderr=subprocess.STDOUT))
+    return procs
+
+
+def _sockets(bed: Testbed) -> str:
+    """The TCP sockets of the two nodes (ss -tnio), for a stalled trial's error."""
+    out = []
+    for i in range(2):
+        done = subprocess.run(["ip", "netns", "exec", bed.ns(f"n{i}"), "ss", "-tnio"], capture_output=True, text=True,
+                              timeout=10, check=False)  # fmt: skip
+        out.append(f"node{i}: {done.stdout.strip()[:1500]}")
+    for port in (*bed.nic_ports(0, 0), *bed.nic_ports(1, 0)):
+        done = subprocess.run(["tc", "-s", "-n", port.netns, "qdisc", "show", "dev", port.dev], capture_output=True,
+                              text=True, timeout=10, check=False)  # fmt: skip
+        out.append(f"{port.netns} {port.dev}: {done.stdout.strip()[:600]}")
+    for ns, dst in ((bed.ns("n1"), bed.nic_address(0, 0)), (bed.ns("n0"), bed.nic_address(1, 0))):
+        done = subprocess.run(["ip", "netns", "exec", ns, "ping", "-c", "2", "-W", "1", "-i", "0.3", dst],
+                              capture_output=True, text=True, timeout=10, check=False)  # fmt: skip
+        neigh = subprocess.run(["ip", "-n", ns, "neigh"], capture_output=True, text=True, timeout=10, check=False)
+        out.append(f"ping from {ns} to {dst}: {(done.stdout + done.stderr).strip()[-300:]}; neigh: {neigh.stdout}")
+    return "\n" + "\n".join(out)
+
+
+def _last_step(path: Path) -> int:
+    rows, _ = read_metrics(path)
+    train = [r["step"] for r in rows if r.get("split", "train") == "train" and "rank_step_s" in r]
+    return max(train, default=0)
+
+
+def _judge(report: StragglerReport, trial: Trial, injected: bool) -> tuple[bool, bool, str]:
+    """(found, false alarm, what it said) for one report."""
+    named = [e for e in report.stragglers + report.likely_stragglers]
+    slowdown = report.job_slowdown
+    said = report.summary
+    if trial.kind == "compute" and injected:
+        right = [e for e in named if e.rank == trial.rank and e.attribution == "compute"]
+        wrong = [e for e in named if e.rank != trial.rank]
+        return bool(right) and not wrong, bool(wrong), said
+    if trial.kind == "network" and injected:
+        right = slowdown is not None and slowdown.attribution == "communication" and not named
+        wrong = bool(named) or (slowdown is not None and slowdown.attribution in ("compute", "stragglers"))
+        return right, wrong, said
+    return False, bool(named) or slowdown is not None, said
+
+
+def _measured(rows: list[dict[str, Any]], trial: Trial, inject_step: int) -> float | None:
+    key = "rank_work_s" if trial.kind == "compute" else "rank_step_s"
+    before, after = [], []
+    for r in rows:
+        values = r.get(key)
+        if r.get("split", "train") != "train" or not isinstance(values, list) or len(values) < 2:
+            continue
+        value = values[trial.rank] if trial.kind == "compute" else statistics.median(values)
+        if 5 <= r["step"] <= inject_step:
+            before.append(value)
+        elif r["step"] > inject_step + 2:
+            after.append(value)
+    if not before or not after:
+        return None
+    return round(statistics.median(after) / statistics.median(before), 3)
+
+
+def replay(rows: list[dict[str, Any]], trial: Trial, inject_step: int | None) -> tuple[int | None, bool, str]:
+    """detect_stragglers on every prefix of the job's rows (steps 1..k, k from MIN_STEPS_JUDGED), as a poller that
+    read the metrics after every step would have seen them: (the first k whose report is right, whether any prefix
+    claimed something wrong, what the deciding report said)."""
+    train = sorted({r["step"] for r in rows if r.get("split", "train") == "train" and "rank_step_s" in r})
+    first: int | None = None
+    wrong_any = False
+    said = ""
+    for k in train:
+        if k < MIN_STEPS_JUDGED:
+            continue
+        injected = inject_step is not None and k > inject_step
+        try:
+            report = detect_stragglers_in_metrics([r for r in rows if r["step"] <= k], ranks_per_node=1)
+        except InputError:
+            continue
+        hit, wrong, said_now = _judge(report, trial, injected)
+        if wrong and not wrong_any:
+            wrong_any, said = True, f"at step {k}: {said_now}"
+        if hit and first is None:
+            first = k
+            said = said if wrong_any else f"at step {k}: {said_now}"
+    return first, wrong_any, said
+
+
+def run_trial(
+    trial: Trial, folder: Path, *, bed: Testbed | None = None, steps: int = 80, inject_at: int = 30,
+    poll_s: float = 0.5, timeout_s: float = 180, stall_s: float = 30,
+) -> Outcome:  # fmt: skip
+    """One trial, start to end (the processes are stopped and the slowdown undone also when it fails). Live: the
+    metrics are read every poll_s and detect_stragglers run on them until it is right (the seconds from injection
+    to that poll). Then the final rows are replayed step by step (replay) for the latency in steps and false
+    alarms, so that they do not depend on when the polls fell."""
+    folder.mkdir(parents=True, exist_ok=True)
+    job_id = f"live-{secrets.token_hex(4)}"
+    metrics = folder / "metrics.jsonl"
+    on_testbed = trial.kind == "network" or (trial.kind == "clean" and trial.network)
+    if on_testbed and bed is None:
+        raise ValueError("a network trial needs a testbed")
+    procs = _start_testbed(bed, folder, job_id, steps) if on_testbed else _start_local(folder, job_id, steps)  # type: ignore[arg-type]
+    quota: CpuQuota | None = None
+    fault = None
+    inject_step: int | None = None
+    injected_at = 0.0
+    detect_s = None
+    deadline = time.monotonic() + timeout_s
+    progress = (0, time.monotonic())
+    try:
+        while time.monotonic() < deadline:
+            running = any(p.poll() is None for p in procs)
+            last = _last_step(metrics)
+            if last > progress[0]:
+                progress = (last, time.monotonic())
+            elif last and time.monotonic() - progress[1] > stall_s:
+                sockets = _sockets(bed) if on_testbed and bed is not None else ""
+                raise RuntimeError(f"trial {trial}: no step logged for {stall_s:g} s after step {last}{sockets}")
+            if inject_step is None and last >= inject_at and trial.kind != "clean":
+                if trial.kind == "compute":
+                    pids = rank_processes({"LLM_INFRA_MCP_JOB_ID": job_id})
+                    if trial.rank not in pids:
+                        raise RuntimeError(f"rank {trial.rank} of {job_id} not found (found {sorted(pids)})")
+                    quota = CpuQuota(1.0 / trial.factor).apply([pids[trial.rank]])
+                else:
+                    assert bed is not None
+                    fault = bed.inject("nic_slow", bed.nic_name(1, 0), bed.nic_mbit / trial.factor)
+                inject_step, injected_at = _last_step(metrics), time.monotonic()
+            if detect_s is None and inject_step is not None and last > inject_step:
+                rows, _ = read_metrics(metrics)
+                with contextlib.suppress(InputError):  # no per-rank rows yet: try again
+                    if _judge(detect_stragglers_in_metrics(rows, ranks_per_node=1), trial, True)[0]:
+                        detect_s = time.monotonic() - injected_at
+            if not running:
+                break
+            time.sleep(poll_s)
+        else:
+            raise TimeoutError(f"trial {trial} did not end in {timeout_s} s")
+        for p in procs:
+            if p.wait(timeout=30) != 0:
+                logs = " | ".join(f.read_text(errors="replace")[-600:] for f in sorted(folder.glob("*.log")))
+                raise RuntimeError(f"trial {trial}: a rank exited {p.returncode}: {logs}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=10)
+        if quota is not None:
+            quota.release()
+        if fault is not None and bed is not None:
+            bed.clear(fault)
+    rows, _ = read_metrics(metrics)
+    detect_step, false_alarm, said = replay(rows, trial, inject_step)
+    return Outcome(
+        kind=trial.kind,
+        network=on_testbed,
+        nominal=None if trial.kind == "clean" else trial.factor,
+        measured=_measured(rows, trial, inject_step) if inject_step is not None else None,
+        inject_step=inject_step,
+        detect_step=detect_step,
+        detect_s=round(detect_s, 2) if detect_s is not None else None,
+        found=detect_step is not None,
+        false_alarm=false_alarm,
+        said=said[:400],
+        steps=_last_step(metrics),
+    )
