@@ -37,13 +37,15 @@ given). So P(probe good) = (1 - e) * prod over its faulty components of (1 - q_c
 maximises this likelihood minus a cost per faulty component of log(number of components) + 3 nats (a Bonferroni
 style bar: noise alone almost never pays it, a real fault pays it with three or four bad probes). The search is
 greedy (add the component of largest likelihood gain, re-fit, repeat; then drop any pick that the later picks made
-redundant; then re-estimate e and search again): the 007 / NetBouncer / Sherlock family of greedy explanations of
-failed paths weighted by the passed ones, with the weighting made a likelihood so that noise, partial failures,
-several simultaneous faults and missing probes (fewer terms, nothing else) are handled by one rule. NNLS tomography
-was not chosen: it needs a continuous per-link metric, treats a dead NIC and noise on the same scale, and does not
-say when to stop. Every suspect needs at least ``min_failed`` bad probes; a spine also needs bad probes between at
-least ``min_spine_leaf_pairs`` distinct leaf pairs (a fault seen between one pair of leaves is their link, not the
-spine). Score = the likelihood gain in nats; faulty when it clears the cost (``min_score`` in the result).
+redundant; then try each named switch or node away: without it, and never it, the search goes on from the other picks,
+and the set of higher penalised likelihood is kept, since a leaf or spine can explain the bad probes of two of its
+faulty parts in one pick; then re-estimate e and search again): the 007 / NetBouncer / Sherlock family of greedy
+explanations of failed paths weighted by the passed ones, with the weighting made a likelihood so that noise, partial
+failures, several simultaneous faults and missing probes (fewer terms, nothing else) are handled by one rule.
+NNLS tomography was not chosen: it needs a continuous per-link metric, treats a dead NIC and noise on the same scale,
+and does not say when to stop. Every suspect needs at least ``min_failed`` bad probes; a spine also needs bad probes
+between at least ``min_spine_leaf_pairs`` distinct leaf pairs (a fault seen between one pair of leaves is their link,
+not the spine). Score = the likelihood gain in nats; faulty when it clears the cost (``min_score`` in the result).
 
 ECMP. A cross-leaf probe without ``spine`` may have crossed any of the k spines its two leaves share. Each of those
 spines and its two leaf-spine links is put on the probe's path with weight 1/k: P(good) has the factor (1 - q/k),
@@ -1632,6 +1634,8 @@ class _LayerFit:
         self.n_bad = bad_counts[cand_ids]
         self.kinds = idx.kind_of(cand_ids)
         self.spine_kind = KINDS.index("spine")
+        self.aggregate_kinds = np.asarray([KINDS.index(k) for k in ("leaf", "spine", "node")])
+        self.layer_rows = layer_rows
         self.logq = np.log1p(-QGRID)
 
     def gains(self, good: np.ndarray) -> np.ndarray:
@@ -1729,11 +1733,9 @@ class _LayerFit:
                 continue
             return cc
 
-    def search(self, noise: float) -> tuple[list[_Pick], np.ndarray]:
-        good = np.full(self.n_probes, 1.0 - noise)
+    def _greedy(self, good: np.ndarray, g: np.ndarray, blocked: np.ndarray) -> list[_Pick]:
+        """Name components one at a time (the largest gain first) until none pays the cost; updates good and g."""
         picks: list[_Pick] = []
-        blocked = np.zeros(self.n_cand, bool)
-        g = self.gains(good)  # kept up to date pick by pick (update): a pick changes only the probes through it
         for _ in range(MAX_STEPS):
             best = g.max(axis=0)
             best_q = QGRID[g.argmax(axis=0)]
@@ -1748,7 +1750,10 @@ class _LayerFit:
             picks.append(_Pick(chosen, float(best_q[chosen]), float(best[chosen]), ties))
             blocked[chosen] = True
             self.apply(good, chosen, float(best_q[chosen]), +1, g)
-        # Drop picks the later ones made redundant; re-fit each given the others.
+        return picks
+
+    def _prune(self, good: np.ndarray, picks: list[_Pick]) -> list[_Pick]:
+        """Drop picks the later ones made redundant; re-fit each given the others."""
         kept: list[_Pick] = []
         for pick in picks:
             self.apply(good, pick.comp, pick.q, -1)
@@ -1756,7 +1761,39 @@ class _LayerFit:
             if gain > self.cost:
                 self.apply(good, pick.comp, q, +1)
                 kept.append(_Pick(pick.comp, q, gain, pick.ambiguous_with))
+        return kept
+
+    def objective(self, good: np.ndarray, n_picks: int) -> float:
+        """The layer's log-likelihood under P(good) `good`, less the cost of n_picks named components."""
+        g = good[self.layer_rows]
+        b = self.bad[self.layer_rows]
+        return float(np.log1p(-g[b]).sum() + np.log(g[~b]).sum()) - self.cost * n_picks
+
+    def _refine(self, good: np.ndarray, kept: list[_Pick]) -> tuple[list[_Pick], np.ndarray]:
+        """The greedy names the one component that explains most first, and a switch (a leaf, a spine, a node) can
+        explain the bad probes of two of its parts better than either part alone, at the price of the good probes
+        through it. So each named switch or node is also tried away: without it (and never it), the search goes
+        on from the other picks; the set with the higher penalised likelihood is kept."""
+        for pick in [p for p in kept if self.kinds[p.comp] in self.aggregate_kinds]:
+            if pick.comp not in {p.comp for p in kept}:
+                continue
+            trial = good.copy()
+            self.apply(trial, pick.comp, pick.q, -1)
+            others = [p for p in kept if p.comp != pick.comp]
+            blocked = np.zeros(self.n_cand, bool)
+            blocked[[p.comp for p in kept]] = True
+            extra = self._greedy(trial, self.gains(trial), blocked)
+            alternative = self._prune(trial, others + extra)
+            if self.objective(trial, len(alternative)) > self.objective(good, len(kept)) + TIE_NATS:
+                good, kept = trial, alternative
         return kept, good
+
+    def search(self, noise: float) -> tuple[list[_Pick], np.ndarray]:
+        good = np.full(self.n_probes, 1.0 - noise)
+        blocked = np.zeros(self.n_cand, bool)
+        g = self.gains(good)  # kept up to date pick by pick (update): a pick changes only the probes through it
+        kept = self._prune(good, self._greedy(good, g, blocked))
+        return self._refine(good, kept)
 
 
 def _layer_search(

@@ -296,7 +296,8 @@ METHOD = (
     "Greedy maximum-likelihood explanation of bad probes: each faulty component makes a probe through it bad with a "
     "fitted probability (0.15-0.999, partial faults included), any probe is bad by chance at the noise rate; "
     "components are added while the gain in log-likelihood exceeds min_score = log(components) + 3 nats, redundant "
-    "picks are dropped, the noise rate is re-estimated and the search repeated. Bad = loss above loss_threshold, "
+    "picks are dropped, each named switch or node is tried away (the search goes on without it; the better set is "
+    "kept), the noise rate is re-estimated and the search repeated. Bad = loss above loss_threshold, "
     "latency above latency_factor x the class baseline (5th percentile per layer and same-leaf / cross-leaf), or "
     "bandwidth below bandwidth_factor x the class baseline (95th percentile)."
 )
