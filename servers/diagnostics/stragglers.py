@@ -42,7 +42,12 @@ Method, in order:
 5. Aggregation: to nodes (a node whose ranks are all stragglers: drain it), and with a layout (tp, pp, dp sizes and
    the rank order, fastest-varying first; Megatron's default is tp-dp-pp) to tensor-, data- and pipeline-parallel
    groups and to pipeline stages (a stage slower than the others on all its ranks is an imbalance: rebalance layers).
-6. Action per straggler: drain the node when all its ranks are slow; else compute-bound or communication-bound when
+6. The job as a whole (``job_slowdown``): a change point (the rule of step 4) in its step time, per step the median
+   over ranks, and where the added time went, from the ranks that are not slow: into slow ranks (the others wait for
+   them), into every rank's own work (compute: at least half of the added time), or into the rest of the step
+   (communication: the backward pass and the gradient all-reduce that every rank of a synchronised collective
+   shares, so step times cannot name the rank; the network probes can).
+7. Action per straggler: drain the node when all its ranks are slow; else compute-bound or communication-bound when
    compute_s and comm_s are both logged (the larger excess over its peers' median), or compute-bound when the
    own-work signal found it; else rebalance.
 
@@ -1487,16 +1492,18 @@ def _job_slowdown(s: _Scores, j: _Judged, params: StragglerParams) -> JobSlowdow
     elif share >= 0.5:
         attribution = "compute"
         action = (
-            f"Every rank's own work slowed ({_fmt(own_ratio)}x): a fleet-wide compute cause (clocks, thermal "
-            "throttling, a co-located job, a new data or model shape), not one rank; check the nodes' health."
+            f"Every rank's own work slowed ({_fmt(own_ratio)}x, {share:.0%} of the time the step gained): a "
+            "fleet-wide compute cause (clocks, thermal throttling, a co-located job, a new data or model shape), not "
+            "one rank; check the nodes' health."
         )
     else:
         attribution = "communication"
         action = (
-            f"The ranks' own work did not slow ({_fmt(own_ratio)}x) but the rest of the step did ({_fmt(rest_ratio)}x):"
-            " the time went into communication (the gradient all-reduce and what waits on it), which every rank of "
-            "a synchronised collective shares, so step times cannot name the rank; find the slow link, NIC or "
-            "switch with the network probes (plan_network_probes, run_network_probes, localize_network_fault)."
+            f"The ranks' own work changed {_fmt(own_ratio)}x ({share:.0%} of the time the step gained), the rest "
+            f"of the step {_fmt(rest_ratio)}x: most of the time went into communication (the gradient all-reduce "
+            "and what waits on it), which every rank of a synchronised collective shares, so step times cannot name "
+            "the rank; find the slow link, NIC or switch with the network probes (plan_network_probes, "
+            "run_network_probes, localize_network_fault)."
         )
     return JobSlowdown(
         change_point=change,
