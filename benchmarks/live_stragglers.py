@@ -113,7 +113,8 @@ def _start_testbed(bed: Testbed, folder: Path, job_id: str, steps: int) -> list[
 
 
 def _sockets(bed: Testbed) -> str:
-    """The TCP sockets of the two nodes (ss -tnio), for a stalled trial's error."""
+    """The two nodes' TCP sockets (ss -tnio), their NICs' qdiscs (tc -s) and neighbours, for a stalled trial's
+    error."""
     out = []
     for i in range(2):
         done = subprocess.run(["ip", "netns", "exec", bed.ns(f"n{i}"), "ss", "-tnio"], capture_output=True, text=True,
@@ -123,11 +124,10 @@ def _sockets(bed: Testbed) -> str:
         done = subprocess.run(["tc", "-s", "-n", port.netns, "qdisc", "show", "dev", port.dev], capture_output=True,
                               text=True, timeout=10, check=False)  # fmt: skip
         out.append(f"{port.netns} {port.dev}: {done.stdout.strip()[:600]}")
-    for ns, dst in ((bed.ns("n1"), bed.nic_address(0, 0)), (bed.ns("n0"), bed.nic_address(1, 0))):
-        done = subprocess.run(["ip", "netns", "exec", ns, "ping", "-c", "2", "-W", "1", "-i", "0.3", dst],
-                              capture_output=True, text=True, timeout=10, check=False)  # fmt: skip
-        neigh = subprocess.run(["ip", "-n", ns, "neigh"], capture_output=True, text=True, timeout=10, check=False)
-        out.append(f"ping from {ns} to {dst}: {(done.stdout + done.stderr).strip()[-300:]}; neigh: {neigh.stdout}")
+    for i in range(2):
+        neigh = subprocess.run(["ip", "-n", bed.ns(f"n{i}"), "neigh"], capture_output=True, text=True, timeout=10,
+                               check=False)  # fmt: skip
+        out.append(f"node{i} neighbours: {neigh.stdout.strip()[:400]}")
     return "\n" + "\n".join(out)
 
 
