@@ -55,6 +55,31 @@ def process_start_time(pid: int) -> int | None:
     return int(fields[19])  # field 22 of /proc/<pid>/stat; fields[0] is field 3 (state)
 
 
+def process_parent(pid: int) -> int | None:
+    """The parent pid of `pid`, or None if there is no such process."""
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields is not None and len(fields) > 1 else None
+
+
+MAX_ENVIRON_BYTES = 1 << 20
+
+
+def process_environ(pid: int) -> dict[str, str] | None:
+    """The environment `pid` was started with (its first MAX_ENVIRON_BYTES), or None where it cannot be read (gone,
+    or not ours to read)."""
+    try:
+        with open(_PROC / str(pid) / "environ", "rb") as f:
+            raw = f.read(MAX_ENVIRON_BYTES)
+    except OSError:
+        return None
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
 @dataclass(frozen=True)
 class ProcessIdentity:
     pid: int

@@ -23,12 +23,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servers.core.procs import process_environ, process_start_time
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 MIN_PERIOD_US = 1_000  # the kernel's bounds for cfs_period_us
 MAX_PERIOD_US = 1_000_000
 MIN_QUOTA_US = 1_000  # and the smallest quota it accepts
 MAX_PROCESSES_SCANNED = 65_536
-MAX_ENVIRON_BYTES = 1 << 20
 
 
 class SlowdownError(RuntimeError):
@@ -93,7 +94,7 @@ class CpuQuota:
             self.period_us = min(MAX_PERIOD_US, max(MIN_PERIOD_US, math.ceil(MIN_QUOTA_US / self.fraction)))
         if not MIN_PERIOD_US <= self.period_us <= MAX_PERIOD_US:
             raise ValueError(f"period_us: {self.period_us}; accepted: {MIN_PERIOD_US} to {MAX_PERIOD_US}")
-        quota = round(self.fraction * self.period_us)
+        quota = self.quota_us
         if quota < MIN_QUOTA_US:
             raise ValueError(
                 f"fraction: {self.fraction} of a {self.period_us} us period is a quota of {quota} us; accepted: "
@@ -188,20 +189,6 @@ class CpuQuota:
         self.release()
 
 
-def _environ(pid: int) -> dict[str, str] | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read(MAX_ENVIRON_BYTES)
-    except OSError:
-        return None
-    out = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            out[key.decode(errors="replace")] = value.decode(errors="replace")
-    return out
-
-
 def processes_with(env: Mapping[str, str]) -> dict[int, dict[str, str]]:
     """The processes here whose environment holds every pair of `env`: pid -> their environment."""
     found: dict[int, dict[str, str]] = {}
@@ -210,7 +197,7 @@ def processes_with(env: Mapping[str, str]) -> dict[int, dict[str, str]]:
             break
         if not entry.name.isdigit():
             continue
-        environ = _environ(int(entry.name))
+        environ = process_environ(int(entry.name))
         if environ is not None and all(environ.get(k) == v for k, v in env.items()):
             found[int(entry.name)] = environ
     return found
@@ -228,9 +215,8 @@ def rank_processes(match: Mapping[str, str]) -> dict[int, int]:
         rank = environ.get("RANK", "")
         if not rank.isdigit():
             continue
-        try:
-            started = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        except (OSError, IndexError, ValueError):
+        started = process_start_time(pid)
+        if started is None:
             continue
         if int(rank) not in by_rank or started < by_rank[int(rank)][0]:
             by_rank[int(rank)] = (started, pid)

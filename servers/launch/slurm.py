@@ -56,6 +56,7 @@ from pydantic import Field
 
 from servers.core.jobfiles import JobFiles, atomic_write_json, read_json
 from servers.core.jobstore import JobState
+from servers.core.procs import process_environ, process_parent
 from servers.core.settings import Settings
 from servers.engines.backend import (
     JOB_DIR_PLACEHOLDER,
@@ -1552,17 +1553,14 @@ def worker_ranks(parent_pid: int) -> dict[tuple[int, int], int]:
     for entry in entries:
         if not entry.isdigit():
             continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            if int(stat[stat.rfind(")") + 2 :].split()[1]) != parent_pid:
-                continue
-            raw = Path(f"/proc/{entry}/environ").read_bytes()
-        except (OSError, ValueError, IndexError):
+        if process_parent(int(entry)) != parent_pid:
             continue
-        env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+        env = process_environ(int(entry))
+        if env is None:
+            continue
         try:
-            local, rank = int(env[b"LOCAL_RANK"]), int(env[b"RANK"])
-            attempt = int(env.get(b"TORCHELASTIC_RESTART_COUNT", b"0"))
+            local, rank = int(env["LOCAL_RANK"]), int(env["RANK"])
+            attempt = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
         except (KeyError, ValueError):
             continue
         found[(attempt, local)] = rank
