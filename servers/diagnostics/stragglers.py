@@ -1432,14 +1432,18 @@ def _aggregate(
     return _Aggregates(nodes, nodes_total, groups, stages)
 
 
+def _steady_columns(s: _Scores, j: _Judged) -> list[int]:
+    """The columns of the ranks that are not slow against their peers (not straggler, likely_straggler, was_slow)."""
+    return [c for c, r in enumerate(s.ranks) if j.verdicts[r] not in ("straggler", "likely_straggler", "was_slow")]
+
+
 def _fleet_change(s: _Scores, j: _Judged, params: StragglerParams) -> ChangePoint | None:
     """The job as a whole: the change point of the per-step median of the ranks that are not slow against their
     peers."""
     import numpy as np
 
-    ranks = s.ranks
     with np.errstate(invalid="ignore", divide="ignore"):
-        steady = [c for c, r in enumerate(ranks) if j.verdicts[r] not in ("straggler", "likely_straggler", "was_slow")]
+        steady = _steady_columns(s, j)
         # One steady rank is not a fleet: its own change point is already in its verdict.
         fleet_series = _row_median(s.sig[:, steady])[0] if len(steady) >= 2 else np.full(len(s.steps), np.nan)
     known = np.nonzero(~np.isnan(fleet_series))[0]
@@ -1465,9 +1469,7 @@ def _job_slowdown(s: _Scores, j: _Judged, params: StragglerParams) -> JobSlowdow
     own_ratio = rest_ratio = share = None
     attribution: JobAttribution = "unknown"
     if s.compute is not None:
-        steady = [
-            c for c, r in enumerate(s.ranks) if j.verdicts[r] not in ("straggler", "likely_straggler", "was_slow")
-        ]
+        steady = _steady_columns(s, j)
         columns = steady or list(range(len(s.ranks)))
         with np.errstate(invalid="ignore", divide="ignore"):
             work = _row_median(s.compute[:, columns])[0]
