@@ -131,10 +131,15 @@ def _sockets(bed: Testbed) -> str:
     return "\n" + "\n".join(out)
 
 
-def _last_step(path: Path) -> int:
-    rows, _ = read_metrics(path)
-    train = [r["step"] for r in rows if r.get("split", "train") == "train" and "rank_step_s" in r]
-    return max(train, default=0)
+def train_steps(rows: list[dict[str, Any]]) -> list[int]:
+    """The steps of the rows that carry per-rank times (train rows), sorted."""
+    return sorted({r["step"] for r in rows if r.get("split", "train") == "train" and "rank_step_s" in r})
+
+
+def last_step(path: Path) -> int:
+    """The last step of a metrics file with per-rank times (0: none yet)."""
+    steps = train_steps(read_metrics(path)[0])
+    return steps[-1] if steps else 0
 
 
 def _judge(report: StragglerReport, trial: Trial, injected: bool) -> tuple[bool, bool, str]:
@@ -174,11 +179,10 @@ def replay(rows: list[dict[str, Any]], trial: Trial, inject_step: int | None) ->
     """detect_stragglers on every prefix of the job's rows (steps 1..k, k from MIN_STEPS_JUDGED), as a poller that
     read the metrics after every step would have seen them: (the first k whose report is right, whether any prefix
     claimed something wrong, what the deciding report said)."""
-    train = sorted({r["step"] for r in rows if r.get("split", "train") == "train" and "rank_step_s" in r})
     first: int | None = None
     wrong_any = False
     said = ""
-    for k in train:
+    for k in train_steps(rows):
         if k < MIN_STEPS_JUDGED:
             continue
         injected = inject_step is not None and k > inject_step
@@ -220,7 +224,9 @@ def run_trial(
     try:
         while time.monotonic() < deadline:
             running = any(p.poll() is None for p in procs)
-            last = _last_step(metrics)
+            rows, _ = read_metrics(metrics)
+            logged = train_steps(rows)
+            last = logged[-1] if logged else 0
             if last > progress[0]:
                 progress = (last, time.monotonic())
             elif last and time.monotonic() - progress[1] > stall_s:
@@ -235,9 +241,8 @@ def run_trial(
                 else:
                     assert bed is not None
                     fault = bed.inject("nic_slow", bed.nic_name(1, 0), bed.nic_mbit / trial.factor)
-                inject_step, injected_at = _last_step(metrics), time.monotonic()
+                inject_step, injected_at = last_step(metrics), time.monotonic()
             if detect_s is None and inject_step is not None and last > inject_step:
-                rows, _ = read_metrics(metrics)
                 with contextlib.suppress(InputError):  # no per-rank rows yet: try again
                     if _judge(detect_stragglers_in_metrics(rows, ranks_per_node=1), trial, True)[0]:
                         detect_s = time.monotonic() - injected_at
@@ -261,6 +266,7 @@ def run_trial(
         if fault is not None and bed is not None:
             bed.clear(fault)
     rows, _ = read_metrics(metrics)
+    logged = train_steps(rows)
     detect_step, false_alarm, said = replay(rows, trial, inject_step)
     return Outcome(
         kind=trial.kind,
@@ -273,5 +279,5 @@ def run_trial(
         found=detect_step is not None,
         false_alarm=false_alarm,
         said=said[:400],
-        steps=_last_step(metrics),
+        steps=logged[-1] if logged else 0,
     )

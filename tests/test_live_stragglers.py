@@ -17,12 +17,11 @@ import anyio
 import pytest
 from mcp import Client
 
-from benchmarks.live_stragglers import Trial, run_trial
+from benchmarks.live_stragglers import Trial, last_step, run_trial
 from servers.core.jobfiles import JobFiles
 from servers.core.mcp_layer import App
 from servers.diagnostics.slowdowns import CpuQuota, SlowdownError, cpu_quota_available, rank_processes
 from servers.diagnostics.testbed import Testbed, available
-from servers.launch.metrics import read_metrics
 from tests.conftest import skip_unless_present
 from tests.helpers import call_ok as ok
 from tests.helpers import create_test_suite, finish_job
@@ -30,11 +29,6 @@ from tests.helpers import create_test_suite, finish_job
 pytestmark = [pytest.mark.anyio]
 ARGS = ["--steps", "70", "--log-every", "1", "--ckpt-every", "0", "--batch-size", "32", "--d-model", "128"]
 INJECT_AT = 20  # steps logged before the quota goes on
-
-
-def last_step(path: Path) -> int:
-    rows, _ = read_metrics(path)
-    return max((r["step"] for r in rows if "rank_step_s" in r), default=0)
 
 
 async def slow_a_rank_live(client: Client, app: App, spec: dict, rank: int, fraction: float) -> tuple[dict, int, int]:
