@@ -4,15 +4,18 @@ Section ``localization`` (network fault localization, servers/diagnostics/netloc
 for each fleet size (--sizes, default 64, 512, 4,096, 16,384 nodes of 8 NICs: rail-optimised, 32 nodes per leaf,
 one spine plane), the skeleton plan is made once (its probe count against full mesh and rail is reported, with its
 coverage); then for every fault kind (--kinds; default the issue's seven: nic_down, nic_lossy 5%, nic_slow 3x,
-node_down, leaf_down, link_lossy 5%, spine_slow 3x) and 1, 2 and 3 simultaneous faults of that kind, --trials trials
-(default 50): faults on disjoint components drawn at random, the plan's pairs probed for --rounds rounds (default
-2) with 3% probe noise and 2% missing probes, and localize_network_fault run on the rows. Also --trials trials with
-no fault and with three faults of three different kinds ("mixed"). Precision and recall are over faulty
-components (a suspect counts when its kind and name equal an injected fault's; pooled over trials); "exact" is the
-share of trials whose faulty set equals the truth; time is the wall time of one localize_network_fault call
-(validation of the rows included, simulation not). Goal: P >= 0.97 and R >= 0.97 at 4,096 nodes, under 10 s per
-localization. --routes ecmp runs the same without the pinned spines and without spines in the rows (ECMP-ambiguous
-paths) and adds "group recall": the true spine or link is the suspect or among its ambiguous_with.
+node_down, leaf_down, link_lossy 5%, spine_slow 3x) and --counts simultaneous faults of that kind (default 1, 2 and
+3; a count the fleet has too few disjoint components for is skipped and said), --trials trials (default 50): faults
+on disjoint components drawn at random, the plan's pairs probed for --rounds rounds (default 2) with 3% probe noise
+and 2% missing probes, and localize_network_fault run on the rows. Also --trials trials with no fault and with
+three faults of three different kinds ("mixed"). Precision and recall are over faulty components (a suspect counts
+when its kind and name equal an injected fault's; pooled over trials); "exact" is the share of trials whose faulty
+set equals the truth; time is the wall time of one localize_network_fault call (validation of the rows included,
+simulation not); peak RSS is the process's, fleet and simulation included. --routes ecmp runs the same without the
+pinned spines and without spines in the rows (ECMP-ambiguous paths) and adds group precision and recall: an ECMP
+group (a suspect and its ambiguous_with, which the rows cannot tell apart) counts as one component. Goal at every
+size from 4,096 nodes: P and R >= 0.97 (with --routes ecmp, group P and R) and under 10 s per localization; the
+issue's scale case is ``--sizes 16384 --routes ecmp --counts 1,2,3,4,5``.
 
 Section ``stragglers`` (detect_stragglers on simulated step times; the code is benchmarks/stragglers.py, which also
 runs alone): detection rate and false positives for 1% slow ranks with 10-50% slowdowns in 2% and 5% noise, per fleet
@@ -20,7 +23,8 @@ size; --quick-stragglers for 64 and 512 ranks only.
 
 Run from the repository root:
   python benchmarks/fleet.py [--section localization] [--sizes 64,512,4096,16384] [--trials 50] [--rounds 2]
-                             [--kinds nic_down,leaf_down] [--routes recorded|ecmp] [--seed 0] [--json PATH]
+                             [--kinds nic_down,leaf_down] [--counts 1,2,3] [--routes recorded|ecmp] [--seed 0]
+                             [--json PATH]
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import argparse
 import json
 import platform
 import random
+import resource
 import statistics
 import sys
 import time
@@ -39,13 +44,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from servers.core.errors import InputError
 from servers.diagnostics.netloc import localize_network_fault, plan_network_probes, plan_pairs
 from servers.diagnostics.netsim import build_fleet, make_scenario
 
 # ==== section: localization =========================================================================================
 
 ISSUE_KINDS = ("nic_down", "nic_lossy", "nic_slow", "node_down", "leaf_down", "link_lossy", "spine_slow")
-GOAL_SIZE = 4096
+GOAL_SIZE = 4096  # the goal holds at every size from this one up (the issue asks 16,384 x 8 NICs, routes unknown)
 GOAL_P = GOAL_R = 0.97
 GOAL_SECONDS = 10.0
 
@@ -60,13 +66,15 @@ class Cell:
     fn: int = 0
     exact: int = 0
     group_hits: int = 0
+    group_tp: int = 0  # named suspects whose ECMP group (the suspect and its ambiguous_with) holds a true fault
+    named: int = 0
     seconds: list[float] = field(default_factory=list)
     sim_seconds: list[float] = field(default_factory=list)
     probes: list[int] = field(default_factory=list)
     false_kinds: dict[str, int] = field(default_factory=dict)
 
     def add(self, other: Cell) -> None:
-        for name in ("trials", "tp", "fp", "fn", "exact", "group_hits"):
+        for name in ("trials", "tp", "fp", "fn", "exact", "group_hits", "group_tp", "named"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.seconds += other.seconds
         self.sim_seconds += other.sim_seconds
@@ -82,10 +90,23 @@ class Cell:
     def recall(self) -> float:
         return self.tp / (self.tp + self.fn) if self.tp + self.fn else 1.0
 
+    @property
+    def group_precision(self) -> float:
+        return self.group_tp / self.named if self.named else 1.0
+
+    @property
+    def group_recall(self) -> float:
+        return self.group_hits / (self.tp + self.fn) if self.tp + self.fn else 1.0
+
 
 def _p95(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))] if ordered else 0.0
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory so far (fleet, plan, simulation and localization together)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _trial(fleet: Any, pairs: Any, faults: Any, seed: int, args: argparse.Namespace) -> Cell:
@@ -112,7 +133,10 @@ def _trial(fleet: Any, pairs: Any, faults: Any, seed: int, args: argparse.Namesp
     for kind, _ in got - scenario.truth:
         cell.false_kinds[kind] = cell.false_kinds.get(kind, 0) + 1
     groups = [{s.name, *s.ambiguous_with} for s in named]
-    cell.group_hits = sum(1 for _, name in scenario.truth if any(name in g for g in groups))
+    truth_names = {name for _, name in scenario.truth}
+    cell.group_hits = sum(1 for name in truth_names if any(name in g for g in groups))
+    cell.named = len(named)
+    cell.group_tp = sum(1 for g in groups if g & truth_names)
     return cell
 
 
@@ -140,14 +164,19 @@ def run_localization(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         cells: dict[str, Cell] = {}
         rng = random.Random(args.seed * 1_000_003 + size)
         configs: list[tuple[str, Any]] = [("none", {})]
-        configs += [(f"{kind} x{count}", {kind: count}) for kind in kinds for count in (1, 2, 3)]
+        configs += [(f"{kind} x{count}", {kind: count}) for kind in kinds for count in args.counts]
         configs.append(("mixed x3", None))
+        skipped: list[str] = []
         for label, faults in configs:
             cell = Cell()
-            for _ in range(args.trials):
-                seed = rng.randrange(2**31)
-                chosen = faults if faults is not None else random.Random(seed).sample(kinds, min(3, len(kinds)))
-                cell.add(_trial(fleet, pairs, chosen, seed, args))
+            try:
+                for _ in range(args.trials):
+                    seed = rng.randrange(2**31)
+                    chosen = faults if faults is not None else random.Random(seed).sample(kinds, min(3, len(kinds)))
+                    cell.add(_trial(fleet, pairs, chosen, seed, args))
+            except InputError:  # more faults of a kind than this fleet has disjoint components for
+                skipped.append(label)
+                continue
             cells[label] = cell
             if args.verbose:
                 print(f"  {size} {label}: P={cell.precision:.3f} R={cell.recall:.3f}", file=sys.stderr, flush=True)
@@ -167,19 +196,22 @@ def run_localization(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             f"\n#### {size:,} nodes ({args.trials} trials per row, {statistics.mean(total.probes):,.0f} probes)"
         )
         lines.append("")
-        group_col = " group R |" if args.routes == "ecmp" else ""
+        if skipped:
+            lines.append(f"Not run (too few disjoint components at this size): {', '.join(skipped)}.\n")
+        ecmp = args.routes == "ecmp"
+        group_col = " group P | group R |" if ecmp else ""
         lines.append(f"| faults | trials | P | R | exact |{group_col} false positives | t mean s | t p95 s | t max s |")
-        lines.append("|---|---:|---:|---:|---:|" + ("---:|" if group_col else "") + "---|---:|---:|---:|")
+        lines.append("|---|---:|---:|---:|---:|" + ("---:|---:|" if ecmp else "") + "---|---:|---:|---:|")
         by_kind: dict[str, Cell] = {}
         for label, cell in cells.items():
             by_kind.setdefault(label.split(" x")[0], Cell()).add(cell)
         for label, cell in [*cells.items(), *((f"all {k}", c) for k, c in by_kind.items() if k in kinds)]:
             if label.startswith("all ") or args.detail or label in ("none", "mixed x3"):
-                group = f" {cell.group_hits / (cell.tp + cell.fn):.3f} |" if group_col and cell.tp + cell.fn else ""
-                if group_col and not group:
-                    group = " - |"
-                fps = ", ".join(f"{k} {v}" for k, v in sorted(cell.false_kinds.items())) or "0"
                 injected = cell.tp + cell.fn > 0
+                group = ""
+                if ecmp:
+                    group = f" {cell.group_precision:.3f} | {cell.group_recall:.3f} |" if injected else " - | - |"
+                fps = ", ".join(f"{k} {v}" for k, v in sorted(cell.false_kinds.items())) or "0"
                 p_text = f"{cell.precision:.3f}" if injected else "-"
                 r_text = f"{cell.recall:.3f}" if injected else "-"
                 lines.append(
@@ -187,19 +219,30 @@ def run_localization(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
                     f"{cell.exact / cell.trials:.3f} |{group} {fps} | {statistics.mean(cell.seconds):.3f} | "
                     f"{_p95(cell.seconds):.3f} | {max(cell.seconds):.3f} |"
                 )
+        peak_mib = _peak_rss_mib()
+        # Under ECMP a spine's or link's name cannot be told from its alternatives' without routes: the goal is on
+        # the group figures there (the suspect and its ambiguous_with counted as one component).
+        goal_p = total.group_precision if ecmp else total.precision
+        goal_r = total.group_recall if ecmp else total.recall
         summary_rows.append(
             f"| {size:,} | {total.trials} | {total.precision:.4f} | {total.recall:.4f} | "
-            f"{total.exact / total.trials:.3f} | {statistics.mean(total.seconds):.2f} | {_p95(total.seconds):.2f} | "
-            f"{max(total.seconds):.2f} | {statistics.mean(total.sim_seconds):.2f} |"
+            + (f"{total.group_precision:.4f} | {total.group_recall:.4f} | " if ecmp else "")
+            + f"{total.exact / total.trials:.3f} | {statistics.mean(total.seconds):.2f} | {_p95(total.seconds):.2f} | "
+            f"{max(total.seconds):.2f} | {statistics.mean(total.sim_seconds):.2f} | {peak_mib:,.0f} |"
         )
         raw["sizes"][str(size)]["total"] = {
             "precision": total.precision,
             "recall": total.recall,
+            "group_precision": total.group_precision,
+            "group_recall": total.group_recall,
             "max_seconds": max(total.seconds),
+            "peak_rss_mib": peak_mib,
         }
-        if size == GOAL_SIZE:
-            ok = total.precision >= GOAL_P and total.recall >= GOAL_R and max(total.seconds) < GOAL_SECONDS
-            raw["goal"] = {"size": size, "met": ok}
+        if size >= GOAL_SIZE:
+            ok = goal_p >= GOAL_P and goal_r >= GOAL_R and max(total.seconds) < GOAL_SECONDS
+            raw.setdefault("goal", {"sizes": [], "met": True})
+            raw["goal"]["sizes"].append(size)
+            raw["goal"]["met"] &= ok
     head = [
         "### Network fault localization",
         "",
@@ -211,14 +254,17 @@ def run_localization(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
         *plan_rows,
         "",
-        "| nodes | trials | precision | recall | exact | t mean s | t p95 s | t max s | sim s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| nodes | trials | precision | recall | "
+        + ("group P | group R | " if args.routes == "ecmp" else "")
+        + "exact | t mean s | t p95 s | t max s | sim s | peak RSS MiB |",
+        "|---:|---:|---:|---:|" + ("---:|---:|" if args.routes == "ecmp" else "") + "---:|---:|---:|---:|---:|---:|",
         *summary_rows,
     ]
     if "goal" in raw:
+        which = "group P and R (ECMP groups as one component)" if args.routes == "ecmp" else "P and R"
         head.append(
-            f"\nGoal at {GOAL_SIZE:,} nodes (P >= {GOAL_P}, R >= {GOAL_R}, < {GOAL_SECONDS:.0f} s per localization): "
-            + ("MET" if raw["goal"]["met"] else "NOT MET")
+            f"\nGoal at {', '.join(f'{n:,}' for n in raw['goal']['sizes'])} nodes ({which} >= {GOAL_P}, "
+            f"< {GOAL_SECONDS:.0f} s per localization): " + ("MET" if raw["goal"]["met"] else "NOT MET")
         )
     return "\n".join(head + lines), raw
 
@@ -256,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="64,512,4096,16384", help="fleet sizes in nodes, comma-separated")
     parser.add_argument("--trials", type=int, default=50, help="trials per configuration")
     parser.add_argument("--rounds", type=int, default=2, help="probing rounds per localization window")
+    parser.add_argument("--counts", default="1,2,3", help="simultaneous faults of one kind, comma-separated")
     parser.add_argument("--kinds", default=",".join(ISSUE_KINDS), help="fault kinds, comma-separated")
     parser.add_argument("--routes", choices=["recorded", "ecmp"], default="recorded")
     parser.add_argument("--seed", type=int, default=0)
@@ -265,8 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick-stragglers", action="store_true", help="stragglers: 64 and 512 ranks only")
     args = parser.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
-    if args.trials < 1 or args.rounds < 1:
-        parser.error("--trials and --rounds must be at least 1")
+    args.counts = [int(c) for c in args.counts.split(",") if c]
+    if args.trials < 1 or args.rounds < 1 or not args.counts or min(args.counts) < 1:
+        parser.error("--trials, --rounds and every --counts value must be at least 1")
     reports: dict[str, Any] = {}
     failed = False
     for name, section in SECTIONS.items():
