@@ -106,6 +106,24 @@ def test_two_ranks_are_compared_leave_one_out() -> None:
     assert any("leave-one-out" in line for line in report.method)
 
 
+def test_two_ranks_that_differ_by_a_tenth_all_run_long_are_no_stragglers_but_a_quarter_is() -> None:
+    """With one peer there is no spread between ranks to measure: a constant 10% gap between two clean ranks (what two
+    cores of this machine gave) is under the small-group floor; a rank 25% slower is over it."""
+    for seed in range(5):
+        report = detect_stragglers(simulate(2, 60, slow={0: (1.10, 1, None)}, noise=0.01, seed=seed))
+        assert report.counts["straggler"] == 0 and report.counts["likely_straggler"] == 0, report.summary
+        report = detect_stragglers(simulate(2, 60, slow={0: (1.25, 1, None)}, noise=0.01, seed=seed))
+        assert [e.rank for e in report.stragglers] == [0], report.summary
+    assert any("fewer than 3 peers" in line for line in report.method)
+    # with 12 ranks the peers' spread is measured and the small-group floor does not apply: 8% is found
+    rows = [
+        {"rank": r, "step": s, "step_time_s": 0.5 * (1.08 if r == 4 else 1.0)} for s in range(30) for r in range(12)
+    ]
+    report = detect_stragglers(rows)
+    assert [e.rank for e in report.stragglers] == [4]
+    assert not any("fewer than 3 peers" in line for line in report.method)
+
+
 def test_identical_times_do_not_divide_by_zero_and_small_differences_are_not_stragglers() -> None:
     rows = [{"rank": r, "step": s, "step_time_s": 0.5} for s in range(30) for r in range(12)]
     report = detect_stragglers(rows)

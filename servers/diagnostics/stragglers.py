@@ -16,9 +16,10 @@ Method, in order:
    job's own step-to-step jitter (each rank's time over the step's median, median absolute change from one step to
    the next, over sqrt 2), so that on a noisy machine only deviations beyond its noise count. Peer groups of at most
    ``LOO_MAX_RANKS`` ranks compare each rank with the median and MAD of the others (leave-one-out: of two ranks, the
-   median and MAD of both cannot single one out); larger groups use all ranks, which assumes fewer than half of them
-   are slow at a step. A rank is slow at a step when z > ``z_threshold`` (3.5) and it is at least ``min_slowdown``
-   (5%) slower than its peers' median.
+   median and MAD of both cannot single one out; with fewer than ``SMALL_GROUP_PEERS`` peers, whose MAD measures no
+   spread between ranks, the MAD is also floored at ``SMALL_GROUP_MAD_FLOOR`` (3%) of the median); larger groups use
+   all ranks, which assumes fewer than half of them are slow at a step. A rank is slow at a step when z >
+   ``z_threshold`` (3.5) and it is at least ``min_slowdown`` (5%) slower than its peers' median.
 3. Persistence: a straggler is slow in at least ``min_flagged`` (6) of its last ``window`` (10) scored steps; a rank
    that was so in an earlier window but is not now is ``was_slow``. A rank with fewer than ``window`` scored steps
    gets no such verdict: ``not_enough_steps``. Since which step: the first slow step of the stretch of windows that
@@ -87,6 +88,12 @@ MAX_RANK_IDS_LISTED = 256  # rank numbers listed for not_enough_steps
 MAX_AGGREGATES = 100  # nodes, groups, stages listed
 MAX_MEMBERS_LISTED = 64  # ranks listed per node or group
 LOO_MAX_RANKS = 8
+# A rank with one or two peers: their MAD measures no spread between ranks, yet identical hardware differs by a few
+# percent (on this 2-core machine two clean ranks differed by 10-11% for a whole run, one core busier than the other).
+# Below SMALL_GROUP_PEERS peers the MAD is floored at this fraction of the median too (a modelling choice: a rank
+# must be ~16% slower than its one peer to count as slow at a step, with z_threshold 3.5).
+SMALL_GROUP_PEERS = 3
+SMALL_GROUP_MAD_FLOOR = 0.03
 MAD_TO_SIGMA = 1.4826
 ABS_MAD_FLOOR_S = 1e-9
 MIN_JITTER_DIFFS = 10
@@ -764,6 +771,13 @@ def _peer_reference(
             for j, column in enumerate(columns):
                 others = np.delete(block, j, axis=1)
                 m, d, n = _median_mad(others)
+                small = n < SMALL_GROUP_PEERS
+                if small.any():
+                    notes.add(
+                        f"with fewer than {SMALL_GROUP_PEERS} peers the MAD is floored at {SMALL_GROUP_MAD_FLOOR:g} x "
+                        "median as well (so few peers show no spread between ranks)"
+                    )
+                    d = np.where(small, np.fmax(d, SMALL_GROUP_MAD_FLOOR * m), d)
                 median[:, column], mad[:, column] = m, d
                 scorable[:, column] = present[:, column] & (n >= 1)
         else:
