@@ -20,7 +20,13 @@ from mcp import Client
 from benchmarks.live_stragglers import Trial, last_step, run_trial
 from servers.core.jobfiles import JobFiles
 from servers.core.mcp_layer import App
-from servers.diagnostics.slowdowns import CpuQuota, SlowdownError, cpu_quota_available, rank_processes
+from servers.diagnostics.slowdowns import (
+    CpuContention,
+    CpuQuota,
+    SlowdownError,
+    cpu_quota_available,
+    rank_processes,
+)
 from servers.diagnostics.testbed import Testbed, available
 from tests.conftest import skip_unless_present
 from tests.helpers import call_ok as ok
@@ -137,3 +143,47 @@ def test_a_cpu_quota_goes_on_and_comes_off_and_refuses_what_the_kernel_would() -
         gone.apply([proc.pid])
     with pytest.raises(ValueError, match="at least one"):
         rank_processes({})
+
+
+def _cpu_share(pid: int, seconds: float) -> float:
+    """The share of one CPU the process used over the next `seconds` (utime + stime from /proc/PID/stat)."""
+
+    def ticks() -> int:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+
+    hz = os.sysconf("SC_CLK_TCK")
+    start, t0 = ticks(), time.monotonic()
+    time.sleep(seconds)
+    return (ticks() - start) / hz / (time.monotonic() - t0)
+
+
+@pytest.mark.timeout(60)
+def test_a_busy_neighbour_shares_the_ranks_cpu_by_its_weight_and_goes_away() -> None:
+    skip_unless_present(cpu_quota_available())
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    spin = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    sum(range(10000))\n"
+    proc = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.3)
+        alone = _cpu_share(proc.pid, 1.5)
+        busy = CpuContention(2.0)
+        with busy.apply(proc.pid):
+            assert len(busy.pids) == 1 and os.sched_getaffinity(busy.pids[0]) == {cpu}
+            assert busy.path is not None and (busy.path / "cpu.shares").read_text().strip() == "2048"
+            folder = busy.path
+            time.sleep(0.3)
+            shared = _cpu_share(proc.pid, 1.5)
+            neighbour = busy.pids[0]
+        # weight 2 against 1: about a third of the CPU is left to the spinning process (generous bounds: CI is busy)
+        assert shared < 0.7 * alone, (alone, shared)
+        assert not folder.exists() and not Path(f"/proc/{neighbour}").exists()
+        busy.release()  # idempotent
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    for bad in (0.0, -1.0, 100.0):
+        with pytest.raises(ValueError, match="share"):
+            CpuContention(bad)
+    with pytest.raises(SlowdownError, match="gone"):
+        CpuContention(1.0).apply(proc.pid)

@@ -1,12 +1,14 @@
 """Real slowdowns of real processes, for tests and benchmarks of the straggler tools: a CPU quota on a rank (the
-kernel's CFS bandwidth control, through a cgroup of the cpu controller), and the ranks of a running job found by
-the environment the launch server gives them. Plain module (no MCP imports).
+kernel's CFS bandwidth control, through a cgroup of the cpu controller), a busy neighbour on a rank's CPU with a set
+scheduler weight (CpuContention), and the ranks of a running job found by the environment the launch server gives
+them. Plain module (no MCP imports).
 
 A rank whose process is throttled to a fraction q of one CPU computes about 1/q times slower when it is
 single-threaded and CPU-bound. The quota is granted per period: a burst of work shorter than the quota runs at full
 speed, so the period defaults to the shortest the kernel accepts for q (its smallest quota is 1 ms: a period of
-1 ms / q). Even so a short forward pass is throttled less than 1/q, so tests measure the slowdown they got rather
-than assume it.
+1 ms / q). At such short periods this kernel throttles more than 1/q (q = 0.91-0.95 slowed tiny-gpt's forward pass
+1.6-1.7x, q = 0.9 a CPU-bound loop 1.5x), so a quota gives strong slowdowns only; a busy neighbour gives milder
+ones (1.1-2x). Tests measure the slowdown they got rather than assume it.
 
 cgroup v1 (the ``cpu`` controller mounted on its own, with cpu.cfs_period_us and cpu.cfs_quota_us) is what this
 machine has and what the tests exercise; cgroup v2 (``cpu.max`` in the unified hierarchy, with the cpu controller
@@ -16,9 +18,12 @@ enabled in the root's subtree_control) is supported the same way but has not bee
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +35,8 @@ MIN_PERIOD_US = 1_000  # the kernel's bounds for cfs_period_us
 MAX_PERIOD_US = 1_000_000
 MIN_QUOTA_US = 1_000  # and the smallest quota it accepts
 MAX_PROCESSES_SCANNED = 65_536
+MIN_SHARE, MAX_SHARE = 0.01, 16.0  # a busy neighbour's weight, in nice-0 processes
+_BUSY = "while True:\n    pass\n"
 
 
 class SlowdownError(RuntimeError):
@@ -183,6 +190,93 @@ class CpuQuota:
             raise SlowdownError("; ".join(problems))
 
     def __enter__(self) -> CpuQuota:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@dataclass
+class CpuContention:
+    """A noisy neighbour: one busy process per CPU a target may run on, pinned there, in a cgroup of its own whose
+    weight is `share` times a nice-0 process's (cpu.shares 1024 x share in v1, cpu.weight 100 x share in v2). While
+    the target computes, the scheduler gives the neighbour share / (1 + share) of the CPU, so the target's work takes
+    up to 1 + share times as long; a short burst after a sleep gets less (the scheduler credits the sleeper), so
+    tests measure the slowdown they got. The target should be pinned (os.sched_setaffinity): a target free to run on
+    every CPU gets a neighbour on each. apply() starts them, release() stops them and removes the cgroup; also a
+    context manager. Root only (the cgroup); v1 is what ran here."""
+
+    share: float
+    name: str = field(default_factory=lambda: f"llm-infra-mcp-busy-{secrets.token_hex(4)}")
+    pids: list[int] = field(default_factory=list)
+    _procs: list[subprocess.Popen] = field(default_factory=list)
+    _path: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.share, int | float) and MIN_SHARE <= self.share <= MAX_SHARE):
+            raise ValueError(f"share: {self.share}; accepted: {MIN_SHARE} to {MAX_SHARE} (times a nice-0 process)")
+        if not self.name.replace("-", "").isalnum():
+            raise ValueError(f"name: {self.name!r}; accepted: letters, digits and '-'")
+
+    @property
+    def path(self) -> Path | None:
+        """The neighbours' cgroup folder while it exists."""
+        return self._path
+
+    def apply(self, target: int) -> CpuContention:
+        found = _hierarchy()
+        if isinstance(found, str):
+            raise SlowdownError(found)
+        try:
+            cpus = sorted(os.sched_getaffinity(target))
+        except OSError as e:
+            raise SlowdownError(f"process {target} is gone") from e
+        path = found.root / self.name
+        try:
+            path.mkdir()
+            if found.version == 1:
+                (path / "cpu.shares").write_text(str(max(2, round(1024 * self.share))))
+            else:
+                with contextlib.suppress(OSError):
+                    (found.root / "cgroup.subtree_control").write_text("+cpu")
+                (path / "cpu.weight").write_text(str(min(10_000, max(1, round(100 * self.share)))))
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            raise SlowdownError(f"could not make the cgroup {path}: {e}") from e
+        self._path = path
+        try:
+            for cpu in cpus:
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", _BUSY], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    preexec_fn=functools.partial(os.sched_setaffinity, 0, {cpu}),
+                )  # fmt: skip
+                self._procs.append(proc)
+                self.pids.append(proc.pid)
+                (path / "cgroup.procs").write_text(str(proc.pid))
+        except OSError as e:
+            self.release()
+            raise SlowdownError(f"could not start the busy neighbour in {path}: {e}") from e
+        return self
+
+    def release(self) -> None:
+        """Stop the neighbours and remove the cgroup. Idempotent."""
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        self._procs.clear()
+        if self._path is not None:
+            try:
+                self._path.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise SlowdownError(f"could not remove {self._path}: {e}") from e
+            self._path = None
+
+    def __enter__(self) -> CpuContention:
         return self
 
     def __exit__(self, *exc: object) -> None:
