@@ -11,16 +11,18 @@ nothing: any faulty component is a false alarm. The time is the wall time from t
 (probing plus localization).
 
 Stragglers (--stragglers, or --only-stragglers): real slowdowns of a real job, tiny-gpt on 2 ranks, found by
-detect_stragglers (benchmarks/live_stragglers.py says how): --compute-trials ranks throttled by a CPU quota of
-1/f of a CPU (f drawn in 1.1..2.5; the slowdown measured is larger, the kernel's throttling costs), --network-trials
-jobs on a 2-node testbed whose node-1 NIC drops to line rate / f (f in 1.5..8), and --clean-trials runs of each
-setup with nothing injected. Precision: right verdicts over all claims; recall: right verdicts over slowdowns;
+detect_stragglers (benchmarks/live_stragglers.py says how): --compute-trials ranks slowed, half of them by a CPU
+quota of 1/f of a CPU (f drawn in 1.1..2.5; the slowdown measured is larger, the kernel's throttling costs), half by
+a busy neighbour pinned to the rank's CPU with f - 1 times its scheduler weight (f in 2.0..3.2; measured smaller:
+the scheduler credits a rank that waited), --network-trials jobs on a 2-node testbed whose node-1 NIC drops to line
+rate / f (f in 1.5..8), and --clean-trials runs of each setup with nothing injected. Precision: right verdicts over
+all claims; recall: right verdicts over slowdowns, also over those measured at 1.2x or more (the issue's range);
 latency: steps (and seconds, live) from the injection to the first right report.
 
 Run from the repository root, as root:
   python benchmarks/faults.py [--faulty-rounds 60] [--clean-rounds 20] [--mode full_mesh] [--bytes 524288]
                               [--slow-mbit 40] [--seed 0] [--json PATH]
-                              [--stragglers | --only-stragglers] [--compute-trials 18] [--network-trials 14]
+                              [--stragglers | --only-stragglers] [--compute-trials 20] [--network-trials 14]
                               [--clean-trials 20]
 """
 
@@ -62,8 +64,11 @@ def straggler_trials(args: argparse.Namespace, rng: random.Random) -> dict[str, 
     """The straggler benchmark: trials drawn (seeded), run one at a time, counted (see the module's docstring)."""
     from benchmarks.live_stragglers import Trial, run_trial
 
-    trials = [Trial("compute", rank=rng.randint(0, 1), factor=round(rng.uniform(1.1, 2.5), 2))
-              for _ in range(args.compute_trials)]  # fmt: skip
+    trials = []
+    for i in range(args.compute_trials):
+        busy = i % 2 == 1
+        factor = round(rng.uniform(2.0, 3.2) if busy else rng.uniform(1.1, 2.5), 2)
+        trials.append(Trial("compute", rank=rng.randint(0, 1), factor=factor, how="busy" if busy else "quota"))
     trials += [Trial("network", factor=round(rng.uniform(1.5, 8.0), 2)) for _ in range(args.network_trials)]
     trials += [Trial("clean", network=i % 2 == 1) for i in range(args.clean_trials)]
     rng.shuffle(trials)
@@ -73,7 +78,8 @@ def straggler_trials(args: argparse.Namespace, rng: random.Random) -> dict[str, 
         for k, trial in enumerate(trials):
             o = run_trial(trial, work / f"trial{k}", bed=bed)
             outcomes.append(o)
-            print(f"  trial {k:2d} {trial.kind:8s} nominal {o.nominal or '-'!s:5s} measured {o.measured or '-'!s:6s} "
+            label = f"{trial.kind} {trial.how}" if trial.kind == "compute" else trial.kind
+            print(f"  trial {k:2d} {label:13s} nominal {o.nominal or '-'!s:5s} measured {o.measured or '-'!s:6s} "
                   f"found {o.found!s:5s} false alarm {o.false_alarm!s:5s} latency {o.latency_steps} steps "
                   f"({o.detect_s} s live)", flush=True)  # fmt: skip
     slow = [o for o in outcomes if o.kind != "clean"]
@@ -83,11 +89,12 @@ def straggler_trials(args: argparse.Namespace, rng: random.Random) -> dict[str, 
     latencies = [o.latency_steps for o in slow if o.latency_steps is not None]
     live = [o.detect_s for o in slow if o.detect_s is not None]
     measured = [o.measured for o in slow if o.measured is not None]
+    in_range = [o for o in slow if o.measured is not None and o.measured >= 1.2]
     bands: dict[str, Counter] = {}
     for o in slow:
         m = o.measured or 0.0
         band = "<1.2" if m < 1.2 else "1.2-1.5" if m < 1.5 else "1.5-2" if m < 2 else "2-3" if m < 3 else ">=3"
-        c = bands.setdefault(f"{o.kind} {band}", Counter())
+        c = bands.setdefault(f"{o.kind} {o.how + ' ' if o.how else ''}{band}", Counter())
         c["trials"] += 1
         c["found"] += o.found and not o.false_alarm
         if o.latency_steps is not None:
@@ -96,6 +103,10 @@ def straggler_trials(args: argparse.Namespace, rng: random.Random) -> dict[str, 
         "slowdowns": len(slow), "clean": len(clean), "right": right,
         "precision": round(right / claims, 4) if claims else 1.0,
         "recall": round(right / len(slow), 4) if slow else 1.0,
+        "slowdowns_at_least_1_2": len(in_range),
+        "recall_at_least_1_2": (
+            round(sum(o.found and not o.false_alarm for o in in_range) / len(in_range), 4) if in_range else None
+        ),
         "false_alarms_clean": sum(o.false_alarm for o in clean),
         "false_alarms_slowed": sum(o.false_alarm for o in slow),
         "median_latency_steps": statistics.median(latencies) if latencies else None,
@@ -105,6 +116,7 @@ def straggler_trials(args: argparse.Namespace, rng: random.Random) -> dict[str, 
         "trials": [o.row() for o in outcomes],
     }  # fmt: skip
     print(f"stragglers: {len(slow)} real slowdowns (measured {out['measured_range']}x), {len(clean)} clean runs")
+    print(f"recall over the {len(in_range)} measured at 1.2x or more: {out['recall_at_least_1_2']}")
     print(f"precision {out['precision']:.3f}  recall {out['recall']:.3f}  false alarms: {out['false_alarms_clean']} of "
           f"{len(clean)} clean runs, {out['false_alarms_slowed']} wrong claims in slowed runs")  # fmt: skip
     print(f"latency: median {out['median_latency_steps']} steps from the injection (replayed), "
@@ -187,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--stragglers", action="store_true", help="the straggler benchmark too")
     parser.add_argument("--only-stragglers", action="store_true", help="the straggler benchmark only")
-    parser.add_argument("--compute-trials", type=int, default=18)
+    parser.add_argument("--compute-trials", type=int, default=20)
     parser.add_argument("--network-trials", type=int, default=14)
     parser.add_argument("--clean-trials", type=int, default=20)
     parser.add_argument("--workdir", help="where the trials' jobs write (default /tmp/llm-infra-mcp-faults)")

@@ -2,10 +2,15 @@
 and detect_stragglers polled on the live metrics until it says what happened. Used by benchmarks/faults.py
 (--stragglers) and by tests/test_live_stragglers.py.
 
+Both ranks are started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), each pinned to its
+own CPU: on this 2-core machine they took turns on a core otherwise, and a rank 1.1-1.2x its peer for several steps
+was a false claim in 2 of 20 clean runs.
+
 Kinds of trial:
-- ``compute``: torchrun on this machine; at step --inject-at a rank's process is put in a cgroup with a CPU quota
-  of 1/factor of one CPU (servers/diagnostics/slowdowns.py). Found when that rank is a straggler (or likely one),
-  compute-bound, and no other rank is.
+- ``compute``: the two ranks on this machine (loopback); at step --inject-at a rank's process is put in a cgroup
+  with a CPU quota of 1/factor of one CPU, or (``how="busy"``) a busy process pinned to the rank's CPU with
+  factor - 1 times its scheduler weight (servers/diagnostics/slowdowns.py). Found when that rank is a straggler
+  (or likely one), compute-bound, and no other rank is.
 - ``network``: one rank per testbed node (servers/diagnostics/testbed.py: two nodes on different leaves, so the
   traffic crosses a spine), gloo over the nodes' rail-0 NICs; at the step, node 1's NIC is rate-limited by tc htb
   (both directions). A synchronised all-reduce makes every rank wait for the slow NIC, so step times cannot name
@@ -29,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -36,7 +42,7 @@ from typing import Any, Literal
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from servers.core.errors import InputError
-from servers.diagnostics.slowdowns import CpuQuota, rank_processes
+from servers.diagnostics.slowdowns import CpuContention, CpuQuota, rank_processes
 from servers.diagnostics.stragglers import StragglerReport, detect_stragglers_in_metrics
 from servers.diagnostics.testbed import Testbed
 from servers.launch.metrics import read_metrics
@@ -52,7 +58,8 @@ MIN_STEPS_JUDGED = 12  # the first prefix replayed: a baseline (10 iterations) a
 class Trial:
     kind: Kind
     rank: int = 1  # the rank slowed (compute); network slows node 1's NIC
-    factor: float = 2.0  # compute: 1 / CPU quota; network: line rate / the NIC's new rate
+    factor: float = 2.0  # compute: 1 / CPU quota, or 1 + the busy neighbour's share; network: line rate / new rate
+    how: Literal["quota", "busy"] = "quota"  # compute: a CPU quota (CpuQuota) or a busy neighbour (CpuContention)
     network: bool = False  # clean trials: on the testbed (True) or on this machine
 
 
@@ -60,6 +67,7 @@ class Trial:
 class Outcome:
     kind: Kind
     network: bool
+    how: str | None  # compute: "quota" or "busy"
     nominal: float | None
     measured: float | None  # the slowdown the trial got (see the module's docstring)
     inject_step: int | None
@@ -91,25 +99,53 @@ def _env(folder: Path, job_id: str) -> dict[str, str]:
     }
 
 
-def _start_local(folder: Path, job_id: str, steps: int) -> list[subprocess.Popen]:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    argv += [str(recipe_path("tiny-gpt")), "--steps", str(steps), *RECIPE_ARGS]
-    log = open(folder / "run.log", "wb")  # noqa: SIM115 (closed with the process)
-    return [subprocess.Popen(argv, env=_env(folder, job_id), cwd=folder, stdout=log, stderr=subprocess.STDOUT)]
+def _pinned(cpu: int) -> Callable[[], None]:
+    """A preexec_fn that pins the child (and every thread and process it starts) to one CPU."""
+
+    def pin() -> None:
+        os.sched_setaffinity(0, {cpu})
+
+    return pin
 
 
-def _start_testbed(bed: Testbed, folder: Path, job_id: str, steps: int) -> list[subprocess.Popen]:
+def _start_ranks(folder: Path, job_id: str, steps: int, bed: Testbed | None) -> list[subprocess.Popen]:
+    """The job's two ranks, started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT), each
+    pinned to its own CPU (rank % CPUs), so that the ranks do not take turns on one core and a CPU quota's runtime
+    stays on the rank's core. On the testbed each rank runs in its node's namespace and gloo uses rail 0; else
+    both run here on loopback."""
+    cpus = sorted(os.sched_getaffinity(0))
     procs = []
     for rank in range(2):
         env = _env(folder, job_id) | {
-            "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": bed.nic_address(0, 0), "MASTER_PORT": str(MASTER_PORT), "GLOO_SOCKET_IFNAME": "r0",
+            "RANK": str(rank), "LOCAL_RANK": "0" if bed else str(rank), "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "1" if bed else "2", "MASTER_PORT": str(MASTER_PORT),
+            "MASTER_ADDR": bed.nic_address(0, 0) if bed else "127.0.0.1",
         }  # fmt: skip
-        argv = ["ip", "netns", "exec", bed.ns(f"n{rank}"), sys.executable, str(recipe_path("tiny-gpt"))]
-        argv += ["--steps", str(steps), *RECIPE_ARGS]
-        log = open(folder / f"rank{rank}.log", "wb")  # noqa: SIM115
-        procs.append(subprocess.Popen(argv, env=env, cwd=folder, stdout=log, stderr=subprocess.STDOUT))
+        argv = [sys.executable, str(recipe_path("tiny-gpt")), "--steps", str(steps), *RECIPE_ARGS]
+        if bed is not None:
+            env["GLOO_SOCKET_IFNAME"] = "r0"
+            argv = ["ip", "netns", "exec", bed.ns(f"n{rank}"), *argv]
+        log = open(folder / f"rank{rank}.log", "wb")  # noqa: SIM115 (closed with the process)
+        pin = _pinned(cpus[rank % len(cpus)])
+        procs.append(subprocess.Popen(argv, env=env, cwd=folder, stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin))
     return procs
+
+
+def _poll_when_idle() -> Callable[[], None]:
+    """Put this thread (the poller: a detect_stragglers call costs about 45 ms here) under SCHED_IDLE, so that it
+    runs only when a CPU has nothing else to do and never takes a rank's turn (at normal priority it made one rank
+    1.2x its peer for several steps in clean runs). Returns the undo."""
+    try:
+        before = os.sched_getscheduler(0), os.sched_getparam(0)
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (OSError, AttributeError):
+        return lambda: None
+
+    def undo() -> None:
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, before[0], before[1])
+
+    return undo
 
 
 def _sockets(bed: Testbed) -> str:
@@ -213,8 +249,9 @@ def run_trial(
     on_testbed = trial.kind == "network" or (trial.kind == "clean" and trial.network)
     if on_testbed and bed is None:
         raise ValueError("a network trial needs a testbed")
-    procs = _start_testbed(bed, folder, job_id, steps) if on_testbed else _start_local(folder, job_id, steps)  # type: ignore[arg-type]
-    quota: CpuQuota | None = None
+    procs = _start_ranks(folder, job_id, steps, bed if on_testbed else None)
+    restore = _poll_when_idle()
+    quota: CpuQuota | CpuContention | None = None
     fault = None
     inject_step: int | None = None
     injected_at = 0.0
@@ -237,7 +274,10 @@ def run_trial(
                     pids = rank_processes({"LLM_INFRA_MCP_JOB_ID": job_id})
                     if trial.rank not in pids:
                         raise RuntimeError(f"rank {trial.rank} of {job_id} not found (found {sorted(pids)})")
-                    quota = CpuQuota(1.0 / trial.factor).apply([pids[trial.rank]])
+                    if trial.how == "busy":
+                        quota = CpuContention(trial.factor - 1.0).apply(pids[trial.rank])
+                    else:
+                        quota = CpuQuota(1.0 / trial.factor).apply([pids[trial.rank]])
                 else:
                     assert bed is not None
                     fault = bed.inject("nic_slow", bed.nic_name(1, 0), bed.nic_mbit / trial.factor)
@@ -256,6 +296,7 @@ def run_trial(
                 logs = " | ".join(f.read_text(errors="replace")[-600:] for f in sorted(folder.glob("*.log")))
                 raise RuntimeError(f"trial {trial}: a rank exited {p.returncode}: {logs}")
     finally:
+        restore()
         for p in procs:
             if p.poll() is None:
                 p.kill()
@@ -271,6 +312,7 @@ def run_trial(
     return Outcome(
         kind=trial.kind,
         network=on_testbed,
+        how=trial.how if trial.kind == "compute" else None,
         nominal=None if trial.kind == "clean" else trial.factor,
         measured=_measured(rows, trial, inject_step) if inject_step is not None else None,
         inject_step=inject_step,
