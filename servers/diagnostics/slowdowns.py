@@ -8,7 +8,7 @@ single-threaded and CPU-bound. The quota is granted per period: a burst of work 
 speed, so the period defaults to the shortest the kernel accepts for q (its smallest quota is 1 ms: a period of
 1 ms / q). At such short periods this kernel throttles more than 1/q (q = 0.91-0.95 slowed tiny-gpt's forward pass
 1.6-1.7x, q = 0.9 a CPU-bound loop 1.5x), so a quota gives strong slowdowns only; a busy neighbour gives milder
-ones (1.1-2x). Tests measure the slowdown they got rather than assume it.
+ones too (weights 1.05-2.2 gave tiny-gpt's rank 1.0-2.6x). Tests measure the slowdown they got rather than assume it.
 
 cgroup v1 (the ``cpu`` controller mounted on its own, with cpu.cfs_period_us and cpu.cfs_quota_us) is what this
 machine has and what the tests exercise; cgroup v2 (``cpu.max`` in the unified hierarchy, with the cpu controller

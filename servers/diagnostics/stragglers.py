@@ -91,7 +91,7 @@ LOO_MAX_RANKS = 8
 # A rank with one or two peers: their MAD measures no spread between ranks, yet identical hardware differs by a few
 # percent (on this 2-core machine two clean ranks differed by 10-11% for a whole run, one core busier than the other).
 # Below SMALL_GROUP_PEERS peers the MAD is floored at this fraction of the median too (a modelling choice: a rank
-# must be ~16% slower than its one peer to count as slow at a step, with z_threshold 3.5).
+# must be at least ~16% slower than its one peer to count as slow at a step, with z_threshold 3.5).
 SMALL_GROUP_PEERS = 3
 SMALL_GROUP_MAD_FLOOR = 0.03
 MAD_TO_SIGMA = 1.4826
