@@ -3,8 +3,10 @@ and detect_stragglers polled on the live metrics until it says what happened. Us
 (--stragglers) and by tests/test_live_stragglers.py.
 
 Both ranks are started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), each pinned to its
-own CPU: on this 2-core machine they took turns on a core otherwise, and a rank 1.1-1.2x its peer for several steps
-was a false claim in 2 of 20 clean runs.
+own CPU, and the poller runs under SCHED_IDLE: with the ranks free to move and the poller at normal priority, a
+clean rank ran 1.1-1.2x its peer for several steps in 2 of 20 clean runs (a false claim). Pinning alone did not
+stop it (the poller's detect_stragglers calls take a rank's core for ~45 ms); both together, and the detector's
+floor for ranks with so few peers (servers/diagnostics/stragglers.py), gave no false claim in 20 clean runs.
 
 Kinds of trial:
 - ``compute``: the two ranks on this machine (loopback); at step --inject-at a rank's process is put in a cgroup
@@ -110,9 +112,9 @@ def _pinned(cpu: int) -> Callable[[], None]:
 
 def _start_ranks(folder: Path, job_id: str, steps: int, bed: Testbed | None) -> list[subprocess.Popen]:
     """The job's two ranks, started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT), each
-    pinned to its own CPU (rank % CPUs), so that the ranks do not take turns on one core and a CPU quota's runtime
-    stays on the rank's core. On the testbed each rank runs in its node's namespace and gloo uses rail 0; else
-    both run here on loopback."""
+    pinned to its own CPU (rank % CPUs), so that the ranks do not take turns on one core and a busy neighbour
+    (CpuContention) shares one rank's core only. On the testbed each rank runs in its node's namespace and gloo
+    uses rail 0; else both run here on loopback."""
     cpus = sorted(os.sched_getaffinity(0))
     procs = []
     for rank in range(2):
@@ -133,8 +135,8 @@ def _start_ranks(folder: Path, job_id: str, steps: int, bed: Testbed | None) -> 
 
 def _poll_when_idle() -> Callable[[], None]:
     """Put this thread (the poller: a detect_stragglers call costs about 45 ms here) under SCHED_IDLE, so that it
-    runs only when a CPU has nothing else to do and never takes a rank's turn (at normal priority it made one rank
-    1.2x its peer for several steps in clean runs). Returns the undo."""
+    runs only when a CPU has nothing else to do and never takes a rank's turn (at normal priority, a clean pinned
+    rank ran 1.2x its peer for several steps while it polled). Returns the undo."""
     try:
         before = os.sched_getscheduler(0), os.sched_getparam(0)
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
