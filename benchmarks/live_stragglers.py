@@ -30,6 +30,7 @@ own work (compute) or the job's step time (network), median after over median be
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import statistics
@@ -101,15 +102,6 @@ def _env(folder: Path, job_id: str) -> dict[str, str]:
     }
 
 
-def _pinned(cpu: int) -> Callable[[], None]:
-    """A preexec_fn that pins the child (and every thread and process it starts) to one CPU."""
-
-    def pin() -> None:
-        os.sched_setaffinity(0, {cpu})
-
-    return pin
-
-
 def _start_ranks(folder: Path, job_id: str, steps: int, bed: Testbed | None) -> list[subprocess.Popen]:
     """The job's two ranks, started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT), each
     pinned to its own CPU (rank % CPUs), so that the ranks do not take turns on one core and a busy neighbour
@@ -128,7 +120,7 @@ def _start_ranks(folder: Path, job_id: str, steps: int, bed: Testbed | None) -> 
             env["GLOO_SOCKET_IFNAME"] = "r0"
             argv = ["ip", "netns", "exec", bed.ns(f"n{rank}"), *argv]
         log = open(folder / f"rank{rank}.log", "wb")  # noqa: SIM115 (closed with the process)
-        pin = _pinned(cpus[rank % len(cpus)])
+        pin = functools.partial(os.sched_setaffinity, 0, {cpus[rank % len(cpus)]})  # the child and all it starts
         procs.append(subprocess.Popen(argv, env=env, cwd=folder, stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin))
     return procs
 

@@ -20,6 +20,7 @@ from mcp import Client
 from benchmarks.live_stragglers import Trial, last_step, run_trial
 from servers.core.jobfiles import JobFiles
 from servers.core.mcp_layer import App
+from servers.core.procs import process_cpu_ticks
 from servers.diagnostics.slowdowns import (
     CpuContention,
     CpuQuota,
@@ -148,14 +149,12 @@ def test_a_cpu_quota_goes_on_and_comes_off_and_refuses_what_the_kernel_would() -
 def _cpu_share(pid: int, seconds: float) -> float:
     """The share of one CPU the process used over the next `seconds` (utime + stime from /proc/PID/stat)."""
 
-    def ticks() -> int:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-
     hz = os.sysconf("SC_CLK_TCK")
-    start, t0 = ticks(), time.monotonic()
+    start, t0 = process_cpu_ticks(pid), time.monotonic()
     time.sleep(seconds)
-    return (ticks() - start) / hz / (time.monotonic() - t0)
+    end = process_cpu_ticks(pid)
+    assert start is not None and end is not None, f"process {pid} is gone"
+    return (end - start) / hz / (time.monotonic() - t0)
 
 
 @pytest.mark.timeout(60)

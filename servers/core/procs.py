@@ -55,6 +55,14 @@ def process_start_time(pid: int) -> int | None:
     return int(fields[19])  # field 22 of /proc/<pid>/stat; fields[0] is field 3 (state)
 
 
+def process_cpu_ticks(pid: int) -> int | None:
+    """CPU time `pid` has used (user + system), in clock ticks, or None if there is no such process."""
+    fields = _stat_fields(pid)
+    if fields is None or len(fields) < 13:
+        return None
+    return int(fields[11]) + int(fields[12])  # utime and stime: fields 14 and 15 of /proc/<pid>/stat
+
+
 def process_parent(pid: int) -> int | None:
     """The parent pid of `pid`, or None if there is no such process."""
     fields = _stat_fields(pid)

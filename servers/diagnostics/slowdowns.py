@@ -60,6 +60,34 @@ class _Hierarchy:
                 return path
         return None
 
+    def make_group(self, name: str, v1: Mapping[str, str], v2: Mapping[str, str]) -> Path:
+        """A new group `name` with its cpu controller files written (v1's or v2's, as this hierarchy is); on a failure
+        nothing is left behind and SlowdownError says why."""
+        path = self.root / name
+        try:
+            path.mkdir()
+            if self.version == 2:
+                with contextlib.suppress(OSError):  # already on, or not ours to turn on: the files say
+                    (self.root / "cgroup.subtree_control").write_text("+cpu")
+            for file, value in (v1 if self.version == 1 else v2).items():
+                (path / file).write_text(value)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            raise SlowdownError(f"could not make the cgroup {path}: {e}") from e
+        return path
+
+
+def _remove_group(path: Path) -> str | None:
+    """Remove an empty group; None when it is gone (or was), else why not."""
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"could not remove {path}: {e}"
+    return None
+
 
 def _hierarchy() -> _Hierarchy | str:
     """The cpu controller's hierarchy here, or why there is none."""
@@ -137,21 +165,11 @@ class CpuQuota:
             raise SlowdownError(found)
         self._hier = found
         if self._path is None:
-            path = found.root / self.name
-            try:
-                path.mkdir()
-                if found.version == 1:
-                    (path / "cpu.cfs_period_us").write_text(str(self.period_us))
-                    (path / "cpu.cfs_quota_us").write_text(str(self.quota_us))
-                else:
-                    with contextlib.suppress(OSError):  # already on, or not ours to turn on: cpu.max says
-                        (found.root / "cgroup.subtree_control").write_text("+cpu")
-                    (path / "cpu.max").write_text(f"{self.quota_us} {self.period_us}")
-            except OSError as e:
-                with contextlib.suppress(OSError):
-                    path.rmdir()
-                raise SlowdownError(f"could not make the cgroup {path}: {e}") from e
-            self._path = path
+            self._path = found.make_group(
+                self.name,
+                v1={"cpu.cfs_period_us": str(self.period_us), "cpu.cfs_quota_us": str(self.quota_us)},
+                v2={"cpu.max": f"{self.quota_us} {self.period_us}"},
+            )
         for pid in pids:
             before = found.cgroup_of(pid)
             if before is None:
@@ -178,14 +196,11 @@ class CpuQuota:
                 if self._hier.cgroup_of(pid) is not None:
                     problems.append(f"process {pid} could not go back to {back}: {e}")
             self.moved.pop(pid, None)
-        try:
-            self._path.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            problems.append(f"could not remove {self._path}: {e}")
-        else:
+        removed = _remove_group(self._path)
+        if removed is None:
             self._path = None
+        else:
+            problems.append(removed)
         if problems:
             raise SlowdownError("; ".join(problems))
 
@@ -231,20 +246,11 @@ class CpuContention:
             cpus = sorted(os.sched_getaffinity(target))
         except OSError as e:
             raise SlowdownError(f"process {target} is gone") from e
-        path = found.root / self.name
-        try:
-            path.mkdir()
-            if found.version == 1:
-                (path / "cpu.shares").write_text(str(max(2, round(1024 * self.share))))
-            else:
-                with contextlib.suppress(OSError):
-                    (found.root / "cgroup.subtree_control").write_text("+cpu")
-                (path / "cpu.weight").write_text(str(min(10_000, max(1, round(100 * self.share)))))
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                path.rmdir()
-            raise SlowdownError(f"could not make the cgroup {path}: {e}") from e
-        self._path = path
+        path = self._path = found.make_group(
+            self.name,
+            v1={"cpu.shares": str(max(2, round(1024 * self.share)))},
+            v2={"cpu.weight": str(min(10_000, max(1, round(100 * self.share))))},
+        )
         try:
             for cpu in cpus:
                 proc = subprocess.Popen(
@@ -268,12 +274,9 @@ class CpuContention:
                 proc.wait(timeout=10)
         self._procs.clear()
         if self._path is not None:
-            try:
-                self._path.rmdir()
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                raise SlowdownError(f"could not remove {self._path}: {e}") from e
+            problem = _remove_group(self._path)
+            if problem is not None:
+                raise SlowdownError(problem)
             self._path = None
 
     def __enter__(self) -> CpuContention:
