@@ -357,10 +357,9 @@ def probe_cost(spec: BandwidthCheckSpec) -> ProbeCost:
 
 def plan_id(spec: BandwidthCheckSpec) -> str:
     """The approval's id: the normalised spec's digest (another node, size or wall time: another plan)."""
-    import hashlib
+    from servers.engines.admission import spec_plan_id
 
-    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(f"{SUMMARY_LAYOUT}\n{canonical}".encode()).hexdigest()[:16]
+    return spec_plan_id(SUMMARY_LAYOUT, spec.model_dump(mode="json"))
 
 
 def probe_launch(spec: BandwidthCheckSpec, cost: ProbeCost) -> Launch:

@@ -29,6 +29,8 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import hashlib
+import hmac
 import os
 import select
 import socket
@@ -49,6 +51,8 @@ MAX_SIZE = 8192
 MAX_BANDWIDTH_BYTES = 64 * 2**20
 MAX_CONCURRENCY = 64
 HEADER = struct.Struct("!QQd")  # magic+probe id, sequence, send time
+PROBE_MAGIC = 0x4C494D << 40  # in a probe id: a datagram of these probes
+MAC_SIZE = 16  # the tag of a datagram or stream of an agent's probe (netagent.py)
 
 
 class ProbeError(Exception):
@@ -169,7 +173,7 @@ def in_netns(netns: str | None, fn: Callable[[], T]) -> T:
     return box["value"]
 
 
-def _socket(end: Endpoint, kind: int, tos: int) -> socket.socket:
+def bound_socket(end: Endpoint, kind: int, tos: int) -> socket.socket:
     def make() -> socket.socket:
         sock = socket.socket(socket.AF_INET, kind)
         try:
@@ -192,57 +196,139 @@ def _socket(end: Endpoint, kind: int, tos: int) -> socket.socket:
 
 def _sockets(spec: ProbeSpec, kind: int) -> tuple[socket.socket, socket.socket]:
     """The probe's two sockets, the destination's first (bound before anything is sent), then the source's."""
-    far = _socket(spec.dst, kind, spec.tos)
+    far = bound_socket(spec.dst, kind, spec.tos)
     try:
-        return far, _socket(spec.src, kind, spec.tos)
+        return far, bound_socket(spec.src, kind, spec.tos)
     except BaseException:
         far.close()
         raise
+
+
+def mac(key: bytes, data: bytes) -> bytes:
+    """The authentication tag of a probe's header under the job's key (HMAC-SHA256, first MAC_SIZE bytes)."""
+    return hmac.new(key, data, hashlib.sha256).digest()[:MAC_SIZE]
+
+
+def signed(key: bytes | None, data: bytes) -> bytes:
+    return data if key is None else data + mac(key, data)
+
+
+def verified(key: bytes | None, data: bytes, size: int) -> bool:
+    """Whether data starts with a header of `size` bytes and (with a key) its tag."""
+    if key is None:
+        return len(data) >= size
+    return len(data) >= size + MAC_SIZE and hmac.compare_digest(mac(key, data[:size]), data[size : size + MAC_SIZE])
+
+
+def echo_loop(
+    client: socket.socket,
+    target: tuple[str, int],
+    s: ProbeSettings,
+    probe_id: int,
+    *,
+    key: bytes | None = None,
+    responder: socket.socket | None = None,
+) -> list[float]:
+    """The round-trip times (us) of ``s.count`` datagrams sent from client to target, ``s.interval_s`` apart, of
+    those echoed within ``s.timeout_s`` of the last send. With a key every datagram carries its tag and only echoes
+    whose tag checks count. With a responder (this process's own far end) its datagrams are echoed here too, to
+    this probe's client only."""
+    client.setblocking(False)
+    source = client.getsockname()
+    head = HEADER.size + (MAC_SIZE if key is not None else 0)
+    pad = b"\0" * max(0, s.size - head)
+    socks = [client] if responder is None else [responder, client]
+    rtts: list[float] = []
+    seen: set[int] = set()
+    sent = 0
+    start = time.monotonic()
+    deadline = start + s.count * s.interval_s + s.timeout_s
+    while True:
+        now = time.monotonic()
+        if sent < s.count and now >= start + sent * s.interval_s:
+            with contextlib.suppress(OSError):  # unreachable, no route, a full buffer: the datagram is lost
+                client.sendto(signed(key, HEADER.pack(probe_id, sent, time.perf_counter())) + pad, target)
+            sent += 1
+            continue
+        if now >= deadline or len(seen) >= s.count:
+            break
+        wait = deadline - now if sent >= s.count else max(0.0, start + sent * s.interval_s - now)
+        readable, _, _ = select.select(socks, [], [], wait)
+        for sock in readable:
+            try:
+                data, peer = sock.recvfrom(MAX_SIZE)
+            except OSError:  # an ICMP error queued on the socket: nothing came back
+                continue
+            if sock is responder:
+                if peer == source:  # echoes go to this probe's own client only: never a reflector
+                    with contextlib.suppress(OSError):
+                        sock.sendto(data, peer)
+            elif verified(key, data, HEADER.size):
+                pid, seq, then = HEADER.unpack_from(data)
+                if pid == probe_id and seq < s.count and seq not in seen:
+                    seen.add(seq)
+                    rtts.append((time.perf_counter() - then) * 1e6)
+    return rtts
 
 
 def _latency(spec: ProbeSpec, s: ProbeSettings, probe_id: int) -> tuple[list[float], int]:
     responder, client = _sockets(spec, socket.SOCK_DGRAM)
     with responder, client:
         responder.setblocking(False)
-        client.setblocking(False)
-        target, source = responder.getsockname(), client.getsockname()
-        pad = b"\0" * (s.size - HEADER.size)
-        rtts: list[float] = []
-        seen: set[int] = set()
-        sent = 0
-        start = time.monotonic()
-        deadline = start + s.count * s.interval_s + s.timeout_s
-        while True:
-            now = time.monotonic()
-            if sent < s.count and now >= start + sent * s.interval_s:
-                with contextlib.suppress(OSError):  # unreachable, no route, a full buffer: the datagram is lost
-                    client.sendto(HEADER.pack(probe_id, sent, time.perf_counter()) + pad, target)
-                sent += 1
-                continue
-            if now >= deadline or len(seen) >= s.count:
-                break
-            wait = deadline - now if sent >= s.count else max(0.0, start + sent * s.interval_s - now)
-            readable, _, _ = select.select([responder, client], [], [], wait)
-            for sock in readable:
-                try:
-                    data, peer = sock.recvfrom(MAX_SIZE)
-                except OSError:  # an ICMP error queued on the socket: nothing came back
-                    continue
-                if sock is responder:
-                    if peer == source:  # echoes go to this probe's own client only: never a reflector
-                        with contextlib.suppress(OSError):
-                            responder.sendto(data, peer)
-                elif len(data) >= HEADER.size:
-                    pid, seq, then = HEADER.unpack_from(data)
-                    if pid == probe_id and seq < s.count and seq not in seen:
-                        seen.add(seq)
-                        rtts.append((time.perf_counter() - then) * 1e6)
-    return rtts, s.count
+        return echo_loop(client, responder.getsockname(), s, probe_id, responder=responder), s.count
+
+
+def receive_stream(conn: socket.socket, nbytes: int, stop_at: float) -> tuple[int, float, float]:
+    """Up to nbytes read from conn until stop_at (monotonic): (bytes, first chunk's and last chunk's
+    perf_counter)."""
+    got, first, last = 0, 0.0, 0.0
+    while got < nbytes:
+        left = stop_at - time.monotonic()
+        if left <= 0:
+            break
+        conn.settimeout(left)
+        try:
+            chunk = conn.recv(1 << 16)
+        except OSError:
+            break
+        if not chunk:
+            break
+        if not got:
+            first = time.perf_counter()
+        got += len(chunk)
+        last = time.perf_counter()
+    return got, first, last
+
+
+def send_stream(client: socket.socket, target: tuple[str, int], nbytes: int, stop_at: float, head: bytes = b"") -> None:
+    """Connect to target and send head, then nbytes (until stop_at); errors end it (the receiver counts)."""
+    with contextlib.suppress(OSError):
+        client.settimeout(min(1.0, max(0.01, stop_at - time.monotonic())))  # a live path answers a SYN at once
+        client.connect(target)
+        client.settimeout(max(0.01, stop_at - time.monotonic()))
+        if head:
+            client.sendall(head)
+        block = b"\0" * (1 << 16)
+        left = nbytes
+        while left > 0 and time.monotonic() < stop_at:
+            left -= client.send(block[: min(left, len(block))])
+
+
+def stream_rate(got: int, first: float, last: float, s: ProbeSettings) -> float:
+    """Gbit/s of a received stream: the bytes after the first chunk over the first-to-last span; a stream cut by
+    the timeout: what arrived over the whole window."""
+    if got == 0:
+        return 0.0
+    # The first chunk's bytes arrived before the clock started: time the rest (at least one chunk's worth).
+    span = last - first
+    if got < s.bandwidth_bytes:
+        span = s.bandwidth_timeout_s
+    return max(0.0, got * 8 / max(span, 1e-6) / 1e9)
 
 
 def _bandwidth(spec: ProbeSpec, s: ProbeSettings) -> float:
     listener, client = _sockets(spec, socket.SOCK_STREAM)
-    got = {"bytes": 0, "first": 0.0, "last": 0.0}
+    got: dict[str, tuple[int, float, float]] = {}
     stop_at = time.monotonic() + s.bandwidth_timeout_s
 
     def receive() -> None:
@@ -256,59 +342,38 @@ def _bandwidth(spec: ProbeSpec, s: ProbeSettings) -> float:
                 break
             conn.close()
         with conn:
-            while got["bytes"] < s.bandwidth_bytes:
-                left = stop_at - time.monotonic()
-                if left <= 0:
-                    return
-                conn.settimeout(left)
-                try:
-                    chunk = conn.recv(1 << 16)
-                except OSError:
-                    return
-                if not chunk:
-                    return
-                if not got["bytes"]:
-                    got["first"] = time.perf_counter()
-                got["bytes"] += len(chunk)
-                got["last"] = time.perf_counter()
+            got["stream"] = receive_stream(conn, s.bandwidth_bytes, stop_at)
 
     source = client.getsockname()
     with listener, client:
         listener.listen(1)
-        target = listener.getsockname()
         reader = threading.Thread(target=receive, name="netprobe-recv", daemon=True)
         reader.start()
-        try:
-            client.settimeout(min(1.0, max(0.01, stop_at - time.monotonic())))  # a live path answers a SYN at once
-            client.connect(target)
-            client.settimeout(max(0.01, stop_at - time.monotonic()))
-            block = b"\0" * (1 << 16)
-            left = s.bandwidth_bytes
-            while left > 0 and time.monotonic() < stop_at:
-                n = client.send(block[: min(left, len(block))])
-                left -= n
-        except OSError:
-            pass
+        send_stream(client, listener.getsockname(), s.bandwidth_bytes, stop_at)
         reader.join(max(0.0, stop_at - time.monotonic()) + 1.0)
         with contextlib.suppress(OSError):
             client.shutdown(socket.SHUT_RDWR)
-    if got["bytes"] == 0:
-        return 0.0
-    # The first chunk's bytes arrived before the clock started: time the rest (at least one chunk's worth).
-    span = got["last"] - got["first"]
-    if got["bytes"] < s.bandwidth_bytes:  # cut by the timeout: what arrived over the whole window
-        span = s.bandwidth_timeout_s
-    return max(0.0, got["bytes"] * 8 / max(span, 1e-6) / 1e9)
+    return stream_rate(*got.get("stream", (0, 0.0, 0.0)), s)
 
 
 def run_probe(spec: ProbeSpec, settings: ProbeSettings, probe_id: int = 0) -> ProbeResult:
     """One probe, measured; set-up errors become a result with ``error`` (nothing measured)."""
     try:
-        rtts, sent = _latency(spec, settings, (0x4C494D << 40) | probe_id)
+        rtts, sent = _latency(spec, settings, PROBE_MAGIC | probe_id)
         # A path that echoed nothing is not timed for throughput (its connection would only wait out the timeout).
         bandwidth = _bandwidth(spec, settings) if settings.bandwidth_bytes and rtts else None
     except ProbeError as exc:
-        return ProbeResult(spec.src_nic, spec.dst_nic, None, 1.0, spine=spec.spine, error=str(exc)[:500])
+        return not_run(spec, str(exc))
+    return measured(spec, rtts, sent, bandwidth)
+
+
+def not_run(spec: ProbeSpec, why: str) -> ProbeResult:
+    """A probe that could not be set up: no measurement, and why."""
+    return ProbeResult(spec.src_nic, spec.dst_nic, None, 1.0, spine=spec.spine, error=why[:500])
+
+
+def measured(spec: ProbeSpec, rtts: Sequence[float], sent: int, bandwidth: float | None) -> ProbeResult:
+    """A probe's result from its echoes' round-trip times (of ``sent``) and its throughput (None: not timed)."""
     return ProbeResult(
         spec.src_nic, spec.dst_nic, round(latency_of(rtts), 2) if rtts else None, round(1 - len(rtts) / sent, 6),
         None if bandwidth is None else round(bandwidth, 6), spec.spine, sent, len(rtts),

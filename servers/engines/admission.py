@@ -41,6 +41,15 @@ def hours(*, jobs: int, nodes: int, gpus_per_node: int, wall_s: float) -> tuple[
     return gpus_per_node * node_hours, node_hours
 
 
+def spec_plan_id(layout: str, spec: Any) -> str:
+    """The approval id of a tool whose arguments stand for its plan: the digest of its normalised spec under its
+    summary layout (another node, size or wall time: another plan)."""
+    import hashlib
+
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"{layout}\n{canonical}".encode()).hexdigest()[:16]
+
+
 def confirmation_needed(
     settings: Settings, *, backend: str, gpus_per_node: int, gpu_hours: float, node_hours: float
 ) -> bool:
