@@ -19,7 +19,7 @@ from servers.diagnostics.netloc import localize_network_fault, plan_pairs
 from servers.diagnostics.netrun import build_spec
 from servers.diagnostics.testbed import Testbed, available
 from tests.conftest import skip_unless_present
-from tests.helpers import call_error, call_ok, create_test_suite
+from tests.helpers import call_error, call_ok, create_test_suite, finish_job
 
 pytestmark = pytest.mark.timeout(120)
 THROUGHPUT = 1 << 19  # bytes a throughput probe sends: ~10 ms at the 400 Mbit/s line rate, ~100 ms at 40
@@ -147,6 +147,38 @@ async def test_plan_run_and_localize_in_three_calls(fabric: Testbed, app: App, t
             {"topology_path": str(topology_path), "endpoints_path": str(tmp_path / "empty.json")},
         )
         assert "no endpoint" in text
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(400)
+async def test_plan_run_and_localize_over_slurm_agents(fabric: Testbed, app: App, tmp_path: Path,
+                                                       slurm_cluster: Path) -> None:  # fmt: skip
+    """run_network_probes with backend slurm: the testbed's 8 nodes are served by the two Slurm nodes' agents
+    (node0-3 on node1, node4-7 on node2, endpoints.hosts), one Slurm job pinned to both; each agent joins the
+    namespaces of its NICs, answers only signed datagrams, and probes from its own NICs. A NIC down is named, with
+    nothing else; a probe job above the node-hour ceiling waits for the person."""
+    topology_path, endpoints_path = fabric.write(tmp_path / "fabric")
+    ends = json.loads(endpoints_path.read_text())
+    ends["hosts"] = {f"node{i}": "node1" if i < 4 else "node2" for i in range(8)}
+    endpoints_path.write_text(json.dumps(ends))
+    fabric.inject("nic_down", "node5-r1")
+
+    async with Client(create_test_suite(app)) as client:
+        args = {"topology_path": str(topology_path), "endpoints_path": str(endpoints_path), "mode": "full_mesh",
+                "backend": "slurm", "bandwidth_bytes": THROUGHPUT, "max_wall_s": 300, "wait_s": 0}  # fmt: skip
+        view = await call_ok(client, "run_network_probes", args)
+        job = await finish_job(client, view["job_id"], 300)
+        assert job["state"] == "SUCCEEDED", job["reason"]
+        result = job["result"]
+        assert result["pairs"] == result["measured"] and result["not_run"] == 0, result["errors"]
+        assert result["all_lost"] >= 7 and result["median_bandwidth_gbps"] > 0
+        agents = next(n for n in result["notes"] if "agents on 2 Slurm node(s)" in n)
+        assert "node1, node2" in agents and "refused 0" in agents
+        found = await call_ok(client, "localize_network_fault", {"job_id": job["job_id"]})
+        named = {(s["kind"], s["name"]) for s in found["suspects"] if s["faulty"]}
+        assert named == {("nic", "node5-r1")}
+        text = await call_error(client, "run_network_probes", {**args, "max_wall_s": 6 * 3600})
+        assert "llm-infra-mcp approve" in text, text
 
 
 def test_bad_endpoints_are_refused_or_reported_never_probed(fabric: Testbed, tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
@@ -36,6 +36,9 @@ from servers.diagnostics.bounds import (
 )
 from servers.diagnostics.findings import ATTENTION_RANK, Status
 from servers.diagnostics.snapshot import GpuHealth, GpuSnapshot
+
+if TYPE_CHECKING:
+    from servers.engines.admission import Admission
 
 NAME = "diagnostics"
 INSTRUCTIONS = (
@@ -76,6 +79,7 @@ JOB_KINDS = [
         poll_s=5.0,
     ),
 ]
+SLURM_QUEUE_S = 600  # a Slurm probe job's wait in the queue, on top of its time limit, before its job times out
 MAX_TEXT = 64 * 2**20  # captured nvidia-smi, nccl-tests and DCGM outputs are far smaller; logs are streamed
 MAX_GPUS_LISTED = 128  # GPUs one gpu_health result lists; counts cover them all
 TEXT_BYTES = RESULT_GOAL_BYTES - DEFAULT_CONTENT_BYTES - 512  # a default answer's text summary (the rest: framing)
@@ -794,12 +798,16 @@ def _register_network_probes(server: MCPServer, app: App) -> None:
         ] = None,
         mode: Literal["skeleton", "rail", "full_mesh"] = "skeleton",
         bandwidth_bytes: Annotated[int, Field(ge=0, le=64 * 2**20, description="TCP bytes a pair; 0: none")] = 0,
+        backend: Annotated[Literal["local", "slurm"], Field(description="slurm: endpoints.hosts")] = "local",
+        partition: Annotated[str | None, Field(max_length=64)] = None,
         wait_s: WaitS = 20,
         max_wall_s: Annotated[float, Field(gt=0, le=6 * 3600)] = 1800,
     ) -> Annotated[CallToolResult, JobView]:
-        """Probe NIC pairs on real sockets, both ends opened by the job (UDP echo latency, loss; TCP
-        throughput), pinned pairs routed by TOS; then localize_network_fault(job_id). A job; seconds."""
-        from servers.diagnostics.netrun import build_spec
+        """Probe NIC pairs on real sockets, both ends opened by the job or by agents on Slurm nodes (UDP echo
+        latency, loss; TCP throughput), pinned by TOS; then localize_network_fault(job_id)."""
+        from servers.core.mcp_layer import client_name
+        from servers.diagnostics.netrun import admit_probe_job, build_spec, probe_hosts
+        from servers.engines.admission import elicit_asker
 
         def make() -> dict:
             topo = read_topology_input(app, None, "", topology_path, "run_network_probes")
@@ -810,13 +818,25 @@ def _register_network_probes(server: MCPServer, app: App) -> None:
                 raise InputError(f"endpoints: not JSON ({exc})") from None
             given = None if pairs is None else [{"src_nic": a, "dst_nic": b, "via_spine": v} for a, b, v in pairs]
             try:
-                spec = build_spec(topo, ends, given, mode=mode, options={"bandwidth_bytes": bandwidth_bytes})
+                return build_spec(
+                    topo, ends, given, mode=mode, options={"bandwidth_bytes": bandwidth_bytes}, backend=backend,
+                    partition=partition, probe_wall_s=max_wall_s,
+                )  # fmt: skip
             except ValidationError as exc:
                 raise InputError("; ".join(validation_problems(exc.errors()))) from None
-            return spec.model_dump(mode="json")
 
         spec = await in_thread(make)
-        view = await run_job(app, "network_probes", spec, wait_s=wait_s, ctx=ctx, timeout_s=max_wall_s)
+        if backend == "local":
+            view = await run_job(
+                app, "network_probes", spec.model_dump(mode="json"), wait_s=wait_s, ctx=ctx, timeout_s=max_wall_s
+            )
+        else:
+            who = client_name(ctx)
+            admitted = await admit_probe_job(app.settings, spec, ask=elicit_asker(ctx), who=who)
+            view = await start_admitted(
+                app, ctx, "network_probes", spec.model_dump(mode="json"), admitted, who=who, wait_s=wait_s,
+                max_wall_s=max_wall_s + SLURM_QUEUE_S, audit={"nodes": probe_hosts(spec), "pairs": len(spec.pairs)},
+            )  # fmt: skip
         summary = summarize_job(view)
         result = view.result or {}
         if "measured" in result:
@@ -932,7 +952,6 @@ async def start_bandwidth_check(
 ) -> JobView:
     """The check's job, started; on Slurm through admission first (quotas, the person's approval above the
     ceilings, the audit log as a launch), its approval bound to the job before the wait."""
-    from servers.core.audit import AuditLog
     from servers.core.mcp_layer import client_name
     from servers.diagnostics.bandwidth import admit_probes
     from servers.engines.admission import elicit_asker
@@ -942,18 +961,29 @@ async def start_bandwidth_check(
                              timeout_s=max_wall_s)  # fmt: skip
     who = client_name(ctx)
     spec, admitted = await admit_probes(app.settings, spec, ask=elicit_asker(ctx), who=who)
+    audit = {"nodes": spec.nodes, "mode": spec.mode, "gpus_per_node": spec.gpus_per_node,
+             "probe_wall_s": spec.probe_wall_s}  # fmt: skip
+    return await start_admitted(
+        app, ctx, "bandwidth_check_cluster", spec.model_dump(mode="json"), admitted, who=who, wait_s=wait_s,
+        max_wall_s=max_wall_s, audit=audit,
+    )  # fmt: skip
+
+
+async def start_admitted(
+    app: App, ctx: Context, kind: str, spec: dict, admitted: "Admission", *, who: str, wait_s: float,
+    max_wall_s: float, audit: dict,
+) -> JobView:  # fmt: skip
+    """An admitted job started: its approval bound to the job (given back when the start fails), the start in the
+    audit log, then the wait."""
+    from servers.core.audit import AuditLog
+
     try:
-        view = await run_job(
-            app, "bandwidth_check_cluster", spec.model_dump(mode="json"), wait_s=0, ctx=ctx, timeout_s=max_wall_s
-        )
+        view = await run_job(app, kind, spec, wait_s=0, ctx=ctx, timeout_s=max_wall_s)
     except BaseException:
         await admitted.started(app.settings, None)
         raise
     await admitted.started(app.settings, view.job_id)
-    AuditLog(app.settings).record(
-        "submit", who=who, plan_id=admitted.plan_id, job_id=view.job_id, kind="bandwidth_check_cluster",
-        nodes=spec.nodes, mode=spec.mode, gpus_per_node=spec.gpus_per_node, probe_wall_s=spec.probe_wall_s,
-    )  # fmt: skip
+    AuditLog(app.settings).record("submit", who=who, plan_id=admitted.plan_id, job_id=view.job_id, kind=kind, **audit)
     if wait_s <= 0:
         return view
     from servers.core.job_tools import wait_for
