@@ -172,6 +172,11 @@ async def test_plan_run_and_localize_over_slurm_agents(fabric: Testbed, app: App
         result = job["result"]
         assert result["pairs"] == result["measured"] and result["not_run"] == 0, result["errors"]
         assert result["all_lost"] >= 7 and result["median_bandwidth_gbps"] > 0
+        folder = Path(app.engine.get(job["job_id"]).job_dir)
+        key = folder / "agent.key"
+        assert key.stat().st_mode & 0o777 == 0o600 and len(key.read_bytes()) == 32
+        scripts = " ".join(p.read_text(errors="replace") for p in folder.rglob("*.sh"))
+        assert "agent-plan.json" in scripts and key.read_bytes().hex() not in scripts  # the key's path only
         agents = next(n for n in result["notes"] if "agents on 2 Slurm node(s)" in n)
         assert "node1, node2" in agents and "refused 0" in agents
         found = await call_ok(client, "localize_network_fault", {"job_id": job["job_id"]})
